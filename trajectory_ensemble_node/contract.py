@@ -1,0 +1,271 @@
+"""The candidate contract: what a request asks for, which candidates form its group, and the one result it gets.
+
+A request carries a :class:`CandidateTrajectorySpec` (how many candidates, how to reduce them, whether to return
+them, how to seed them). The runtime turns it into a :class:`CandidateGroup` (the request id and the ordered
+candidate ids) and answers with exactly one :class:`EnsembleResult`. Every type validates itself on construction,
+so an invalid spec is rejected before any model work and no object can hold a partial group.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from .errors import CandidateCountError, InvalidSpecError, NonFiniteCandidatesError, PartialGroupError
+from .reducers import Reducer, available_reducers, get_reducer
+from .seeding import SEED_POLICIES, candidate_seeds, check_seed
+
+DEFAULT_MAX_CANDIDATES = 64
+"""Default upper bound on ``CandidateTrajectorySpec.count`` (the node's ``max_candidates`` parameter)."""
+
+PUBLIC_OUTPUTS = ("action",)
+"""Outputs a candidate group may reduce. Only actions: videos and latents are never averaged."""
+
+__all__ = [
+    "DEFAULT_MAX_CANDIDATES",
+    "PUBLIC_OUTPUTS",
+    "SEED_POLICIES",
+    "CandidateGroup",
+    "CandidateTrajectorySpec",
+    "EnsembleResult",
+]
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+@dataclass(frozen=True)
+class CandidateTrajectorySpec:
+    """How many candidate trajectories one request wants and how they become one.
+
+    Args:
+        count (`int`, defaults to `1`): Number of candidates, ``1 <= count <= max_count``. ``1`` is the plain path.
+        reducer (`str`, defaults to `"none"`): A registered reducer name, or ``"none"``, which is valid only with
+            ``count == 1`` (there is nothing to reduce, and several candidates are never silently cut to one).
+        return_candidates (`bool`, defaults to `False`): Also return all candidates, ordered by candidate id.
+        seed_policy (`str`, defaults to `"per_candidate"`): ``"per_candidate"`` (independent seeds) or ``"shared"``
+            (every candidate gets the base seed; for debugging only). See :mod:`trajectory_ensemble_node.seeding`.
+        max_count (`int`, keyword-only, defaults to `DEFAULT_MAX_CANDIDATES`): The configured maximum ``count``.
+
+    Raises:
+        CandidateCountError: ``count`` is not an int in ``[1, max_count]``.
+        UnknownReducerError: ``reducer`` is neither ``"none"`` nor registered (the message lists the known names).
+        InvalidSpecError: ``reducer="none"`` with ``count > 1``, a bad ``seed_policy``, ``return_candidates`` or
+            ``max_count``.
+    """
+
+    count: int = 1
+    reducer: str = "none"
+    return_candidates: bool = False
+    seed_policy: str = "per_candidate"
+    max_count: int = field(default=DEFAULT_MAX_CANDIDATES, kw_only=True, repr=False)
+
+    def __post_init__(self) -> None:
+        if not _is_int(self.max_count) or self.max_count < 1:
+            raise InvalidSpecError(f"max_count must be an int >= 1, got {self.max_count!r}")
+        if not _is_int(self.count):
+            raise CandidateCountError(f"count must be an int, got {self.count!r} of type {type(self.count).__name__}")
+        if not 1 <= self.count <= self.max_count:
+            raise CandidateCountError(f"count must be in [1, {self.max_count}], got {self.count!r}")
+        if self.reducer == "none":
+            if self.count > 1:
+                raise InvalidSpecError(
+                    f"reducer 'none' is only valid with count=1, got count={self.count}; choose one of: "
+                    f"{', '.join(available_reducers())}"
+                )
+        else:
+            get_reducer(self.reducer)
+        if not isinstance(self.return_candidates, bool):
+            raise InvalidSpecError(f"return_candidates must be a bool, got {self.return_candidates!r}")
+        if self.seed_policy not in SEED_POLICIES:
+            raise InvalidSpecError(f"seed_policy must be one of {SEED_POLICIES}, got {self.seed_policy!r}")
+
+    @property
+    def is_plain(self) -> bool:
+        """``True`` for ``count == 1``: the single-sample path, bitwise equal to a plain model call."""
+        return self.count == 1
+
+    @property
+    def reducer_impl(self) -> Reducer | None:
+        """The registered :class:`Reducer`, or ``None`` for ``reducer="none"``."""
+        return None if self.reducer == "none" else get_reducer(self.reducer)
+
+    def check_layout(self, action_dim: int, space: str | None = None) -> None:
+        """Refuse, before any model work, a reducer that does not fit the model's action layout.
+
+        Args:
+            action_dim (`int`): The raw action width the reducer will see.
+            space (`str`, *optional*): ``"normalized"`` or ``"raw"``: where the model adapter reduces.
+
+        Raises:
+            ReducerLayoutError: If the reducer does not fit ``action_dim`` or is not valid in ``space``.
+        """
+        reducer = self.reducer_impl
+        if reducer is None:
+            return
+        reducer.check_layout(action_dim)
+        if space is not None:
+            reducer.check_space(space)
+
+    def seeds(self, base_seed: int) -> tuple[int, ...]:
+        """The candidates' seeds: :func:`~trajectory_ensemble_node.seeding.candidate_seeds` for this spec."""
+        return candidate_seeds(base_seed, self.count, self.seed_policy)
+
+
+@dataclass(frozen=True)
+class CandidateGroup:
+    """The identity of one logical prediction: a request and its ordered candidate ids.
+
+    Args:
+        request_id (`str`): Non-empty request (goal) id.
+        candidate_ids (`tuple[int, ...]`): Non-empty, unique, non-negative and ascending; a list is accepted and
+            stored as a tuple.
+        public_output (`str`, defaults to `"action"`): The output being reduced; one of :data:`PUBLIC_OUTPUTS`.
+
+    Raises:
+        InvalidSpecError: If any field breaks the rules above; the message quotes the bad value.
+    """
+
+    request_id: str
+    candidate_ids: tuple[int, ...]
+    public_output: str = "action"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.request_id, str) or not self.request_id:
+            raise InvalidSpecError(f"request_id must be a non-empty string, got {self.request_id!r}")
+        ids = self.candidate_ids
+        if isinstance(ids, list):
+            ids = tuple(ids)
+            object.__setattr__(self, "candidate_ids", ids)
+        if not isinstance(ids, tuple) or not ids:
+            raise InvalidSpecError(f"candidate_ids must be a non-empty tuple of ints, got {self.candidate_ids!r}")
+        if not all(_is_int(i) and i >= 0 for i in ids):
+            raise InvalidSpecError(f"candidate_ids must be non-negative ints, got {ids!r}")
+        if any(a >= b for a, b in zip(ids, ids[1:])):
+            raise InvalidSpecError(f"candidate_ids must be unique and ascending, got {ids!r}")
+        if self.public_output not in PUBLIC_OUTPUTS:
+            raise InvalidSpecError(f"public_output must be one of {PUBLIC_OUTPUTS}, got {self.public_output!r}")
+
+    @classmethod
+    def for_spec(cls, request_id: str, spec: CandidateTrajectorySpec) -> CandidateGroup:
+        """The group for a spec: candidate ids ``0 .. spec.count - 1``.
+
+        Args:
+            request_id (`str`): The request id.
+            spec (`CandidateTrajectorySpec`): The validated spec.
+
+        Returns:
+            `CandidateGroup`
+        """
+        return cls(request_id, tuple(range(spec.count)))
+
+    @property
+    def size(self) -> int:
+        """Number of candidates in the group."""
+        return len(self.candidate_ids)
+
+
+@dataclass(frozen=True, eq=False)
+class EnsembleResult:
+    """The one result of a candidate group. Construction refuses anything but the complete group.
+
+    Args:
+        group (`CandidateGroup`): The group this result answers.
+        spec (`CandidateTrajectorySpec`): The request's spec; ``spec.count == group.size``.
+        action (`torch.Tensor` of shape `[H, D]`): The reduced trajectory (float32 for publishing), finite.
+        candidate_ids (`tuple[int, ...]`): Ids of the candidates that went into ``action``; must equal
+            ``group.candidate_ids``.
+        seeds (`tuple[int, ...]`): One uint64 seed per candidate, in candidate order.
+        metrics (`dict[str, float | int | str | None]`, defaults to `{}`): Per-group measurements.
+        candidates (`torch.Tensor` of shape `[N, H, D]`, *optional*): All candidates ordered by candidate id;
+            required when ``spec.return_candidates``.
+        base_seed (`int`, *optional*): The request's seed; defaults to ``seeds[0]`` and must equal it.
+        rollout (`object`, *optional*): Rollout-mode payload (filled by rollout mode).
+
+    Raises:
+        PartialGroupError: If the ids, seeds or candidates do not describe exactly the whole group, or a shape is
+            wrong.
+        NonFiniteCandidatesError: If ``action`` or ``candidates`` hold NaN or Inf.
+    """
+
+    group: CandidateGroup
+    spec: CandidateTrajectorySpec
+    action: torch.Tensor
+    candidate_ids: tuple[int, ...]
+    seeds: tuple[int, ...]
+    metrics: dict[str, float | int | str | None] = field(default_factory=dict)
+    candidates: torch.Tensor | None = None
+    base_seed: int | None = None
+    rollout: object | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.group, CandidateGroup) or not isinstance(self.spec, CandidateTrajectorySpec):
+            raise PartialGroupError(
+                f"EnsembleResult needs a CandidateGroup and a CandidateTrajectorySpec, got "
+                f"{type(self.group).__name__} and {type(self.spec).__name__}"
+            )
+        group, size = self.group, self.group.size
+        if self.spec.count != size:
+            raise PartialGroupError(
+                f"request {group.request_id!r}: spec.count={self.spec.count} but the group has {size} candidate(s)"
+            )
+        ids = tuple(self.candidate_ids)
+        if ids != group.candidate_ids:
+            raise PartialGroupError(
+                f"request {group.request_id!r}: result candidate_ids {ids!r} do not match the group's "
+                f"{group.candidate_ids!r}"
+            )
+        seeds = tuple(self.seeds)
+        if len(seeds) != size:
+            raise PartialGroupError(
+                f"request {group.request_id!r}: {len(seeds)} seed(s) for {size} candidate(s): {seeds!r}"
+            )
+        for index, seed in enumerate(seeds):
+            check_seed(seed, name=f"seeds[{index}]")
+        base_seed = seeds[0] if self.base_seed is None else check_seed(self.base_seed)
+        if base_seed != seeds[0]:
+            raise PartialGroupError(
+                f"request {group.request_id!r}: base_seed {base_seed!r} must equal seeds[0] {seeds[0]!r}"
+            )
+        self._check_tensors()
+        object.__setattr__(self, "candidate_ids", ids)
+        object.__setattr__(self, "seeds", seeds)
+        object.__setattr__(self, "base_seed", base_seed)
+        object.__setattr__(self, "metrics", dict(self.metrics))
+
+    def _check_tensors(self) -> None:
+        rid, size, action, candidates = self.group.request_id, self.group.size, self.action, self.candidates
+        if not isinstance(action, torch.Tensor) or action.ndim != 2 or not action.is_floating_point():
+            got = f"shape {tuple(action.shape)}, {action.dtype}" if isinstance(action, torch.Tensor) else repr(action)
+            raise PartialGroupError(f"request {rid!r}: action must be a floating tensor [H, D], got {got}")
+        if candidates is None:
+            if self.spec.return_candidates:
+                raise PartialGroupError(f"request {rid!r}: return_candidates=True but no candidates were given")
+        else:
+            if not isinstance(candidates, torch.Tensor) or candidates.ndim != 3:
+                got = tuple(candidates.shape) if isinstance(candidates, torch.Tensor) else repr(candidates)
+                raise PartialGroupError(f"request {rid!r}: candidates must be a tensor [N, H, D], got {got}")
+            if candidates.shape[0] != size or candidates.shape[1:] != action.shape:
+                raise PartialGroupError(
+                    f"request {rid!r}: candidates have shape {tuple(candidates.shape)}, expected "
+                    f"{(size, *action.shape)} for {size} candidate(s) and action {tuple(action.shape)}"
+                )
+            # The plain path must publish its one candidate untouched.
+            if self.spec.reducer == "none" and not torch.equal(candidates[0], action):
+                raise PartialGroupError(f"request {rid!r}: with reducer 'none' the action must equal candidate 0")
+        # An EnsembleResult is what gets published: it never carries NaN/Inf, whichever path built it.
+        for name, tensor in (("action", action), ("candidates", candidates)):
+            if tensor is not None and not bool(torch.isfinite(tensor).all()):
+                raise NonFiniteCandidatesError(f"request {rid!r}: {name} holds non-finite (NaN/Inf) values")
+
+    @property
+    def request_id(self) -> str:
+        """The group's request id."""
+        return self.group.request_id
+
+    @property
+    def size(self) -> int:
+        """Number of candidates that went into the result."""
+        return self.group.size

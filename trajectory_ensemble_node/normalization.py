@@ -26,7 +26,6 @@ level but an ``"action"`` mapping is, enter it. Each list must have exactly the 
 from __future__ import annotations
 
 import json
-import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field

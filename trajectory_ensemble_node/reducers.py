@@ -44,7 +44,9 @@ from .errors import InvalidSpecError, NonFiniteCandidatesError, ReducerLayoutErr
 REDUCER_SPACES = ("normalized", "raw", "any")
 """Values of :attr:`Reducer.space`. An adapter reduces in ``"normalized"`` or ``"raw"`` space."""
 
-TRIM_FRACTION = 0.2
+# Kept as an integer denominator so the trim count is exact integer arithmetic, never a rounded float product.
+_TRIM_DENOMINATOR = 5
+TRIM_FRACTION = 1 / _TRIM_DENOMINATOR
 """``trimmed_mean`` drops ``floor(TRIM_FRACTION * N)`` values from each end of every element's sorted candidates."""
 
 MODE_DISTANCE_THRESHOLD = 0.2
@@ -282,8 +284,7 @@ def trimmed_mean_reduce(candidates: torch.Tensor) -> torch.Tensor:
         `torch.Tensor` of shape `[H, D]`.
     """
     n = candidates.shape[0]
-    # Integer form of floor(TRIM_FRACTION * n), immune to float rounding.
-    k = n // 5
+    k = n // _TRIM_DENOMINATOR
     if k == 0:
         return candidates.mean(dim=0)
     return candidates.sort(dim=0).values[k : n - k].mean(dim=0)

@@ -1,0 +1,18 @@
+"""The ROS-free engine: candidate groups in, one reduced action per group out.
+
+See :mod:`.scheduler` for the iteration model and :mod:`.request` for the request/handle types.
+"""
+
+from .reduction import reduce_candidates
+from .request import OVERSIZE_POLICIES, EngineConfig, GroupHandle, GroupRequest, ProgressEvent
+from .scheduler import GroupEngine
+
+__all__ = [
+    "OVERSIZE_POLICIES",
+    "EngineConfig",
+    "GroupEngine",
+    "GroupHandle",
+    "GroupRequest",
+    "ProgressEvent",
+    "reduce_candidates",
+]

@@ -1,0 +1,199 @@
+"""A candidate group as the engine sees it: the request going in, and the handle a caller waits on."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..contract import CandidateGroup, CandidateTrajectorySpec, EnsembleResult
+from ..errors import (
+    AbortReason,
+    GroupAbortedError,
+    GroupCanceledError,
+    GroupPreemptedError,
+    InvalidSpecError,
+)
+from ..normalization import ActionNormalizer
+from ..reducers import Reducer
+
+OVERSIZE_POLICIES = ("microbatch", "sequential", "reject")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """How the group scheduler batches.
+
+    Args:
+        max_batch_candidates (`int`): Most candidates in one physical forward. A group is admitted atomically
+            when it fits next to the running groups.
+        oversize_policy (`str`): What a group larger than ``max_batch_candidates`` does:
+            ``"microbatch"`` runs it as lockstep microbatches (same step for every slice, one shared scheduler state),
+            ``"sequential"`` runs its candidates one after another through the plain count=1 path (the documented
+            fallback; ``fallback_reason`` says why), ``"reject"`` refuses it at submission. Never truncated.
+        max_retries (`int`): How many times a group whose forward raised is rerun whole, from its seeds.
+    """
+
+    max_batch_candidates: int = 16
+    oversize_policy: str = "microbatch"
+    max_retries: int = 0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.max_batch_candidates, int) or self.max_batch_candidates < 1:
+            raise InvalidSpecError(f"max_batch_candidates must be an int >= 1, got {self.max_batch_candidates!r}.")
+        if self.oversize_policy not in OVERSIZE_POLICIES:
+            raise InvalidSpecError(
+                f"oversize_policy must be one of {list(OVERSIZE_POLICIES)}, got {self.oversize_policy!r}."
+            )
+        if not isinstance(self.max_retries, int) or self.max_retries < 0:
+            raise InvalidSpecError(f"max_retries must be an int >= 0, got {self.max_retries!r}.")
+
+
+@dataclass(frozen=True)
+class ProgressEvent:
+    """Reported to ``GroupRequest.on_progress`` on the engine thread; keep the callback short."""
+
+    request_id: str
+    stage: str  # "queued", "encoding", "denoising", "reducing"
+    step: int
+    total_steps: int
+
+
+@dataclass
+class GroupRequest:
+    """One logical prediction: a candidate group plus the model-specific payload that conditions it.
+
+    Args:
+        group (`CandidateGroup`): Identity of the group and its candidates.
+        spec (`CandidateTrajectorySpec`): Count, reducer, whether candidates are returned, seed policy.
+        seeds (`tuple[int, ...]`): One seed per candidate (``seeds[0] == base_seed``), owned by the request.
+        payload (`Any`): Adapter-specific request (prompt, observation, steps, ...).
+        reducer (`Reducer`, *optional*): The validated reducer (``None`` only for ``reducer="none"``).
+        normalizer (`ActionNormalizer`, *optional*): Denormalizes candidates into robot units when configured.
+        on_progress (`Callable[[ProgressEvent], None]`, *optional*): Progress callback.
+        max_retries (`int`, *optional*): Overrides the engine's retry budget for this group.
+    """
+
+    group: CandidateGroup
+    spec: CandidateTrajectorySpec
+    seeds: tuple[int, ...]
+    payload: Any
+    reducer: Reducer | None = None
+    normalizer: ActionNormalizer | None = None
+    on_progress: Callable[[ProgressEvent], None] | None = None
+    max_retries: int | None = None
+
+    def __post_init__(self) -> None:
+        if len(self.seeds) != self.spec.count or self.group.size != self.spec.count:
+            raise InvalidSpecError(
+                f"Group {self.group.request_id!r} has {self.group.size} candidate ids and {len(self.seeds)} seeds "
+                f"for count={self.spec.count}."
+            )
+        if self.spec.reducer != "none" and (self.reducer is None or self.reducer.name != self.spec.reducer):
+            raise InvalidSpecError(f"Request reducer does not match spec.reducer={self.spec.reducer!r}.")
+
+    @property
+    def request_id(self) -> str:
+        return self.group.request_id
+
+    @property
+    def count(self) -> int:
+        return self.spec.count
+
+    @property
+    def base_seed(self) -> int:
+        return self.seeds[0]
+
+
+class GroupHandle:
+    """The caller's view of a submitted group: wait for it, or cancel it. Thread-safe.
+
+    Every handle reaches exactly one terminal state: a result, or a :class:`GroupAbortedError` subclass (canceled,
+    preempted, failed, shutdown) or another named error. There is never a partial aggregate.
+    """
+
+    def __init__(self, request: GroupRequest) -> None:
+        self.request = request
+        self._done = threading.Event()
+        self._lock = threading.Lock()
+        self._result: EnsembleResult | None = None
+        self._error: BaseException | None = None
+        self._cancel: GroupAbortedError | None = None
+        self._callbacks: list[Callable[[GroupHandle], None]] = []
+        self.metrics: dict[str, Any] = {}
+
+    @property
+    def request_id(self) -> str:
+        return self.request.request_id
+
+    def cancel(self, reason: AbortReason = AbortReason.CANCELED, message: str = "") -> bool:
+        """Ask the engine to stop the group at its next denoising step.
+
+        Args:
+            reason (`AbortReason`): ``CANCELED`` (client cancel) or ``PREEMPTED`` (a newer goal took over).
+            message (`str`): Detail for the error, e.g. ``"preempted by <goal id>"``.
+
+        Returns:
+            `bool`: False when the group had already ended.
+        """
+        with self._lock:
+            if self._done.is_set():
+                return False
+            if self._cancel is None:
+                cls = GroupPreemptedError if reason == AbortReason.PREEMPTED else GroupCanceledError
+                self._cancel = cls(self.request_id, message or f"group {self.request_id} {reason.value}")
+            return True
+
+    @property
+    def cancel_requested(self) -> GroupAbortedError | None:
+        return self._cancel
+
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def result(self, timeout: float | None = None) -> EnsembleResult:
+        """Block until the group ends; return its result or raise its named error."""
+        if not self._done.wait(timeout):
+            raise TimeoutError(f"group {self.request_id} did not finish within {timeout} s")
+        if self._error is not None:
+            raise self._error
+        assert self._result is not None
+        return self._result
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        if not self._done.wait(timeout):
+            raise TimeoutError(f"group {self.request_id} did not finish within {timeout} s")
+        return self._error
+
+    def add_done_callback(self, callback: Callable[[GroupHandle], None]) -> None:
+        """Call ``callback(handle)`` when the group ends (immediately if it already has)."""
+        with self._lock:
+            if not self._done.is_set():
+                self._callbacks.append(callback)
+                return
+        callback(self)
+
+    # --- engine side ---------------------------------------------------------------------------------------------
+
+    def _finish(self, result: EnsembleResult | None, error: BaseException | None) -> None:
+        with self._lock:
+            if self._done.is_set():
+                return
+            self._result, self._error = result, error
+            self._done.set()
+            callbacks, self._callbacks = self._callbacks, []
+        for callback in callbacks:
+            callback(self)
+
+
+@dataclass
+class _Timeline:
+    """Wall-clock marks of one group, in milliseconds (engine-internal)."""
+
+    submitted: float = 0.0
+    admitted: float | None = None
+    denoise_started: float | None = None
+    denoise_ended: float | None = None
+    encode_ms: float = 0.0
+    extra: dict[str, float] = field(default_factory=dict)

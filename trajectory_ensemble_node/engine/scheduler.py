@@ -1,0 +1,457 @@
+"""The group scheduler: admission, lockstep microbatches, co-batching, cancellation, failure, retry, metrics.
+
+One engine iteration advances every running group by exactly one denoising step:
+
+1. queued groups that were canceled end at once; a pending weight update waits until no group runs, and no group
+   is admitted while it waits (so no group ever sees a mix of weights);
+2. queued groups are admitted atomically, in order, when they fit ``max_batch_candidates`` next to the running
+   ones; the adapter encodes their conditioning once and draws each candidate's noise from its own generator;
+3. running groups with a cancel request end CANCELED (or PREEMPTED) before any more model work;
+4. the candidates of all running groups are packed into as few physical forwards as capacity allows
+   (co-batching unrelated groups, microbatching oversize ones) and the model runs;
+5. each group takes its scheduler step, reports progress, and when done is post-processed and reduced.
+
+Groups at different steps share a forward: each token carries its own timestep.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from ..contract import EnsembleResult
+from ..errors import (
+    EngineShutdownError,
+    GroupAbortedError,
+    GroupFailedError,
+    GroupOutOfMemoryError,
+    InvalidSpecError,
+    TrajectoryEnsembleError,
+)
+from ..metrics import now_ms, peak_memory_bytes
+from ..models.base import CandidateModelAdapter, CandidateOutput, Slice
+from ..seeding import make_generators
+from .reduction import reduce_candidates
+from .request import EngineConfig, GroupHandle, GroupRequest, ProgressEvent
+
+logger = logging.getLogger("trajectory_ensemble.engine")
+
+
+@dataclass
+class _Run:
+    """One admitted group (engine-internal)."""
+
+    handle: GroupHandle
+    sequential: bool
+    submitted_ms: float
+    admitted_ms: float = 0.0
+    state: Any = None
+    part: int = 0  # sequential fallback: index of the candidate now running
+    outputs: list[CandidateOutput] = field(default_factory=list)
+    physical_forwards: int = 0
+    microbatches: int = 1
+    co_batched_max: int = 1
+    encode_ms: float = 0.0
+    denoise_ms: float = 0.0
+    retries: int = 0
+    fallback_reason: str | None = None
+    pending_slices: int = 0
+
+    @property
+    def request(self) -> GroupRequest:
+        return self.handle.request
+
+    @property
+    def slots(self) -> int:
+        return 1 if self.sequential else self.request.count
+
+
+class GroupEngine:
+    """Runs candidate groups through a :class:`CandidateModelAdapter`.
+
+    Use it synchronously (``submit`` then ``run_until_idle``) or from a background thread (``start``), as the ROS
+    node does. All model work happens on one thread.
+
+    Args:
+        adapter (`CandidateModelAdapter`): The model.
+        config (`EngineConfig`): Batching policy.
+        device (`torch.device`): Device whose peak memory the metrics report.
+    """
+
+    def __init__(self, adapter: CandidateModelAdapter, config: EngineConfig, device: torch.device) -> None:
+        self.adapter = adapter
+        self.config = config
+        self.device = torch.device(device)
+        self._lock = threading.Condition()
+        self._queue: collections.deque[_Run] = collections.deque()
+        self._running: list[_Run] = []
+        self._updates: collections.deque[tuple[Callable[[], Any], concurrent.futures.Future]] = collections.deque()
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+        self._driving = threading.Lock()
+
+    # --- public API ----------------------------------------------------------------------------------------------
+
+    def submit(self, request: GroupRequest) -> GroupHandle:
+        """Queue a group. Validation that needs no model work happens here, so bad requests fail fast."""
+        max_batch = self.config.max_batch_candidates
+        sequential = False
+        if request.count > max_batch:
+            if self.config.oversize_policy == "reject":
+                raise InvalidSpecError(
+                    f"group {request.request_id!r} has {request.count} candidates, above "
+                    f"max_batch_candidates={max_batch}, and oversize_policy='reject'."
+                )
+            sequential = self.config.oversize_policy == "sequential"
+        handle = GroupHandle(request)
+        run = _Run(handle=handle, sequential=sequential, submitted_ms=now_ms())
+        if request.count > max_batch:
+            if sequential:
+                run.fallback_reason = (
+                    f"{request.count} candidates exceed max_batch_candidates={max_batch}; ran one at a time"
+                )
+            else:
+                run.microbatches = -(-request.count // max_batch)
+        with self._lock:
+            if self._stopping:
+                raise EngineShutdownError(request.request_id, "engine is stopped")
+            self._queue.append(run)
+            self._lock.notify_all()
+        self._progress(run, "queued", 0)
+        return handle
+
+    def run_between_groups(self, fn: Callable[[], Any]) -> concurrent.futures.Future:
+        """Run ``fn`` on the engine thread when no group is running; admission pauses until it has run.
+
+        Running groups finish first, so no group ever sees the state before and after ``fn`` (used for atomic
+        weight updates).
+        """
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        with self._lock:
+            self._updates.append((fn, future))
+            self._lock.notify_all()
+        return future
+
+    def run_until_idle(self) -> None:
+        """Drive the engine on the calling thread until nothing is queued or running."""
+        if self._thread is not None:
+            raise RuntimeError("run_until_idle() is for synchronous use; this engine runs on a background thread.")
+        with self._driving:
+            while self._iterate():
+                pass
+
+    def start(self) -> None:
+        """Run the engine on a background daemon thread."""
+        if self._thread is not None:
+            return
+        self._thread = threading.Thread(target=self._loop, name="trajectory-ensemble-engine", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float | None = 10.0) -> None:
+        """Stop the engine; every queued or running group ends with :class:`EngineShutdownError`."""
+        with self._lock:
+            self._stopping = True
+            self._lock.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            self._thread = None
+        with self._driving:
+            for run in list(self._running) + list(self._queue):
+                self._fail(run, EngineShutdownError(run.request.request_id, "engine stopped before the group ended"))
+            self._running.clear()
+            self._queue.clear()
+            while self._updates:
+                _, future = self._updates.popleft()
+                future.cancel()
+
+    @property
+    def num_queued(self) -> int:
+        return len(self._queue)
+
+    @property
+    def num_running(self) -> int:
+        return len(self._running)
+
+    # --- loop ------------------------------------------------------------------------------------------------------
+
+    def _loop(self) -> None:
+        while True:
+            with self._lock:
+                if self._stopping:
+                    return
+            with self._driving:
+                busy = self._iterate()
+            if not busy:
+                with self._lock:
+                    if not self._stopping and not self._queue and not self._updates:
+                        self._lock.wait(timeout=0.5)
+
+    def _iterate(self) -> bool:
+        """One engine iteration. Returns False when there was nothing to do."""
+        self._reap_queued_cancels()
+        if self._updates and not self._running:
+            fn, future = self._updates.popleft()
+            if future.set_running_or_notify_cancel():
+                try:
+                    future.set_result(fn())
+                except BaseException as exc:  # noqa: BLE001 - handed to the caller through the future
+                    future.set_exception(exc)
+            return True
+        if not self._updates:
+            self._admit()
+        if not self._running:
+            return bool(self._queue or self._updates)
+        self._reap_running_cancels()
+        if self._running:
+            self._denoise_one_step()
+        return True
+
+    def _reap_queued_cancels(self) -> None:
+        with self._lock:
+            canceled = [run for run in self._queue if run.handle.cancel_requested is not None]
+            for run in canceled:
+                self._queue.remove(run)
+        for run in canceled:
+            self._fail(run, run.handle.cancel_requested)
+
+    def _reap_running_cancels(self) -> None:
+        for run in [r for r in self._running if r.handle.cancel_requested is not None]:
+            self._running.remove(run)
+            self._release(run)
+            self._fail(run, run.handle.cancel_requested)
+
+    def _admit(self) -> None:
+        capacity = self.config.max_batch_candidates
+        while True:
+            with self._lock:
+                if not self._queue:
+                    return
+                run = self._queue[0]
+                used = sum(r.slots for r in self._running)
+                # Atomic admission: the whole group fits next to the running ones, or it is oversize and runs alone.
+                if used + min(run.slots, capacity) > capacity:
+                    return
+                self._queue.popleft()
+            run.admitted_ms = now_ms()
+            if self._prepare(run):
+                self._running.append(run)
+
+    def _prepare(self, run: _Run) -> bool:
+        request = run.request
+        self._progress(run, "encoding", 0)
+        started = now_ms()
+        try:
+            if run.sequential:
+                seeds = (request.seeds[run.part],)
+            else:
+                seeds = request.seeds
+            # Fresh generators from the seeds on every (re)start: a partly advanced generator is never reused.
+            generators = make_generators(seeds, device=getattr(self.adapter, "generator_device", self.device))
+            run.state = self.adapter.prepare(request.payload, generators)
+        except BaseException as exc:  # noqa: BLE001 - every failure becomes a named terminal state
+            self._fail(run, self._named(run, exc, "preparing"))
+            return False
+        run.encode_ms += now_ms() - started
+        return True
+
+    def _plan(self) -> list[list[Slice]]:
+        capacity = self.config.max_batch_candidates
+        forwards: list[list[Slice]] = [[]]
+        room = capacity
+        for run in self._running:
+            start, count = 0, run.state.count
+            run.pending_slices = 0
+            while start < count:
+                if room == 0:
+                    forwards.append([])
+                    room = capacity
+                stop = min(count, start + room)
+                forwards[-1].append(Slice(run.state, start, stop))
+                run.pending_slices += 1
+                room -= stop - start
+                start = stop
+        return [f for f in forwards if f]
+
+    def _denoise_one_step(self) -> None:
+        by_state = {id(run.state): run for run in self._running}
+        failed: dict[int, BaseException] = {}
+        for planned in self._plan():
+            # A group that failed in an earlier microbatch of this step is dropped; the others still run.
+            slices = [s for s in planned if id(s.state) not in failed]
+            if not slices:
+                continue
+            runs = {id(s.state): by_state[id(s.state)] for s in slices}
+            started = now_ms()
+            try:
+                forwards = int(self.adapter.forward(slices))
+            except BaseException as exc:  # noqa: BLE001 - fails exactly the groups in this forward
+                for key in runs:
+                    failed[key] = exc
+                continue
+            elapsed = now_ms() - started
+            for run in runs.values():
+                run.physical_forwards += forwards
+                run.co_batched_max = max(run.co_batched_max, len(runs))
+                run.denoise_ms += elapsed
+        for run in list(self._running):
+            if id(run.state) in failed:
+                self._running.remove(run)
+                self._release(run)
+                self._retry_or_fail(run, failed[id(run.state)])
+                continue
+            started = now_ms()
+            try:
+                self.adapter.step(run.state)
+            except BaseException as exc:  # noqa: BLE001
+                self._running.remove(run)
+                self._release(run)
+                self._retry_or_fail(run, exc)
+                continue
+            run.denoise_ms += now_ms() - started
+            total = run.state.num_steps
+            done_steps = run.state.step_index
+            if run.sequential:
+                done_steps += run.part * total
+                total *= run.request.count
+            self._progress(run, "denoising", done_steps, total)
+            if run.state.step_index >= run.state.num_steps:
+                self._finish_part(run)
+
+    def _finish_part(self, run: _Run) -> None:
+        started = now_ms()
+        try:
+            run.outputs.append(self.adapter.finish(run.state))
+        except BaseException as exc:  # noqa: BLE001
+            self._running.remove(run)
+            self._release(run)
+            self._fail(run, self._named(run, exc, "post-processing"))
+            return
+        run.outputs[-1].extras.setdefault("postprocess_ms", now_ms() - started)
+        self._release(run)
+        if run.sequential and run.part + 1 < run.request.count:
+            run.part += 1
+            if not self._prepare(run):
+                self._running.remove(run)
+            return
+        self._running.remove(run)
+        self._complete(run)
+
+    def _complete(self, run: _Run) -> None:
+        request = run.request
+        self._progress(run, "reducing", request.count)
+        try:
+            candidates = torch.cat([out.candidates for out in run.outputs], dim=0)
+            started = now_ms()
+            action, candidates = reduce_candidates(
+                candidates,
+                request.spec,
+                request.reducer,
+                request.normalizer,
+                reduce_before_denormalize=self.adapter.capabilities.reduce_before_denormalize,
+            )
+            reduce_ms = now_ms() - started
+            extras: dict[str, Any] = {}
+            for out in run.outputs:
+                extras.update(out.extras)
+            metrics = self._metrics(run, reduce_ms, extras)
+            result = EnsembleResult(
+                group=request.group,
+                spec=request.spec,
+                action=action.float().cpu(),
+                candidate_ids=request.group.candidate_ids,
+                seeds=request.seeds,
+                metrics=metrics,
+                candidates=candidates.float().cpu() if request.spec.return_candidates else None,
+                base_seed=request.base_seed,
+                rollout=extras.get("rollout"),
+            )
+        except BaseException as exc:  # noqa: BLE001
+            self._fail(run, self._named(run, exc, "reducing"))
+            return
+        run.handle.metrics = metrics
+        run.handle._finish(result, None)
+
+    def _metrics(self, run: _Run, reduce_ms: float, extras: dict[str, Any]) -> dict[str, Any]:
+        finished = now_ms()
+        postprocess_ms = sum(float(out.extras.get("postprocess_ms", 0.0)) for out in run.outputs)
+        metrics: dict[str, Any] = {
+            "candidate_count": run.request.count,
+            "physical_forwards": run.physical_forwards,
+            "microbatches": run.microbatches,
+            "fallback_reason": run.fallback_reason,
+            "co_batched_groups_max": run.co_batched_max,
+            "num_inference_steps": run.outputs[0].extras.get("num_inference_steps"),
+            "retries": run.retries,
+            "queue_ms": run.admitted_ms - run.submitted_ms,
+            "encode_ms": run.encode_ms,
+            "denoise_ms": run.denoise_ms,
+            "action_postprocess_ms": postprocess_ms,
+            "reduce_ms": reduce_ms,
+            "total_ms": finished - run.submitted_ms,
+            "peak_memory_bytes": peak_memory_bytes(self.device),
+            "weights_version": self.adapter.weights_version,
+        }
+        for key, value in extras.items():
+            if key not in ("rollout", "postprocess_ms") and isinstance(value, (int, float, str, type(None))):
+                metrics.setdefault(key, value)
+        return metrics
+
+    # --- failure paths ---------------------------------------------------------------------------------------------
+
+    def _retry_or_fail(self, run: _Run, exc: BaseException) -> None:
+        budget = run.request.max_retries if run.request.max_retries is not None else self.config.max_retries
+        if run.retries < budget and not isinstance(exc, TrajectoryEnsembleError):
+            logger.warning("group %s failed (%s); rerunning it whole from its seeds", run.request.request_id, exc)
+            run.retries += 1
+            run.outputs.clear()
+            run.part = 0
+            run.physical_forwards = 0
+            run.denoise_ms = 0.0
+            with self._lock:
+                self._queue.appendleft(run)
+            return
+        self._fail(run, self._named(run, exc, "denoising"))
+
+    def _named(self, run: _Run, exc: BaseException, stage: str) -> BaseException:
+        if isinstance(exc, TrajectoryEnsembleError):
+            return exc
+        request_id = run.request.request_id
+        if isinstance(exc, torch.OutOfMemoryError) or "out of memory" in str(exc).lower():
+            error: GroupFailedError = GroupOutOfMemoryError(request_id, f"out of memory while {stage}: {exc}")
+        else:
+            error = GroupFailedError(request_id, f"{type(exc).__name__} while {stage}: {exc}")
+        error.__cause__ = exc
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        return error
+
+    def _fail(self, run: _Run, error: BaseException | None) -> None:
+        assert error is not None
+        if not isinstance(error, GroupAbortedError):
+            logger.info("group %s ended: %s: %s", run.request.request_id, type(error).__name__, error)
+        run.handle._finish(None, error)
+
+    def _release(self, run: _Run) -> None:
+        if run.state is not None:
+            try:
+                self.adapter.release(run.state)
+            finally:
+                run.state = None
+
+    def _progress(self, run: _Run, stage: str, step: int, total: int | None = None) -> None:
+        callback = run.request.on_progress
+        if callback is None:
+            return
+        if total is None:
+            total = step
+        try:
+            callback(ProgressEvent(run.request.request_id, stage, step, total))
+        except Exception:  # noqa: BLE001 - a broken callback must not take the engine down
+            logger.exception("progress callback of group %s raised", run.request.request_id)

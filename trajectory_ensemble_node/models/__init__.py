@@ -1,0 +1,1 @@
+"""Model adapters: each one declares how its candidate action is produced, normalized and reduced."""

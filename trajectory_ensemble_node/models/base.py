@@ -1,0 +1,111 @@
+"""The model adapter protocol: what the engine needs from a model, and what a model must declare.
+
+The engine (:mod:`trajectory_ensemble_node.engine`) owns grouping, candidate identity, seeds, batching,
+cancellation, failure and metrics. The adapter owns everything model-specific: encoding the candidate-invariant
+conditioning once, running one physical forward over slices of one or more groups, advancing a group by one step,
+and post-processing its candidate actions. The framework holds no model tensor names; an adapter declares them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+
+
+@dataclass(frozen=True)
+class AdapterCapabilities:
+    """What a model adapter declares about its candidate output.
+
+    Args:
+        candidate_tensor (`str`): Name of the tensor that is the candidate action (documentation and metrics).
+        reduce_before_denormalize (`bool`): Reducers declared valid in ``"any"`` or ``"normalized"`` space run on
+            normalized model outputs when True; ``"raw"`` reducers always run after denormalization.
+        valid_reducers (`tuple[str, ...]`): Reducer names valid for this action space (checked with each reducer's
+            own ``check_layout`` for the request's action width when a group is built).
+        candidate_invariant (`tuple[str, ...]`): Conditioning encoded once per group, shared by all candidates.
+        auxiliary_branch (`str`, *optional*): A branch denoised alongside the action (e.g. ``"video"``).
+        auxiliary_required_for_action (`bool`): Whether that branch must run for the action to be correct.
+        auxiliary_decode_skippable (`bool`): Whether its decode can be skipped when only actions are served.
+        uses_state (`bool`): Whether the model consumes proprioceptive state (``JointState``).
+    """
+
+    candidate_tensor: str
+    reduce_before_denormalize: bool
+    valid_reducers: tuple[str, ...]
+    candidate_invariant: tuple[str, ...] = ()
+    auxiliary_branch: str | None = None
+    auxiliary_required_for_action: bool = False
+    auxiliary_decode_skippable: bool = True
+    uses_state: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@runtime_checkable
+class GroupState(Protocol):
+    """Adapter-owned state of one admitted group (or one sequential-fallback part of it)."""
+
+    count: int
+    step_index: int
+    num_steps: int
+
+
+@dataclass(frozen=True)
+class Slice:
+    """Candidates ``[start, stop)`` of one group state, to be run in one physical forward."""
+
+    state: Any
+    start: int
+    stop: int
+
+    @property
+    def size(self) -> int:
+        return self.stop - self.start
+
+
+@dataclass
+class CandidateOutput:
+    """What an adapter hands back when a group finishes.
+
+    Args:
+        candidates (`torch.Tensor` of shape `[N, H, D]`): Float32 CPU candidates in the model's normalized action
+            space, padding channels already dropped, ordered by candidate id.
+        extras (`dict`): Adapter-specific outputs (e.g. a rollout record).
+    """
+
+    candidates: torch.Tensor
+    extras: dict[str, Any] = field(default_factory=dict)
+
+
+class CandidateModelAdapter(Protocol):
+    """The engine-facing side of a model. All methods run on the engine's thread."""
+
+    capabilities: AdapterCapabilities
+
+    @property
+    def weights_version(self) -> int: ...
+
+    def prepare(self, payload: Any, generators: Sequence[torch.Generator]) -> GroupState:
+        """Encode (or reuse) the payload's candidate-invariant conditioning; draw each candidate's noise."""
+        ...
+
+    def forward(self, slices: Sequence[Slice]) -> int:
+        """Run the model over ``slices`` (possibly of several groups) and store their velocities.
+
+        Returns the number of physical model forwards it took (1 when everything fits one forward).
+        """
+        ...
+
+    def step(self, state: GroupState) -> None:
+        """Advance a group by one denoising step once all of its candidates' velocities are in."""
+        ...
+
+    def finish(self, state: GroupState) -> CandidateOutput:
+        """Post-process a finished group's candidates."""
+        ...
+
+    def release(self, state: GroupState) -> None:
+        """Drop a group's buffers (called for finished, canceled and failed groups)."""
+        ...

@@ -1,0 +1,175 @@
+"""Batched candidates equal the unmodified upstream ``Cosmos3OmniPipeline`` called once per candidate seed."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from _cosmos3 import CHUNK, FPS, PROMPT, STEPS, fresh_pipe, policy, reference_pipe, upstream_action, within_rule
+from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import (
+    _EMBODIMENT_TO_RAW_ACTION_DIM,
+    Cosmos3OmniPipeline,
+    CosmosActionCondition,
+)
+
+from trajectory_ensemble_node.contract import CandidateTrajectorySpec
+from trajectory_ensemble_node.errors import ReducerLayoutError, UnsupportedModeError
+from trajectory_ensemble_node.models.cosmos3 import Cosmos3ActionModel
+from trajectory_ensemble_node.models.cosmos3.conditioning import encode_conditioning
+from trajectory_ensemble_node.reducers import get_reducer
+
+BASE_SEED = 1234
+
+
+@pytest.fixture(scope="module")
+def model() -> Cosmos3ActionModel:
+    return Cosmos3ActionModel(fresh_pipe(), max_batch_candidates=8)
+
+
+def run(model: Cosmos3ActionModel, count: int, guidance_scale: float, **kwargs):
+    spec = CandidateTrajectorySpec(count=count, reducer="mean" if count > 1 else "none", return_candidates=True)
+    defaults = dict(prompt=PROMPT, action=policy(), num_inference_steps=STEPS, fps=FPS, base_seed=BASE_SEED)
+    defaults.update(kwargs)
+    return model.generate(guidance_scale=guidance_scale, spec=spec, **defaults)
+
+
+@pytest.mark.parametrize("guidance_scale", [1.0, 3.0], ids=["no-cfg", "cfg"])
+@pytest.mark.parametrize("count", [1, 3, 8])
+def test_candidates_equal_sequential_upstream(model, count, guidance_scale):
+    result = run(model, count, guidance_scale)
+
+    assert result.candidates.shape == (count, CHUNK, 10)
+    assert result.candidates.dtype == torch.float32 and result.candidates.device.type == "cpu"
+    assert result.action.shape == (CHUNK, 10)
+    assert result.seeds[0] == BASE_SEED and len(set(result.seeds)) == count
+    assert result.candidate_ids == tuple(range(count))
+    for i, seed in enumerate(result.seeds):
+        reference = upstream_action(seed, guidance_scale=guidance_scale)
+        if count == 1:
+            assert torch.equal(result.candidates[i], reference), "count=1 must be bitwise equal to upstream"
+        else:
+            assert within_rule(result.candidates[i], reference), f"candidate {i} differs from upstream"
+    # The reduced action is the reducer applied to the returned candidates, nothing else.
+    expected = result.candidates[0] if count == 1 else get_reducer("mean")(result.candidates)
+    assert torch.equal(result.action, expected)
+
+
+@pytest.mark.parametrize("guidance_scale", [1.0, 3.0], ids=["no-cfg", "cfg"])
+def test_one_physical_forward_per_step_independent_of_n(guidance_scale):
+    fused = Cosmos3ActionModel(fresh_pipe(), max_batch_candidates=8, cfg_mode="fused")
+    for count in (1, 3, 8):
+        result = run(fused, count, guidance_scale)
+        assert result.metrics["physical_forwards"] == STEPS
+        assert result.metrics["candidate_count"] == count
+        assert result.metrics["fallback_reason"] is None
+        for i, seed in enumerate(result.seeds):
+            assert within_rule(result.candidates[i], upstream_action(seed, guidance_scale=guidance_scale))
+
+
+def test_auto_cfg_keeps_a_lone_candidate_on_the_upstream_row_counts(model):
+    # count=1 with CFG runs cond and uncond as two forwards: the exact upstream computation, hence bitwise.
+    result = run(model, 1, 3.0)
+    assert result.metrics["physical_forwards"] == 2 * STEPS
+    assert run(model, 3, 3.0).metrics["physical_forwards"] == STEPS
+    separate = Cosmos3ActionModel(fresh_pipe(), cfg_mode="separate")
+    assert run(separate, 3, 3.0).metrics["physical_forwards"] == 2 * STEPS
+
+
+def test_candidate_order_is_stable_across_runs_and_group_sizes(model):
+    eight = run(model, 8, 1.0)
+    again = run(model, 8, 1.0)
+    three = run(model, 3, 1.0)
+    assert torch.equal(eight.candidates, again.candidates)
+    # Seeds depend only on (base_seed, i), so a smaller group is a prefix of a larger one.
+    assert three.seeds == eight.seeds[:3]
+    assert torch.equal(three.candidates, eight.candidates[:3])
+
+
+@pytest.mark.parametrize(
+    "domain", sorted(set(_EMBODIMENT_TO_RAW_ACTION_DIM), key=lambda d: _EMBODIMENT_TO_RAW_ACTION_DIM[d])
+)
+def test_every_embodiment_width(model, domain):
+    width = _EMBODIMENT_TO_RAW_ACTION_DIM[domain]
+    if domain not in ("pusht", "av", "droid_lerobot", "robomind-franka-dual", "agibotworld", "hand_pose"):
+        pytest.skip("one domain per distinct width is enough")
+    action = policy(domain=domain)
+    result = run(model, 2, 1.0, action=action)
+    assert result.candidates.shape == (2, CHUNK, width)
+    for i, seed in enumerate(result.seeds):
+        assert within_rule(result.candidates[i], upstream_action(seed, guidance_scale=1.0, action=action,
+                                                                 key=(domain,)))
+
+
+def test_inverse_dynamics_matches_upstream(model):
+    frames = [policy(seed=s).image for s in (5, 6, 7)]
+    action = CosmosActionCondition(
+        mode="inverse_dynamics", chunk_size=CHUNK, domain_name="bridge_orig_lerobot", resolution_tier=256, video=frames
+    )
+    for count, guidance in ((1, 1.0), (3, 3.0)):
+        result = run(model, count, guidance, action=action)
+        for i, seed in enumerate(result.seeds):
+            reference = upstream_action(seed, guidance_scale=guidance, action=action, key=("inverse",))
+            if count == 1:
+                assert torch.equal(result.candidates[i], reference)
+            else:
+                assert within_rule(result.candidates[i], reference)
+
+
+def test_forward_dynamics_is_refused_before_any_work(model):
+    action = CosmosActionCondition(
+        mode="forward_dynamics", chunk_size=CHUNK, domain_name="droid_lerobot", resolution_tier=256,
+        image=policy().image, raw_actions=torch.zeros(CHUNK, 10),
+    )
+    with pytest.raises(UnsupportedModeError, match="forward_dynamics"):
+        model.submit(prompt=PROMPT, action=action, num_inference_steps=STEPS, guidance_scale=1.0, fps=FPS,
+                     spec=CandidateTrajectorySpec(count=2, reducer="mean"))
+    assert model.engine.num_queued == 0
+
+
+def test_reducer_invalid_for_layout_is_rejected_when_the_group_is_built(model):
+    with pytest.raises(ReducerLayoutError):
+        model.make_request(prompt=PROMPT, action=policy(domain="pusht"), num_inference_steps=STEPS,
+                           spec=CandidateTrajectorySpec(count=3, reducer="pose_gripper"))
+    # The same reducer is valid on a 9D pose + gripper layout.
+    model.make_request(prompt=PROMPT, action=policy(domain="droid_lerobot"), num_inference_steps=STEPS,
+                       spec=CandidateTrajectorySpec(count=3, reducer="pose_gripper"))
+
+
+def test_encoding_only_the_conditioning_frame_is_bit_identical():
+    pipe = reference_pipe()
+    kwargs = dict(prompt=PROMPT, negative_prompt=None, action=policy(chunk=16), fps=FPS, guidance_scale=1.0,
+                  device=torch.device("cpu"))
+    short = encode_conditioning(pipe, encode_only_used_frames=True, **kwargs)
+    full = encode_conditioning(pipe, encode_only_used_frames=False, **kwargs)
+    assert torch.equal(short.x0_vision[:, :, :1], full.x0_vision[:, :, :1])
+    assert short.x0_vision.shape == full.x0_vision.shape
+
+
+def test_serving_scheduler_is_never_mutated(model):
+    before = copy.deepcopy(model.pipe.scheduler.__dict__.get("timesteps"))
+    state_before = (model.pipe.scheduler.num_inference_steps, model.pipe.scheduler._step_index)
+    run(model, 3, 3.0, num_inference_steps=5)
+    assert (model.pipe.scheduler.num_inference_steps, model.pipe.scheduler._step_index) == state_before
+    after = model.pipe.scheduler.__dict__.get("timesteps")
+    assert (before is None and after is None) or torch.equal(before, after)
+
+
+def test_upstream_pipeline_on_the_wrapped_transformer_is_unchanged(model):
+    # The fan-out processor must behave exactly like the stock one outside our forwards.
+    out = model.pipe(prompt=PROMPT, action=policy(), num_inference_steps=STEPS, guidance_scale=3.0, fps=FPS,
+                     generator=torch.Generator().manual_seed(7), output_type="latent", enable_safety_check=False)
+    assert torch.equal(out.action[0], upstream_action(7, guidance_scale=3.0))
+
+
+def test_save_pretrained_then_from_pretrained_local_dir(tmp_path):
+    source = fresh_pipe()
+    source.save_pretrained(tmp_path / "pipe", safe_serialization=True)
+    assert list((tmp_path / "pipe" / "transformer").glob("*.safetensors"))
+    loaded = Cosmos3OmniPipeline.from_pretrained(tmp_path / "pipe", enable_safety_checker=False)
+    loaded.set_progress_bar_config(disable=True)
+    model = Cosmos3ActionModel(loaded)
+    result = run(model, 3, 3.0)
+    for i, seed in enumerate(result.seeds):
+        assert within_rule(result.candidates[i], upstream_action(seed, guidance_scale=3.0))
+    assert torch.equal(run(model, 1, 3.0).candidates[0], upstream_action(BASE_SEED, guidance_scale=3.0))

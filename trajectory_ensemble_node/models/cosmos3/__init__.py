@@ -1,0 +1,7 @@
+"""Cosmos 3 (diffusers ``Cosmos3OmniPipeline``) adapter: N candidates in one batched denoising path."""
+
+from .adapter import Cosmos3Adapter, Cosmos3Request
+from .model import Cosmos3ActionModel
+from .tiny import build_pipeline
+
+__all__ = ["Cosmos3ActionModel", "Cosmos3Adapter", "Cosmos3Request", "build_pipeline"]

@@ -1,0 +1,262 @@
+"""The engine-facing Cosmos 3 adapter: one physical forward over candidate slices of one or more groups.
+
+Per group it holds the stacked candidate latents ``[N, ...]`` and a private scheduler state. Per physical forward it
+packs every slice's blocks (both CFG branches, cond and uncond prefixes of any lengths) into one sequence, runs the
+transformer once with the fan-out attention layout, and stores each group's masked velocities. The group's step
+then applies CFG and its scheduler, exactly as the upstream loop does for one sample.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import Cosmos3OmniPipeline, CosmosActionCondition
+
+from ...errors import InvalidSpecError, UnsupportedModeError
+from ...reducers import available_reducers
+from ..base import AdapterCapabilities, CandidateOutput, Slice
+from .attention import install_fanout
+from .conditioning import GroupConditioning, draw_initial_latents, encode_conditioning
+from .packing import PackItem, pack_forward, split_predictions
+from .steppers import GroupStepper, ServingStepper
+
+
+@dataclass
+class Cosmos3Request:
+    """The model-specific half of a group request (what upstream ``__call__`` takes, minus the generator).
+
+    The conditioning is encoded on first use and cached here, so retries and sequential-fallback parts of the same
+    group reuse it instead of encoding again.
+    """
+
+    prompt: str
+    action: CosmosActionCondition
+    num_inference_steps: int
+    guidance_scale: float
+    fps: float
+    negative_prompt: str | None = None
+    use_system_prompt: bool | None = None
+    rollout: Any = None
+    conditioning: GroupConditioning | None = field(default=None, repr=False)
+
+
+@dataclass
+class Cosmos3GroupState:
+    """Stacked candidate latents and scheduler state of one admitted group."""
+
+    request: Cosmos3Request
+    conditioning: GroupConditioning
+    stepper: GroupStepper
+    vision: torch.Tensor
+    action: torch.Tensor
+    count: int
+    num_steps: int
+    step_index: int = 0
+    # Masked velocities of the current step, per CFG branch: filled slice by slice, consumed by ``step``.
+    velocity_vision: list[torch.Tensor | None] = field(default_factory=list)
+    velocity_action: list[torch.Tensor | None] = field(default_factory=list)
+    fuse_cfg: bool = True
+    recorder: Any = None
+
+
+CFG_MODES = ("auto", "fused", "separate")
+
+
+class Cosmos3Adapter:
+    """Implements :class:`~trajectory_ensemble_node.models.base.CandidateModelAdapter` for ``Cosmos3OmniPipeline``.
+
+    Args:
+        pipe (`Cosmos3OmniPipeline`): Tiny or real; its transformer gets the fan-out attention processor, which
+            behaves exactly like the stock one outside our forwards.
+        cfg_mode (`str`): Topology of classifier-free guidance. ``"fused"`` runs both branches of every candidate in
+            ONE forward per step. ``"separate"`` runs the cond blocks and the uncond blocks as two forwards.
+            ``"auto"`` (default) fuses groups of more than one candidate and keeps ``count=1`` groups separate.
+
+    Why ``auto`` keeps ``count=1`` separate: BLAS libraries (MKL, cuBLAS) pick GEMM kernels by row count, and a
+    row's result can change in the last bits with the kernel. A lone candidate with separate branches has exactly
+    the row counts of an upstream call, so it is bitwise equal to it; fused, it is equal within the equivalence
+    rule but not always bitwise. Larger groups change row counts anyway, so they take the fused forward.
+    """
+
+    capabilities = AdapterCapabilities(
+        candidate_tensor="action_latents[:, :, :raw_action_dim]",
+        reduce_before_denormalize=True,
+        valid_reducers=("mean", "median", "medoid", "trimmed_mean", "pose_gripper", "mode"),
+        candidate_invariant=(
+            "prompt tokens (cond and uncond)",
+            "VAE latent of the conditioning frame",
+            "packed static segments (positions, indexes)",
+        ),
+        auxiliary_branch="video",
+        # The action tokens attend to the video tokens at every step, so the video must still be denoised...
+        auxiliary_required_for_action=True,
+        # ...but its VAE decode is never needed to serve actions.
+        auxiliary_decode_skippable=True,
+        uses_state=False,
+    )
+
+    def __init__(self, pipe: Cosmos3OmniPipeline, *, cfg_mode: str = "auto") -> None:
+        if cfg_mode not in CFG_MODES:
+            raise InvalidSpecError(f"cfg_mode must be one of {list(CFG_MODES)}, got {cfg_mode!r}.")
+        if getattr(pipe.transformer, "_cp_shard_fn", None) is not None:
+            raise UnsupportedModeError("Candidate fan-out does not support context-parallel transformers.")
+        self.pipe = pipe
+        self.transformer = pipe.transformer
+        self.processor = install_fanout(pipe.transformer)
+        self.device = pipe._get_execution_device()
+        self.generator_device: torch.device | str = self.device
+        self.cfg_mode = cfg_mode
+        self._weights_version = 0
+
+    # --- declared properties ----------------------------------------------------------------------------------------
+
+    @property
+    def weights_version(self) -> int:
+        return self._weights_version
+
+    def bump_weights_version(self) -> int:
+        self._weights_version += 1
+        return self._weights_version
+
+    @property
+    def model_dtype(self) -> torch.dtype:
+        return self.transformer.dtype
+
+    def valid_reducers(self) -> tuple[str, ...]:
+        """Declared reducers that are registered (layout checks happen per request)."""
+        registered = set(available_reducers())
+        return tuple(name for name in self.capabilities.valid_reducers if name in registered)
+
+    # --- engine protocol -------------------------------------------------------------------------------------------
+
+    def encode(self, request: Cosmos3Request) -> GroupConditioning:
+        """Encode (once) the candidate-invariant conditioning of ``request``."""
+        if request.conditioning is None:
+            request.conditioning = encode_conditioning(
+                self.pipe,
+                prompt=request.prompt,
+                negative_prompt=request.negative_prompt,
+                action=request.action,
+                fps=request.fps,
+                guidance_scale=request.guidance_scale,
+                device=self.device,
+                use_system_prompt=request.use_system_prompt,
+            )
+        return request.conditioning
+
+    def make_stepper(self, request: Cosmos3Request) -> GroupStepper:
+        return ServingStepper(
+            self.pipe.scheduler,
+            request.num_inference_steps,
+            self.device,
+            use_native_flow_schedule=bool(self.pipe.config.use_native_flow_schedule),
+            has_action=True,
+        )
+
+    def prepare(self, payload: Cosmos3Request, generators: Sequence[torch.Generator]) -> Cosmos3GroupState:
+        conditioning = self.encode(payload)
+        stepper = self.make_stepper(payload)
+        vision, action = draw_initial_latents(conditioning, generators, self.device)
+        branches = len(conditioning.branches)
+        state = Cosmos3GroupState(
+            request=payload,
+            conditioning=conditioning,
+            stepper=stepper,
+            vision=vision,
+            action=action,
+            count=len(generators),
+            num_steps=stepper.num_steps,
+            velocity_vision=[None] * branches,
+            velocity_action=[None] * branches,
+            fuse_cfg=self.cfg_mode == "fused" or (self.cfg_mode == "auto" and len(generators) > 1),
+        )
+        return state
+
+    def forward(self, slices: Sequence[Slice]) -> int:
+        """Run the slices' blocks; returns the number of transformer forwards (1, or 2 with separate CFG)."""
+        dtype = self.model_dtype
+        passes: tuple[list[PackItem], list[PackItem]] = ([], [])
+        targets: tuple[list[tuple[Cosmos3GroupState, int, int, int]], ...] = ([], [])
+        for piece in slices:
+            state: Cosmos3GroupState = piece.state
+            timestep = state.stepper.timesteps[state.step_index].item()
+            vision = state.vision[piece.start : piece.stop].to(device=self.device, dtype=dtype)
+            action = state.action[piece.start : piece.stop].to(device=self.device, dtype=dtype)
+            for branch_index, branch in enumerate(state.conditioning.branches):
+                which = 0 if (state.fuse_cfg or branch_index == 0) else 1
+                passes[which].append(PackItem(branch=branch, vision=vision, action=action, timestep=timestep))
+                targets[which].append((state, branch_index, piece.start, piece.stop))
+        ran = 0
+        for items, item_targets in zip(passes, targets):
+            if items:
+                self._run_pass(items, item_targets)
+                ran += 1
+        return ran
+
+    def _run_pass(
+        self, items: list[PackItem], targets: list[tuple[Cosmos3GroupState, int, int, int]]
+    ) -> None:
+        packed = pack_forward(items, self.device)
+        with self.processor.use_layout(packed.layout):
+            preds_vision, _, preds_action = self.transformer(**packed.kwargs, return_dict=False)
+        for (state, branch_index, start, stop), pred_v, pred_a in zip(
+            targets, split_predictions(packed, preds_vision), split_predictions(packed, preds_action)
+        ):
+            velocity_v, velocity_a = self._mask(state.conditioning, pred_v, pred_a)
+            if state.velocity_vision[branch_index] is None:
+                state.velocity_vision[branch_index] = velocity_v.new_empty((state.count, *velocity_v.shape[1:]))
+                state.velocity_action[branch_index] = velocity_a.new_empty((state.count, *velocity_a.shape[1:]))
+            state.velocity_vision[branch_index][start:stop] = velocity_v
+            state.velocity_action[branch_index][start:stop] = velocity_a
+
+    @staticmethod
+    def _mask(
+        conditioning: GroupConditioning, pred_v: torch.Tensor, pred_a: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        # Same ops, dtype and order as upstream ``_mask_velocity_predictions``, over a stack of candidates.
+        noisy_v = (1.0 - conditioning.vision_mask).to(dtype=pred_v.dtype, device=pred_v.device)
+        velocity_v = pred_v * noisy_v if noisy_v.sum() > 0 else torch.zeros_like(pred_v)
+        noisy_a = (1.0 - conditioning.action_mask).to(dtype=pred_a.dtype, device=pred_a.device)
+        velocity_a = pred_a * noisy_a if noisy_a.sum() > 0 else torch.zeros_like(pred_a)
+        velocity_a[:, :, conditioning.raw_action_dim :] = 0
+        return velocity_v.float(), velocity_a.float()
+
+    def combined_velocity(self, state: Cosmos3GroupState) -> tuple[torch.Tensor, torch.Tensor]:
+        """Classifier-free guidance over the stacked candidates (elementwise, as upstream)."""
+        cond_v, cond_a = state.velocity_vision[0], state.velocity_action[0]
+        if len(state.conditioning.branches) == 1:
+            return cond_v, cond_a
+        scale = state.request.guidance_scale
+        uncond_v, uncond_a = state.velocity_vision[1], state.velocity_action[1]
+        return uncond_v + scale * (cond_v - uncond_v), uncond_a + scale * (cond_a - uncond_a)
+
+    def step(self, state: Cosmos3GroupState) -> None:
+        velocity_v, velocity_a = self.combined_velocity(state)
+        has_noisy_action = state.conditioning.has_noisy_action
+        state.vision, action = state.stepper.step(
+            state.step_index,
+            velocity_v,
+            state.vision,
+            velocity_a if has_noisy_action else None,
+            state.action,
+        )
+        if has_noisy_action:
+            action[:, :, state.conditioning.raw_action_dim :] = 0
+        state.action = action
+        state.velocity_vision = [None] * len(state.velocity_vision)
+        state.velocity_action = [None] * len(state.velocity_action)
+        state.step_index += 1
+
+    def finish(self, state: Cosmos3GroupState) -> CandidateOutput:
+        candidates = state.action[:, :, : state.conditioning.raw_action_dim].detach().to("cpu", torch.float32)
+        return CandidateOutput(
+            candidates=candidates,
+            extras={"num_inference_steps": state.num_steps, "encode_ms_conditioning": state.conditioning.encode_ms},
+        )
+
+    def release(self, state: Cosmos3GroupState) -> None:
+        state.velocity_vision = []
+        state.velocity_action = []

@@ -1,0 +1,271 @@
+"""Candidate-invariant conditioning, encoded once per group, and per-candidate initial noise.
+
+Everything here reproduces ``Cosmos3OmniPipeline.__call__`` / ``prepare_latents`` for one action request, with two
+differences that do not change a single bit of the result:
+
+- it is computed once for the whole group, not once per candidate;
+- in ``policy`` mode only the conditioning frame is VAE-encoded. Upstream encodes the whole ``chunk_size + 1``
+  frame clip (the image repeated), keeps latent frame 0 and overwrites the rest with noise. The Wan VAE encodes
+  frame 0 alone in its first causal chunk, so encoding just that frame yields the same latent frame 0.
+
+The segment builders are the pipeline's own (``_prepare_text_segment``, ``_prepare_vision_segment``,
+``_prepare_action_segment``), so position ids are those of a single upstream run.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import (
+    _ACTION_RESOLUTION_BINS,
+    _EMBODIMENT_TO_DOMAIN_ID,
+    Cosmos3OmniPipeline,
+    CosmosActionCondition,
+)
+from diffusers.utils.torch_utils import randn_tensor
+from diffusers.video_processor import VideoProcessor
+
+from ...errors import InvalidSpecError, UnsupportedModeError
+from .packing import BlockTemplate, Branch, PrefixSegment
+
+# Modes whose public output is an action chunk (upstream returns ``action=None`` for forward_dynamics).
+ACTION_MODES = ("policy", "inverse_dynamics")
+
+
+@dataclass(frozen=True)
+class GroupConditioning:
+    """What every candidate of one request shares.
+
+    Args:
+        branches (`tuple[Branch, ...]`): ``(cond,)`` or ``(cond, uncond)`` when classifier-free guidance is on.
+        cond_input_ids (`list[int]`), uncond_input_ids (`list[int]`): Token ids of both CFG branches.
+        x0_vision (`torch.Tensor` of shape `[1, C, T, H, W]`): Clean conditioning latents (float32).
+        vision_mask (`torch.Tensor` of shape `[T, 1, 1]`): 1 on conditioned latent frames.
+        x0_action (`torch.Tensor` of shape `[A, D]`): Clean action tokens (zeros unless conditioned).
+        action_mask (`torch.Tensor` of shape `[A, 1]`): 1 on conditioned action tokens.
+        raw_action_dim (`int`): The embodiment's unpadded action width.
+        height (`int`), width (`int`): Conditioning canvas in pixels.
+        encode_ms (`float`): Prompt + VAE encode time.
+    """
+
+    branches: tuple[Branch, ...]
+    cond_input_ids: list[int]
+    uncond_input_ids: list[int]
+    x0_vision: torch.Tensor
+    vision_mask: torch.Tensor
+    x0_action: torch.Tensor
+    action_mask: torch.Tensor
+    raw_action_dim: int
+    height: int
+    width: int
+    encode_ms: float
+
+    @property
+    def has_noisy_action(self) -> bool:
+        return bool(self.action_mask.sum() < self.action_mask.numel())
+
+    @property
+    def has_noisy_vision(self) -> bool:
+        return bool(self.vision_mask.sum() < self.vision_mask.numel())
+
+
+def check_action_request(pipe: Cosmos3OmniPipeline, action: CosmosActionCondition) -> None:
+    """Refuse, before any model work, an action request this adapter cannot serve correctly.
+
+    Raises:
+        UnsupportedModeError: the mode has no action output or the checkpoint has no action head.
+        InvalidSpecError: the action condition is malformed for this checkpoint.
+    """
+    if not isinstance(action, CosmosActionCondition):
+        raise InvalidSpecError(f"`action` must be a diffusers CosmosActionCondition, got {type(action).__name__}.")
+    if not getattr(pipe.transformer.config, "action_gen", False):
+        raise UnsupportedModeError("This checkpoint has no action head (transformer.config.action_gen is False).")
+    if action.mode not in ACTION_MODES:
+        raise UnsupportedModeError(
+            f"action mode {action.mode!r} has no action output to serve (upstream returns action=None for it); "
+            f"candidate ensembling supports {list(ACTION_MODES)}."
+        )
+    if action.raw_action_dim > pipe.transformer.config.action_dim:
+        raise InvalidSpecError(
+            f"raw_action_dim={action.raw_action_dim} of domain {action.domain_name!r} exceeds the checkpoint's "
+            f"action_dim={pipe.transformer.config.action_dim}."
+        )
+
+
+def encode_conditioning(
+    pipe: Cosmos3OmniPipeline,
+    *,
+    prompt: str,
+    negative_prompt: str | None,
+    action: CosmosActionCondition,
+    fps: float,
+    guidance_scale: float,
+    device: torch.device,
+    use_system_prompt: bool | None = None,
+    encode_only_used_frames: bool = True,
+) -> GroupConditioning:
+    """Tokenize the prompt and encode the conditioning image once for a whole candidate group.
+
+    Args:
+        pipe (`Cosmos3OmniPipeline`): Any Cosmos 3 omni pipeline, tiny or real.
+        prompt (`str`): Task instruction (becomes the structured action JSON caption, as upstream).
+        negative_prompt (`str`, *optional*): Unconditional prompt; ``None`` means ``""`` as upstream.
+        action (`CosmosActionCondition`): The upstream action condition.
+        fps (`float`): Frame rate, used in the caption and the mRoPE temporal modulation.
+        guidance_scale (`float`): CFG scale; the uncond branch exists only when it is not 1.0.
+        device (`torch.device`): Execution device.
+        use_system_prompt (`bool`, *optional*): As upstream; ``None`` uses the pipeline default.
+        encode_only_used_frames (`bool`): In policy mode, VAE-encode only the conditioning frame (bit-identical).
+
+    Returns:
+        `GroupConditioning`
+    """
+    check_action_request(pipe, action)
+    started = time.perf_counter()
+    num_frames = action.chunk_size + 1
+    clip = [action.image] if action.image is not None else action.video
+    probe = pipe.video_processor.preprocess_video(clip)
+    height, width = VideoProcessor.classify_height_width_bin(
+        int(probe.shape[-2]), int(probe.shape[-1]), ratios=_ACTION_RESOLUTION_BINS[str(action.resolution_tier)]
+    )
+    cond_ids, uncond_ids = pipe.tokenize_prompt(
+        prompt,
+        negative_prompt,
+        num_frames=num_frames,
+        height=height,
+        width=width,
+        fps=fps,
+        use_system_prompt=use_system_prompt,
+        action_mode=action.mode,
+        action_view_point=action.view_point,
+    )
+
+    sampling_dtype = torch.float32
+    temporal = int(pipe.vae.config.scale_factor_temporal)
+    latent_frames = (num_frames - 1) // temporal + 1
+    only_first = encode_only_used_frames and action.mode == "policy"
+    frames, image_size, _, _ = pipe._prepare_action_video_conditioning(
+        clip, action.resolution_tier, 1 if only_first else num_frames, device=device, dtype=sampling_dtype
+    )
+    x0 = pipe._encode_video(frames).contiguous().float()
+    x0 = pipe._remove_action_video_padding_from_latent(x0, image_size)
+    if only_first:
+        # Frames after 0 are multiplied by a zero mask upstream; zeros keep the same shape and the same bits.
+        full = x0.new_zeros((x0.shape[0], x0.shape[1], latent_frames, x0.shape[3], x0.shape[4]))
+        full[:, :, :1] = x0[:, :, :1]
+        x0 = full
+
+    if action.mode == "policy":
+        vision_condition_frames = [0]
+    else:  # inverse_dynamics: every latent frame of the given clip is conditioning
+        vision_condition_frames = list(range(latent_frames))
+    vision_mask = torch.zeros((x0.shape[2], 1, 1), device=device, dtype=sampling_dtype)
+    for index in vision_condition_frames:
+        if 0 <= index < vision_mask.shape[0]:
+            vision_mask[index, 0, 0] = 1.0
+
+    action_dim = pipe.transformer.config.action_dim
+    x0_action = torch.zeros(action.chunk_size, action_dim, device=device, dtype=sampling_dtype)
+    action_mask = torch.zeros((action.chunk_size, 1), device=device, dtype=sampling_dtype)
+    domain_id = torch.tensor([_EMBODIMENT_TO_DOMAIN_ID[action.domain_name]], dtype=torch.long, device=device)
+
+    vision_condition_indexes = [int(i) for i in torch.nonzero(vision_mask[:, 0, 0] > 0).flatten().tolist()]
+    meta_vision = torch.empty(x0.shape, device="meta")
+    meta_action = torch.empty(x0_action.shape, device="meta")
+    branch_ids = [cond_ids] + ([uncond_ids] if guidance_scale != 1.0 else [])
+    branches = tuple(
+        _build_branch(pipe, ids, meta_vision, meta_action, vision_condition_indexes, domain_id, fps, device)
+        for ids in branch_ids
+    )
+    return GroupConditioning(
+        branches=branches,
+        cond_input_ids=list(cond_ids),
+        uncond_input_ids=list(uncond_ids),
+        x0_vision=x0,
+        vision_mask=vision_mask,
+        x0_action=x0_action,
+        action_mask=action_mask,
+        raw_action_dim=int(action.raw_action_dim),
+        height=int(height),
+        width=int(width),
+        encode_ms=(time.perf_counter() - started) * 1e3,
+    )
+
+
+def _build_branch(
+    pipe: Cosmos3OmniPipeline,
+    input_ids: list[int],
+    meta_vision: torch.Tensor,
+    meta_action: torch.Tensor,
+    vision_condition_indexes: list[int],
+    domain_id: torch.Tensor,
+    fps: float,
+    device: torch.device,
+) -> Branch:
+    text = pipe._prepare_text_segment(input_ids, device=device)
+    offset = text["vision_start_temporal_offset"]
+    # Built at curr=0 so the returned indexes are offsets inside the block; the packer relocates them.
+    vision = pipe._prepare_vision_segment(
+        input_vision_tokens=meta_vision,
+        has_image_condition=bool(vision_condition_indexes),
+        mrope_offset=offset,
+        vision_fps=fps,
+        curr=0,
+        device=device,
+        condition_frame_indexes=vision_condition_indexes,
+    )
+    action = pipe._prepare_action_segment(
+        input_action_tokens=meta_action,
+        condition_frame_indexes=[],
+        mrope_offset=offset,
+        action_fps=fps,
+        curr=0,
+        device=device,
+    )
+    template = BlockTemplate(
+        vision_token_shape=tuple(vision["vision_token_shapes"][0]),
+        vision_noisy_frame_indexes=vision["vision_noisy_frame_indexes"][0],
+        vision_noisy_offsets=vision["vision_mse_loss_indexes"],
+        vision_mrope_ids=vision["vision_mrope_ids"],
+        action_len=int(action["action_len"]),
+        action_noisy_frame_indexes=action["action_noisy_frame_indexes"][0],
+        action_mrope_ids=action["action_mrope_ids"],
+        domain_id=domain_id,
+    )
+    prefix = PrefixSegment(
+        input_ids=text["input_ids"], mrope_ids=text["text_mrope_ids"], vision_start_temporal_offset=offset
+    )
+    return Branch(prefix=prefix, template=template)
+
+
+def draw_initial_latents(
+    conditioning: GroupConditioning,
+    generators: Sequence[torch.Generator],
+    device: torch.device,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Draw each candidate's initial noise from its own generator, in upstream order (vision, then action).
+
+    Args:
+        conditioning (`GroupConditioning`): The group's shared conditioning.
+        generators (`Sequence[torch.Generator]`): One fresh generator per candidate, in candidate order.
+        device (`torch.device`): Where the latents live.
+
+    Returns:
+        `tuple`: vision latents ``[N, C, T, H, W]`` and action latents ``[N, A, D]``, float32.
+    """
+    dtype = torch.float32
+    vision_noise, action_noise = [], []
+    for generator in generators:
+        vision_noise.append(randn_tensor(tuple(conditioning.x0_vision.shape), generator=generator, device=device,
+                                         dtype=dtype))
+        action_noise.append(randn_tensor(tuple(conditioning.x0_action.shape), generator=generator, device=device,
+                                         dtype=dtype))
+    vision_mask = conditioning.vision_mask
+    vision = vision_mask * conditioning.x0_vision + (1.0 - vision_mask) * torch.cat(vision_noise, dim=0)
+    action_mask = conditioning.action_mask
+    action = action_mask * conditioning.x0_action + (1.0 - action_mask) * torch.stack(action_noise, dim=0)
+    action[:, :, conditioning.raw_action_dim :] = 0
+    return vision, action

@@ -1,0 +1,168 @@
+"""``Cosmos3ActionModel``: N candidate action chunks from any diffusers ``Cosmos3OmniPipeline``, in one batch."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Mapping
+
+import torch
+from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import Cosmos3OmniPipeline, CosmosActionCondition
+
+from ...contract import DEFAULT_MAX_CANDIDATES, CandidateGroup, CandidateTrajectorySpec, EnsembleResult
+from ...engine import EngineConfig, GroupEngine, GroupHandle, GroupRequest, ProgressEvent
+from ...errors import InvalidSpecError, ReducerLayoutError
+from ...normalization import ActionNormalizer
+from ...reducers import get_reducer
+from ...seeding import candidate_seeds, fresh_base_seed
+from .adapter import Cosmos3Adapter, Cosmos3Request
+from .conditioning import check_action_request
+
+
+class Cosmos3ActionModel:
+    """Serve N candidate action trajectories per observation from a Cosmos 3 omni pipeline.
+
+    Candidate ``i`` of a group equals ``pipe(..., generator=torch.Generator().manual_seed(result.seeds[i]),
+    output_type="latent").action[0]`` (bitwise for ``count=1``; within ``1e-3 * max(1, max|ref|)`` in fp32 on CPU
+    otherwise), but the N candidates share one prompt pass and one VAE encode, and every denoising step is ONE
+    transformer forward for the whole group, classifier-free guidance included.
+
+    Args:
+        pipe (`Cosmos3OmniPipeline`): Any Cosmos 3 omni pipeline, tiny or real.
+        max_batch_candidates (`int`): Most candidates in one physical forward.
+        oversize_policy (`str`): ``"microbatch"``, ``"sequential"`` or ``"reject"`` for larger groups.
+        max_retries (`int`): Whole-group reruns after a failed forward.
+        max_candidates (`int`): Largest accepted ``spec.count``.
+        action_stats (`ActionNormalizer` or `Mapping[str, ActionNormalizer]`, *optional*): Denormalization into
+            robot units, one for all domains or one per ``domain_name``.
+        generator_device (`str` or `torch.device`, *optional*): Device of the per-candidate generators; defaults to
+            the execution device. ``"cpu"`` makes the noise identical across CPU and GPU hosts.
+        cfg_mode (`str`): ``"auto"``, ``"fused"`` or ``"separate"`` classifier-free guidance topology (see
+            :class:`Cosmos3Adapter`).
+    """
+
+    def __init__(
+        self,
+        pipe: Cosmos3OmniPipeline,
+        *,
+        max_batch_candidates: int = 16,
+        oversize_policy: str = "microbatch",
+        max_retries: int = 0,
+        max_candidates: int = DEFAULT_MAX_CANDIDATES,
+        action_stats: ActionNormalizer | Mapping[str, ActionNormalizer] | None = None,
+        generator_device: str | torch.device | None = None,
+        cfg_mode: str = "auto",
+    ) -> None:
+        self.pipe = pipe
+        self.adapter = Cosmos3Adapter(pipe, cfg_mode=cfg_mode)
+        if generator_device is not None:
+            self.adapter.generator_device = torch.device(generator_device)
+        self.max_candidates = int(max_candidates)
+        self.action_stats = action_stats
+        self.engine = GroupEngine(
+            self.adapter,
+            EngineConfig(
+                max_batch_candidates=max_batch_candidates, oversize_policy=oversize_policy, max_retries=max_retries
+            ),
+            device=self.adapter.device,
+        )
+
+    @property
+    def device(self) -> torch.device:
+        return self.adapter.device
+
+    @property
+    def weights_version(self) -> int:
+        return self.adapter.weights_version
+
+    def normalizer_for(self, domain_name: str) -> ActionNormalizer | None:
+        """The configured action statistics for ``domain_name`` (``None`` when actions stay normalized)."""
+        stats = self.action_stats
+        if stats is None or isinstance(stats, ActionNormalizer):
+            return stats
+        return stats.get(domain_name)
+
+    def make_request(
+        self,
+        *,
+        prompt: str,
+        action: CosmosActionCondition,
+        num_inference_steps: int = 35,
+        guidance_scale: float = 6.0,
+        fps: float = 24.0,
+        negative_prompt: str | None = None,
+        spec: CandidateTrajectorySpec | None = None,
+        base_seed: int | None = None,
+        use_system_prompt: bool | None = None,
+        rollout: object | None = None,
+        request_id: str | None = None,
+        on_progress: Callable[[ProgressEvent], None] | None = None,
+    ) -> GroupRequest:
+        """Validate and build a group request, before any model work.
+
+        Raises:
+            InvalidSpecError: and its subclasses (count above the maximum, unknown reducer, reducer invalid for the
+                action layout), or ``UnsupportedModeError`` for a mode with no action output.
+        """
+        spec = spec or CandidateTrajectorySpec(max_count=self.max_candidates)
+        if spec.count > self.max_candidates:
+            # Re-validate against this model's maximum even when the spec was built with a larger one.
+            CandidateTrajectorySpec(
+                count=spec.count, reducer=spec.reducer, return_candidates=spec.return_candidates,
+                seed_policy=spec.seed_policy, max_count=self.max_candidates,
+            )
+        check_action_request(self.pipe, action)
+        if not isinstance(num_inference_steps, int) or num_inference_steps < 1:
+            raise InvalidSpecError(f"num_inference_steps must be an int >= 1, got {num_inference_steps!r}.")
+        reducer = None
+        if spec.reducer != "none":
+            if spec.reducer not in self.adapter.valid_reducers():
+                raise ReducerLayoutError(
+                    f"reducer {spec.reducer!r} is not valid for Cosmos 3 actions; valid: "
+                    f"{list(self.adapter.valid_reducers())}."
+                )
+            reducer = get_reducer(spec.reducer)
+            reducer.check_layout(int(action.raw_action_dim))
+        if base_seed is None:
+            base_seed = fresh_base_seed()
+        seeds = candidate_seeds(base_seed, spec.count, spec.seed_policy)
+        group = CandidateGroup.for_spec(request_id or uuid.uuid4().hex, spec)
+        payload = Cosmos3Request(
+            prompt=prompt,
+            action=action,
+            num_inference_steps=num_inference_steps,
+            guidance_scale=float(guidance_scale),
+            fps=float(fps),
+            negative_prompt=negative_prompt,
+            use_system_prompt=use_system_prompt,
+            rollout=rollout,
+        )
+        return GroupRequest(
+            group=group,
+            spec=spec,
+            seeds=seeds,
+            payload=payload,
+            reducer=reducer,
+            normalizer=self.normalizer_for(action.domain_name),
+            on_progress=on_progress,
+        )
+
+    def submit(self, **kwargs) -> GroupHandle:
+        """Build a request (see :meth:`make_request`) and queue it; returns a handle to wait on or cancel."""
+        return self.engine.submit(self.make_request(**kwargs))
+
+    def generate(self, **kwargs) -> EnsembleResult:
+        """Run one candidate group to completion and return its reduced action (see :meth:`make_request`).
+
+        Returns:
+            `EnsembleResult`: ``action`` ``[chunk_size, raw_action_dim]``, ``candidates``
+            ``[N, chunk_size, raw_action_dim]`` (float32 CPU, when ``spec.return_candidates``), ``seeds``,
+            ``candidate_ids``, ``metrics``.
+        """
+        handle = self.submit(**kwargs)
+        if self.engine._thread is None:
+            self.engine.run_until_idle()
+        return handle.result()
+
+    def run_until_idle(self) -> None:
+        """Drive every submitted group to completion on the calling thread."""
+        self.engine.run_until_idle()

@@ -1,0 +1,90 @@
+"""Per-group scheduler state: how a group's latents advance by one denoising step.
+
+Each group owns its schedulers (deep copies of the pipeline's serving scheduler), so groups at different steps, with
+different step counts, can share one physical forward, and the serving scheduler is never mutated. The step math
+is elementwise per sample, so one scheduler over the stacked ``[N, ...]`` candidates equals N separate ones.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Protocol
+
+import numpy as np
+import torch
+from diffusers import UniPCMultistepScheduler
+
+
+class GroupStepper(Protocol):
+    """Advances one group's stacked latents; one instance per group (and per retry)."""
+
+    timesteps: torch.Tensor
+
+    @property
+    def num_steps(self) -> int: ...
+
+    def step(
+        self,
+        index: int,
+        velocity_vision: torch.Tensor,
+        vision: torch.Tensor,
+        velocity_action: torch.Tensor | None,
+        action: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]: ...
+
+
+class ServingStepper:
+    """The upstream serving step: one UniPC state for vision and a deep-copied one for actions.
+
+    Reproduces ``Cosmos3OmniPipeline.__call__``: ``set_timesteps`` on the serving scheduler (here on a private copy),
+    then a deep copy for the action stream, each stepped once per denoising step.
+
+    Args:
+        serving (`SchedulerMixin`): The pipeline's scheduler; only copied, never mutated.
+        num_inference_steps (`int`): Denoising steps.
+        device (`torch.device`): Device of the timesteps.
+        use_native_flow_schedule (`bool`): Mirrors the pipeline config flag of the same name.
+        has_action (`bool`): Whether the group denoises action tokens.
+    """
+
+    def __init__(
+        self,
+        serving: UniPCMultistepScheduler,
+        num_inference_steps: int,
+        device: torch.device,
+        *,
+        use_native_flow_schedule: bool = False,
+        has_action: bool = True,
+    ) -> None:
+        self.vision_scheduler = copy.deepcopy(serving)
+        if use_native_flow_schedule:
+            num_train = self.vision_scheduler.config.num_train_timesteps
+            sigmas = np.linspace(1.0 - 1.0 / num_train, 0.0, num_inference_steps + 1)[:-1]
+            self.vision_scheduler.set_timesteps(num_inference_steps, device=device, sigmas=sigmas)
+        else:
+            self.vision_scheduler.set_timesteps(num_inference_steps, device=device)
+        self.timesteps = self.vision_scheduler.timesteps
+        self.action_scheduler = copy.deepcopy(self.vision_scheduler) if has_action else None
+
+    @property
+    def num_steps(self) -> int:
+        return len(self.timesteps)
+
+    @property
+    def sigmas(self) -> torch.Tensor:
+        return self.vision_scheduler.sigmas
+
+    def step(
+        self,
+        index: int,
+        velocity_vision: torch.Tensor,
+        vision: torch.Tensor,
+        velocity_action: torch.Tensor | None,
+        action: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Advance ``[N, C, T, H, W]`` vision and ``[N, A, D]`` action latents by step ``index``."""
+        t = self.timesteps[index]
+        vision = self.vision_scheduler.step(velocity_vision, t, vision, return_dict=False)[0]
+        if velocity_action is not None and action is not None and self.action_scheduler is not None:
+            action = self.action_scheduler.step(velocity_action, t, action, return_dict=False)[0]
+        return vision, action

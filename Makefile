@@ -1,0 +1,82 @@
+# Developer entry points. `make test` builds everything it needs from nothing: a .venv with the
+# project, its ROS 2 wheels and the trajectory_ensemble_msgs interfaces (built with cmake into the
+# venv prefix), then runs pytest. Stamp files in .venv make a second run skip the installs.
+
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := test
+
+PYTHON ?= python3.11
+TORCH_VERSION := 2.13.0
+VENV := $(CURDIR)/.venv
+VPY := $(VENV)/bin/python
+PIP := $(VPY) -m pip --disable-pip-version-check
+MSG_BUILD := $(CURDIR)/msg/build
+JOBS ?= $(shell nproc 2>/dev/null || echo 2)
+PYTEST_ARGS ?=
+
+# Everything the interface build reads; a change to any of these rebuilds the interfaces.
+MSG_SOURCES := $(shell find msg -type f -not -path 'msg/build/*' 2>/dev/null)
+
+# The environment design.md gives for building rosidl interfaces against the PyPI ROS wheels.
+ROS_BUILD_ENV := AMENT_PREFIX_PATH=$(VENV) CMAKE_PREFIX_PATH=$(VENV):$(VENV)/lib/python3.11/site-packages
+
+# $(call require,COMMAND,APT PACKAGES): stop with one line naming the package when COMMAND is missing.
+require = command -v $(1) >/dev/null 2>&1 || { echo "error: $(1) not found; install it with: sudo apt install $(2)" >&2; exit 1; }
+
+.PHONY: test demo bench venv interfaces colcon clean
+
+test: $(VENV)/.stamp-interfaces
+	@# pytest exits 5 when it collects nothing; that must fail the build, never pass quietly.
+	$(VPY) -m pytest $(PYTEST_ARGS) || { rc=$$?; [ $$rc -ne 5 ] || echo "error: pytest collected no tests" >&2; exit $$rc; }
+
+demo: $(VENV)/.stamp-interfaces
+	$(VENV)/bin/trajectory-ensemble demo
+
+bench: $(VENV)/.stamp-interfaces
+	$(VENV)/bin/trajectory-ensemble bench
+
+venv: $(VENV)/.stamp-project
+
+interfaces: $(VENV)/.stamp-interfaces
+
+$(VPY):
+	@$(call require,$(PYTHON),python3.11 python3.11-venv)
+	@$(PYTHON) -c 'import ensurepip, venv' 2>/dev/null || { echo "error: $(PYTHON) cannot create venvs; install it with: sudo apt install python3.11-venv" >&2; exit 1; }
+	@$(call require,cmake,cmake)
+	@$(call require,g++,g++)
+	$(PYTHON) -m venv $(VENV)
+
+# torch first and pinned: the project's torch>=2.13 is then already met, so pip never pulls a
+# multi-GB CUDA build from the index.
+$(VENV)/.stamp-torch: | $(VPY)
+	$(PIP) install --quiet "torch==$(TORCH_VERSION)"
+	touch $@
+
+$(VENV)/.stamp-project: $(VENV)/.stamp-torch pyproject.toml setup.py setup.cfg
+	$(PIP) install --quiet -e ".[ros,test,build]"
+	touch $@
+
+$(VENV)/.stamp-interfaces: $(VENV)/.stamp-project $(MSG_SOURCES)
+	@$(call require,cmake,cmake)
+	@$(call require,g++,g++)
+	@$(VPY) -c 'import os, sys, sysconfig; sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))' \
+		|| { echo "error: Python.h not found; install it with: sudo apt install python3.11-dev" >&2; exit 1; }
+	$(ROS_BUILD_ENV) cmake -S msg -B $(MSG_BUILD) -DCMAKE_INSTALL_PREFIX=$(VENV) \
+		-DPython3_EXECUTABLE=$(VPY) -DBUILD_TESTING=OFF --log-level=WARNING
+	$(ROS_BUILD_ENV) cmake --build $(MSG_BUILD) -j $(JOBS) -- --no-print-directory >/dev/null
+	cmake --install $(MSG_BUILD) >/dev/null
+	$(VPY) -c "from trajectory_ensemble_msgs.action import GenerateTrajectory"
+	touch $@
+
+# The colcon workspace: ros2_ws/src links back to this folder and to msg/, so both packages build
+# from the same files. Same command as in README.md.
+colcon: $(VENV)/.stamp-project
+	cd ros2_ws && source ../.venv/bin/activate && \
+		AMENT_PREFIX_PATH=$$VIRTUAL_ENV \
+		CMAKE_PREFIX_PATH=$$VIRTUAL_ENV:$$VIRTUAL_ENV/lib/python3.11/site-packages \
+		colcon build --cmake-args -DPython3_EXECUTABLE=$$VIRTUAL_ENV/bin/python -DBUILD_TESTING=OFF
+
+clean:
+	rm -rf $(VENV) $(MSG_BUILD) ros2_ws/build ros2_ws/install ros2_ws/log \
+		trajectory_ensemble.egg-info .pytest_cache

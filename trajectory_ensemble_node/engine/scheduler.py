@@ -301,10 +301,11 @@ class GroupEngine:
                 run.co_batched_max = max(run.co_batched_max, len(runs))
                 run.denoise_ms += elapsed
         for run in list(self._running):
-            if id(run.state) in failed:
+            error = failed.get(id(run.state))
+            if error is not None:
                 self._running.remove(run)
                 self._release(run)
-                self._retry_or_fail(run, failed[id(run.state)])
+                self._retry_or_fail(run, error)
                 continue
             started = now_ms()
             try:

@@ -1,35 +1,60 @@
-"""Command-line entry points (placeholder until the engine lands; only makes the console scripts resolve)."""
+"""``trajectory-ensemble``: serve, demo, replay, bench, train-toy.
+
+Each subcommand lives in the module that owns its concept and exposes ``add_arguments(parser)`` and
+``run(args) -> int``; this file only dispatches, importing a module when its command runs, so that (for example)
+``bench`` works on a machine without rclpy.
+"""
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 from collections.abc import Sequence
 
-_MISSING = {
-    "serve": "the ROS 2 node (trajectory_ensemble_node.ros)",
-    "demo": "the engine and the tiny embedded Cosmos 3 model",
-    "replay": "rosbag replay through the engine",
-    "bench": "the batched-vs-sequential benchmark",
-    "train-toy": "the toy training loop",
+# command -> (module, help). Modules are imported lazily.
+_COMMANDS: dict[str, tuple[str, str]] = {
+    "serve": ("trajectory_ensemble_node.ros.serve", "run the ROS 2 node (same as the trajectory_ensemble_node executable)"),
+    "demo": ("trajectory_ensemble_node.ros.demo", "the main job: node + bundled bag + goals, plots under out/"),
+    "replay": ("trajectory_ensemble_node.ros.replay", "replay a rosbag2 into the node and record its trajectories"),
+    "bench": ("trajectory_ensemble_node.bench.cli", "batched candidates vs sequential upstream (and --quality, --ros)"),
+    "train-toy": ("trajectory_ensemble_node.toy.train", "train the toy bimodal obstacle policy on CPU"),
 }
 
 
+def _load(module_name: str):
+    try:
+        return importlib.import_module(module_name)
+    except ImportError as exc:
+        missing = exc.name or str(exc)
+        print(f"error: {module_name} could not be imported ({missing} is missing): {exc}", file=sys.stderr)
+        raise SystemExit(2) from exc
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the ``trajectory-ensemble`` command; every subcommand is still a stub and returns 2."""
-    parser = argparse.ArgumentParser(prog="trajectory-ensemble", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
-    for name in _MISSING:
-        sub.add_parser(name)
+    """Entry point of the ``trajectory-ensemble`` command."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = argparse.ArgumentParser(prog="trajectory-ensemble", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    chosen = next((a for a in argv if not a.startswith("-")), None)
+    for name, (module_name, help_text) in _COMMANDS.items():
+        command_parser = sub.add_parser(name, help=help_text, description=help_text)
+        # Only the chosen command's module is imported, so one missing optional dependency can't break the others.
+        if name == chosen:
+            module = _load(module_name)
+            module.add_arguments(command_parser)
+            command_parser.set_defaults(_run=module.run)
     args = parser.parse_args(argv)
-    print(f"not implemented yet: {_MISSING[args.command]}", file=sys.stderr)
-    return 2
+    return int(args._run(args) or 0)
 
 
 def node_main() -> int:
-    """Run the ``trajectory_ensemble_node`` executable (what ``ros2 run``/``ros2 launch`` start)."""
-    print(f"not implemented yet: {_MISSING['serve']}", file=sys.stderr)
-    return 2
+    """Entry point of the ``trajectory_ensemble_node`` executable (what ``ros2 run``/``ros2 launch`` start).
+
+    Accepts ROS arguments (``--ros-args -p key:=value ...``) exactly like any rclpy node.
+    """
+    module = _load("trajectory_ensemble_node.ros.node")
+    return int(module.main(sys.argv) or 0)
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ from ..base import AdapterCapabilities, CandidateOutput, Slice
 from .attention import install_fanout
 from .conditioning import GroupConditioning, draw_initial_latents, encode_conditioning
 from .packing import PackItem, pack_forward, split_predictions
+from .rollout import RolloutError, RolloutSpec, RolloutStepper, build_rollout_scheduler
 from .steppers import GroupStepper, ServingStepper
 
 
@@ -39,7 +40,11 @@ class Cosmos3Request:
     fps: float
     negative_prompt: str | None = None
     use_system_prompt: bool | None = None
-    rollout: Any = None
+    rollout: RolloutSpec | None = None
+    # Identity of the group, recorded in rollout files (the adapter otherwise never needs it).
+    request_id: str = ""
+    seeds: tuple[int, ...] = ()
+    candidate_ids: tuple[int, ...] = ()
     conditioning: GroupConditioning | None = field(default=None, repr=False)
 
 
@@ -147,19 +152,27 @@ class Cosmos3Adapter:
             )
         return request.conditioning
 
-    def make_stepper(self, request: Cosmos3Request) -> GroupStepper:
-        return ServingStepper(
-            self.pipe.scheduler,
-            request.num_inference_steps,
-            self.device,
-            use_native_flow_schedule=bool(self.pipe.config.use_native_flow_schedule),
-            has_action=True,
-        )
+    def make_stepper(
+        self, request: Cosmos3Request, conditioning: GroupConditioning, generators: Sequence[torch.Generator]
+    ) -> GroupStepper:
+        native = bool(self.pipe.config.use_native_flow_schedule)
+        if request.rollout is None:
+            return ServingStepper(self.pipe.scheduler, request.num_inference_steps, self.device,
+                                  use_native_flow_schedule=native, has_action=True)
+        if len(generators) != len(request.seeds):
+            raise RolloutError(
+                "a rollout group must run as one group (batched or microbatched); the sequential fallback would "
+                "split it into separate records."
+            )
+        scheduler = build_rollout_scheduler(self.pipe.scheduler, request.num_inference_steps, self.device,
+                                            flow_shift=request.rollout.flow_shift, use_native_flow_schedule=native)
+        return RolloutStepper(request.rollout, scheduler, conditioning, generators)
 
     def prepare(self, payload: Cosmos3Request, generators: Sequence[torch.Generator]) -> Cosmos3GroupState:
         conditioning = self.encode(payload)
-        stepper = self.make_stepper(payload)
         vision, action = draw_initial_latents(conditioning, generators, self.device)
+        # Built after the initial noise: rollout SDE noise continues each candidate's own generator stream.
+        stepper = self.make_stepper(payload, conditioning, generators)
         branches = len(conditioning.branches)
         state = Cosmos3GroupState(
             request=payload,
@@ -252,10 +265,18 @@ class Cosmos3Adapter:
 
     def finish(self, state: Cosmos3GroupState) -> CandidateOutput:
         candidates = state.action[:, :, : state.conditioning.raw_action_dim].detach().to("cpu", torch.float32)
-        return CandidateOutput(
-            candidates=candidates,
-            extras={"num_inference_steps": state.num_steps, "encode_ms_conditioning": state.conditioning.encode_ms},
-        )
+        extras: dict[str, Any] = {"num_inference_steps": state.num_steps}
+        if isinstance(state.stepper, RolloutStepper):
+            request = state.request
+            extras["rollout"] = state.stepper.result(
+                request_id=request.request_id,
+                seeds=request.seeds,
+                candidate_ids=request.candidate_ids,
+                weights_version=self.weights_version,
+                guidance_scale=request.guidance_scale,
+                domain_name=request.action.domain_name,
+            )
+        return CandidateOutput(candidates=candidates, extras=extras)
 
     def release(self, state: Cosmos3GroupState) -> None:
         state.velocity_vision = []

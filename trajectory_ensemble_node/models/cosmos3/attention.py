@@ -54,6 +54,13 @@ class AttentionLayout:
     gen_runs: tuple[GenRun, ...]
 
 
+def _project(attn, seq: torch.Tensor, fused_name: str, parts: tuple[str, str, str]):
+    fused = getattr(attn, fused_name, None)
+    if fused is not None:
+        return fused(seq).split(list(fused.shard_sizes), dim=-1)
+    return tuple(getattr(attn, part)(seq) for part in parts)
+
+
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     half = x.shape[-1] // 2
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
@@ -91,22 +98,28 @@ class FanoutAttnProcessor:
         rotary_emb: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
     ) -> tuple[torch.Tensor, torch.Tensor]:
         layout = self._layout
+        fused = hasattr(attn, "to_qkv")
         if layout is None:
-            self._stock._attention_backend = self._attention_backend
-            self._stock._parallel_config = self._parallel_config
-            return self._stock(attn, und_seq, gen_seq, rotary_emb)
+            if not fused:
+                self._stock._attention_backend = self._attention_backend
+                self._stock._parallel_config = self._parallel_config
+                return self._stock(attn, und_seq, gen_seq, rotary_emb)
+            # A plain upstream call on a fused transformer: one prefix, one block — the stock attention pattern.
+            layout = AttentionLayout(
+                und_segments=((0, und_seq.shape[0]),),
+                gen_runs=(GenRun(prefix=0, start=0, count=1, length=gen_seq.shape[0]),),
+            )
         if self._parallel_config is not None:
             raise NotImplementedError("Candidate fan-out does not support context parallelism.")
 
         heads, kv_heads, head_dim = attn.num_attention_heads, attn.num_key_value_heads, attn.head_dim
         # Projections, norms and rotary: the same ops in the same order as the stock processor, token-wise, so each
-        # token's q/k/v are bit-identical to a single run's.
-        q_und = attn.to_q(und_seq).view(-1, heads, head_dim)
-        k_und = attn.to_k(und_seq).view(-1, kv_heads, head_dim)
-        v_und = attn.to_v(und_seq).view(-1, kv_heads, head_dim)
-        q_gen = attn.add_q_proj(gen_seq).view(-1, heads, head_dim)
-        k_gen = attn.add_k_proj(gen_seq).view(-1, kv_heads, head_dim)
-        v_gen = attn.add_v_proj(gen_seq).view(-1, kv_heads, head_dim)
+        # token's q/k/v are bit-identical to a single run's (unless q/k/v are fused, see ``weights.fuse_qkv_projections``).
+        q_und, k_und, v_und = _project(attn, und_seq, "to_qkv", ("to_q", "to_k", "to_v"))
+        q_gen, k_gen, v_gen = _project(attn, gen_seq, "add_qkv", ("add_q_proj", "add_k_proj", "add_v_proj"))
+        q_und, q_gen = q_und.reshape(-1, heads, head_dim), q_gen.reshape(-1, heads, head_dim)
+        k_und, k_gen = k_und.reshape(-1, kv_heads, head_dim), k_gen.reshape(-1, kv_heads, head_dim)
+        v_und, v_gen = v_und.reshape(-1, kv_heads, head_dim), v_gen.reshape(-1, kv_heads, head_dim)
 
         q_und = attn.norm_q(q_und)
         k_und = attn.norm_k(k_und)

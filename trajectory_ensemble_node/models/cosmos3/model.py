@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import Cosmos3OmniPipeline, CosmosActionCondition
@@ -16,6 +18,23 @@ from ...reducers import get_reducer
 from ...seeding import candidate_seeds, fresh_base_seed
 from .adapter import Cosmos3Adapter, Cosmos3Request
 from .conditioning import check_action_request
+from .rollout import RolloutSpec
+from .weights import apply_update, fuse_qkv_projections, load_update_source, plan_update
+
+
+@dataclass(frozen=True)
+class WeightUpdateReport:
+    """Outcome of :meth:`Cosmos3ActionModel.update_weights`.
+
+    Args:
+        weights_version (`int`): The version now serving (incremented by this update).
+        applied (`list[str]`): Names copied, as given.
+        skipped (`dict[str, str]`): Non-strict mode only: names left out, with the reason.
+    """
+
+    weights_version: int
+    applied: list[str] = field(default_factory=list)
+    skipped: dict[str, str] = field(default_factory=dict)
 
 
 class Cosmos3ActionModel:
@@ -38,6 +57,8 @@ class Cosmos3ActionModel:
             the execution device. ``"cpu"`` makes the noise identical across CPU and GPU hosts.
         cfg_mode (`str`): ``"auto"``, ``"fused"`` or ``"separate"`` classifier-free guidance topology (see
             :class:`Cosmos3Adapter`).
+        fuse_qkv (`bool`): Fuse each attention's q/k/v projections into one GEMM (faster; within the equivalence
+            rule but not bitwise). Weight updates named after the unfused projections are routed by shard id.
     """
 
     def __init__(
@@ -51,8 +72,11 @@ class Cosmos3ActionModel:
         action_stats: ActionNormalizer | Mapping[str, ActionNormalizer] | None = None,
         generator_device: str | torch.device | None = None,
         cfg_mode: str = "auto",
+        fuse_qkv: bool = False,
     ) -> None:
         self.pipe = pipe
+        if fuse_qkv:
+            fuse_qkv_projections(pipe.transformer)
         self.adapter = Cosmos3Adapter(pipe, cfg_mode=cfg_mode)
         if generator_device is not None:
             self.adapter.generator_device = torch.device(generator_device)
@@ -93,7 +117,7 @@ class Cosmos3ActionModel:
         spec: CandidateTrajectorySpec | None = None,
         base_seed: int | None = None,
         use_system_prompt: bool | None = None,
-        rollout: object | None = None,
+        rollout: RolloutSpec | None = None,
         request_id: str | None = None,
         on_progress: Callable[[ProgressEvent], None] | None = None,
     ) -> GroupRequest:
@@ -122,6 +146,10 @@ class Cosmos3ActionModel:
                 )
             reducer = get_reducer(spec.reducer)
             reducer.check_layout(int(action.raw_action_dim))
+        if rollout is not None:
+            if not isinstance(rollout, RolloutSpec):
+                raise InvalidSpecError(f"rollout must be a RolloutSpec, got {type(rollout).__name__}.")
+            rollout.check_steps(num_inference_steps)
         if base_seed is None:
             base_seed = fresh_base_seed()
         seeds = candidate_seeds(base_seed, spec.count, spec.seed_policy)
@@ -135,6 +163,9 @@ class Cosmos3ActionModel:
             negative_prompt=negative_prompt,
             use_system_prompt=use_system_prompt,
             rollout=rollout,
+            request_id=group.request_id,
+            seeds=seeds,
+            candidate_ids=group.candidate_ids,
         )
         return GroupRequest(
             group=group,
@@ -166,3 +197,38 @@ class Cosmos3ActionModel:
     def run_until_idle(self) -> None:
         """Drive every submitted group to completion on the calling thread."""
         self.engine.run_until_idle()
+
+    def update_weights(
+        self,
+        source: str | Path | Mapping[str, torch.Tensor],
+        *,
+        strict: bool = True,
+        timeout: float | None = None,
+    ) -> WeightUpdateReport:
+        """Load new transformer weights atomically between groups; ``weights_version`` increments.
+
+        Args:
+            source (`str`, `Path` or `Mapping[str, torch.Tensor]`): A ``.safetensors`` file or tensors named as in
+                the diffusers checkpoint (an optional ``transformer.`` prefix is accepted). Pickle is never read.
+            strict (`bool`): Reject the whole update on any unknown name, shape or dtype mismatch (nothing changes);
+                when False, apply the rest and report what was skipped.
+            timeout (`float`, *optional*): Seconds to wait for the running groups to finish.
+
+        Returns:
+            `WeightUpdateReport`
+
+        Raises:
+            WeightUpdateError: the source is not safetensors, or the strict update is invalid.
+        """
+        tensors = load_update_source(source)
+        plan = plan_update(self.pipe.transformer, tensors, strict=strict)
+
+        def apply() -> int:
+            apply_update(self.pipe.transformer, plan)
+            return self.adapter.bump_weights_version()
+
+        future = self.engine.run_between_groups(apply)
+        if self.engine._thread is None:
+            self.engine.run_until_idle()
+        version = future.result(timeout)
+        return WeightUpdateReport(weights_version=version, applied=plan.names, skipped=dict(plan.skipped))

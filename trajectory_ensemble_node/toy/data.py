@@ -1,0 +1,187 @@
+"""Training examples of the toy task, encoded once with the pipeline's own conditioning and VAE code.
+
+Per training state (a scene, initial or mid-episode) this keeps:
+
+- the clean conditioning latent, from :func:`~trajectory_ensemble_node.models.cosmos3.conditioning.encode_conditioning`
+  with exactly the arguments the serving path uses, so training sees the latent inference will see;
+- per expert option (two sides in a bimodal state, one otherwise): the normalized waypoints ``[H, 2]`` and the VAE
+  latent of the rendered ``H + 1``-frame clip of the robot following them, encoded like upstream policy clips
+  (``_prepare_action_video_conditioning`` -> ``_encode_video`` -> ``_remove_action_video_padding_from_latent``).
+
+Encoding is the slow part of training on CPU (about 0.2 s per clip), so the result is cached in a file keyed by the
+settings that determine it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import Cosmos3OmniPipeline, CosmosActionCondition
+
+from ..models.cosmos3.conditioning import encode_conditioning
+from ..models.cosmos3.packing import Branch
+from . import task
+
+
+def action_condition(image: np.ndarray) -> CosmosActionCondition:
+    """The policy-mode action condition of the toy task for one observation image ``[256, 256, 3]`` uint8."""
+    return CosmosActionCondition(
+        mode="policy",
+        chunk_size=task.HORIZON,
+        domain_name=task.DOMAIN_NAME,
+        resolution_tier=task.RESOLUTION_TIER,
+        image=image,
+    )
+
+
+@dataclass
+class ToyDataset:
+    """Encoded training examples.
+
+    Args:
+        branch (`Branch`): Prefix and block template shared by every example (same prompt, same shapes).
+        condition (`torch.Tensor` of shape `[S, C, 1, h, w]`): Clean conditioning latent per state.
+        clips (`torch.Tensor` of shape `[E, C, T, h, w]`): Clip latent per example (frame 0 = its state's condition).
+        actions (`torch.Tensor` of shape `[E, H, 2]`): Expert waypoints per example.
+        state_of (`torch.LongTensor` of shape `[E]`): State index of each example.
+        options (`list[list[int]]`): Example indexes of each state (1 or 2).
+    """
+
+    branch: Branch
+    condition: torch.Tensor
+    clips: torch.Tensor
+    actions: torch.Tensor
+    state_of: torch.Tensor
+    options: list[list[int]]
+
+    @property
+    def num_states(self) -> int:
+        return len(self.options)
+
+
+def _cache_key(num_seeds: int, mid_probability: float, pipe: Cosmos3OmniPipeline) -> str:
+    # The encoded latents depend on the scenes and on the VAE weights; hash both.
+    digest = hashlib.sha256()
+    for tensor in pipe.vae.state_dict().values():
+        digest.update(tensor.detach().cpu().float().numpy().tobytes())
+    settings = dict(seeds=num_seeds, mid=mid_probability, h=task.HORIZON, prompt=task.INSTRUCTION, fps=task.FPS)
+    digest.update(json.dumps(settings, sort_keys=True).encode())
+    return digest.hexdigest()[:16]
+
+
+@torch.no_grad()
+def encode_clips(pipe: Cosmos3OmniPipeline, clips: list[list[np.ndarray]]) -> torch.Tensor:
+    """VAE latents of several ``H + 1``-frame clips, as upstream encodes a policy clip.
+
+    Args:
+        pipe (`Cosmos3OmniPipeline`): The pipeline whose VAE encodes.
+        clips (`list[list[np.ndarray]]`): Clips of ``H + 1`` uint8 frames ``[256, 256, 3]``.
+
+    Returns:
+        `torch.Tensor` of shape `[len(clips), C, T, h, w]`, float32.
+    """
+    frames, sizes = [], []
+    for clip in clips:
+        video, image_size, _, _ = pipe._prepare_action_video_conditioning(
+            clip, task.RESOLUTION_TIER, task.HORIZON + 1, device="cpu", dtype=torch.float32
+        )
+        frames.append(video)
+        sizes.append(image_size)
+    latents = pipe._encode_video(torch.cat(frames, dim=0)).contiguous().float()
+    # Every toy image has the same size, so one padding removal fits all.
+    return pipe._remove_action_video_padding_from_latent(latents, sizes[0])
+
+
+def build_dataset(
+    pipe: Cosmos3OmniPipeline,
+    num_seeds: int,
+    *,
+    mid_probability: float = 0.35,
+    cache_dir: Path | None = None,
+    batch: int = 8,
+    log=print,
+) -> ToyDataset:
+    """Encode the training states of seeds ``0 .. num_seeds - 1`` (see :func:`task.training_states`).
+
+    Args:
+        pipe (`Cosmos3OmniPipeline`): The pipeline being trained (its tokenizer and VAE are used).
+        num_seeds (`int`): Number of training scene seeds.
+        mid_probability (`float`): Probability that a seed also contributes a mid-episode state.
+        cache_dir (`Path`, *optional*): Where to keep the encoded dataset between runs.
+        batch (`int`): Clips per VAE call.
+        log (`Callable[[str], None]`): Progress output.
+    """
+    cache = None
+    if cache_dir is not None:
+        cache = Path(cache_dir) / f"toy_data_{_cache_key(num_seeds, mid_probability, pipe)}.pt"
+        if cache.exists():
+            saved = torch.load(cache, weights_only=False)
+            log(f"loaded encoded dataset {cache} ({len(saved['options'])} states)")
+            return ToyDataset(**saved)
+
+    device = torch.device("cpu")
+    branch: Branch | None = None
+    conditions: list[torch.Tensor] = []
+    actions: list[np.ndarray] = []
+    state_of: list[int] = []
+    options: list[list[int]] = []
+    pending: list[list[np.ndarray]] = []
+    clips: list[torch.Tensor] = []
+    started = time.perf_counter()
+    states = [state for seed in range(num_seeds) for state in task.training_states(seed, mid_probability)]
+    for index, state in enumerate(states):
+        image = task.render(state)
+        conditioning = encode_conditioning(
+            pipe,
+            prompt=task.INSTRUCTION,
+            negative_prompt=None,
+            action=action_condition(image),
+            fps=task.FPS,
+            guidance_scale=task.GUIDANCE_SCALE,
+            device=device,
+        )
+        if branch is None:
+            branch = conditioning.branches[0]
+        elif not torch.equal(branch.prefix.input_ids, conditioning.branches[0].prefix.input_ids):
+            raise RuntimeError("toy prompts must tokenize identically so one prefix serves every example")
+        conditions.append(conditioning.x0_vision[:, :, :1].detach().clone())
+        options.append([])
+        for side in task.expert_sides(state):
+            waypoints = task.expert_path(state, side)
+            options[-1].append(len(actions))
+            actions.append(waypoints)
+            state_of.append(index)
+            pending.append(task.render_clip(state, waypoints))
+        if len(pending) >= batch or index == len(states) - 1:
+            clips.append(encode_clips(pipe, pending))
+            pending = []
+        if (index + 1) % 100 == 0:
+            log(f"encoded {index + 1}/{len(states)} states ({time.perf_counter() - started:.0f} s)")
+    clip_latents = torch.cat(clips, dim=0)
+    condition = torch.cat(conditions, dim=0)
+    state_index = torch.tensor(state_of, dtype=torch.long)
+    # Frame 0 of a clip must be what inference conditions on; the Wan VAE encodes frame 0 alone in its first causal
+    # chunk, so the two agree up to batching round-off. Use the serving path's latent bit for bit.
+    drift = (clip_latents[:, :, :1] - condition[state_index]).abs().max().item()
+    if drift > 1e-3:
+        raise RuntimeError(f"clip frame 0 differs from the conditioning latent by {drift:.2e}")
+    clip_latents[:, :, :1] = condition[state_index]
+    dataset = ToyDataset(
+        branch=branch,
+        condition=condition,
+        clips=clip_latents,
+        actions=torch.tensor(np.stack(actions), dtype=torch.float32),
+        state_of=state_index,
+        options=options,
+    )
+    log(f"encoded {len(states)} states, {len(actions)} examples in {time.perf_counter() - started:.0f} s")
+    if cache is not None:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        torch.save(dataset.__dict__, cache)
+    return dataset

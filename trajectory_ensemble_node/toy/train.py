@@ -1,0 +1,264 @@
+"""``trajectory-ensemble train-toy``: flow-matching training of a small real Cosmos 3 policy on the toy task, on CPU.
+
+The model is the real ``Cosmos3OmniTransformer`` (built by ``build_pipeline``), and every training forward is packed
+by the serving path's own :func:`~trajectory_ensemble_node.models.cosmos3.packing.pack_forward` under the fan-out
+attention layout: the batch's examples are blocks that share one text prefix, exactly as N candidates of one group
+share it at inference. The conventions match what the serving path integrates:
+
+- ``x_sigma = (1 - sigma) * x0 + sigma * eps`` on the noisy tokens only: vision latent frame 0 is the clean
+  conditioning frame; every action token is noisy; action channels beyond the raw width (2) stay zero;
+- the network predicts the velocity ``v = eps - x0`` (UniPC ``flow_prediction`` computes ``x0 = x_t - sigma * v``);
+- the transformer gets the timestep ``sigma * 1000`` (it scales by 0.001 internally);
+- loss = MSE on the action tokens' raw channels + ``vision_weight`` x MSE on the noisy vision tokens, whose target
+  is the VAE latent of the rendered clip of the robot following the demonstrated path.
+
+The saved pipeline (``save_pretrained``, safetensors, fp16) holds the EMA weights, the VAE and the tokenizer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import math
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import Cosmos3OmniPipeline
+
+from ..models.cosmos3.attention import install_fanout
+from ..models.cosmos3.packing import PackItem, pack_forward, split_predictions
+from ..models.cosmos3.tiny import TinyCosmos3Config, build_pipeline
+from . import task
+from .data import ToyDataset, build_dataset
+
+TOY_CONFIG = TinyCosmos3Config(
+    hidden_size=192,
+    num_layers=3,
+    num_heads=6,
+    num_kv_heads=2,
+    intermediate_size=320,
+    rope_axes_dim=(8, 4, 4),
+    action_dim=8,
+    vae_base_dim=8,
+    vae_z_dim=16,
+    vae_dim_mult=(1, 2, 2, 2),
+    vae_num_res_blocks=1,
+)
+"""Shape of the shipped toy policy: about 1.9M transformer parameters, about 4.5 MB in fp16 with VAE and tokenizer."""
+
+DEFAULT_OUT = Path(__file__).resolve().parent.parent / "assets" / "toy_policy"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Register the ``train-toy`` options on ``parser``."""
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="pipeline directory to write (save_pretrained)")
+    parser.add_argument("--work-dir", type=Path, default=Path("out/toy_train"), help="dataset cache, log, summary")
+    parser.add_argument("--scenes", type=int, default=640, help="training scene seeds 0..scenes-1")
+    parser.add_argument("--mid-probability", type=float, default=0.35, help="share of seeds adding a mid-episode state")
+    parser.add_argument("--steps", type=int, default=6000, help="optimizer steps")
+    parser.add_argument("--batch", type=int, default=8, help="examples packed into one forward")
+    parser.add_argument("--lr", type=float, default=1e-3, help="peak learning rate of the one-cycle schedule")
+    parser.add_argument("--weight-decay", type=float, default=0.01)
+    parser.add_argument("--vision-weight", type=float, default=0.1, help="weight of the noisy-vision MSE")
+    parser.add_argument("--ema", type=float, default=0.999, help="EMA decay of the saved weights (0 disables)")
+    parser.add_argument("--seed", type=int, default=0, help="model init, example sampling and noise")
+    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (1 keeps a shared machine usable)")
+    parser.add_argument("--encode-threads", type=int, default=1, help="torch CPU threads while encoding the dataset")
+    parser.add_argument("--log-every", type=int, default=50)
+    parser.add_argument("--checkpoint-every", type=int, default=1000, help="also save the EMA pipeline every N steps")
+    parser.add_argument("--save-dtype", choices=("float16", "float32"), default="float16")
+
+
+def sample_sigmas(count: int, generator: torch.Generator, shift: float) -> torch.Tensor:
+    """Logit-normal sigmas, half of them shifted like the serving schedule (``shift * s / (1 + (shift - 1) * s)``).
+
+    The serving UniPC schedule with ``flow_shift`` spends most steps at high sigma, where the side of the obstacle
+    is decided; the unshifted half keeps the low-sigma refinement trained.
+
+    Returns:
+        `torch.Tensor` of shape `[count]`, in ``(0, 1)``.
+    """
+    sigma = torch.sigmoid(torch.randn(count, generator=generator))
+    shifted = shift * sigma / (1 + (shift - 1) * sigma)
+    use_shift = torch.rand(count, generator=generator) < 0.5
+    return torch.where(use_shift, shifted, sigma).clamp(1e-4, 1 - 1e-4)
+
+
+def training_loss(
+    pipe: Cosmos3OmniPipeline,
+    dataset: ToyDataset,
+    examples: list[int],
+    sigmas: torch.Tensor,
+    generator: torch.Generator,
+    vision_weight: float,
+) -> tuple[torch.Tensor, float, float]:
+    """Flow-matching loss of ``examples`` packed into ONE transformer forward.
+
+    Args:
+        pipe (`Cosmos3OmniPipeline`): Pipeline with the fan-out processor installed on its transformer.
+        dataset (`ToyDataset`): Encoded examples.
+        examples (`list[int]`): Example indexes, one block each.
+        sigmas (`torch.Tensor` of shape `[B]`): Noise level per example.
+        generator (`torch.Generator`): Noise source.
+        vision_weight (`float`): Weight of the vision term.
+
+    Returns:
+        `tuple`: total loss (scalar tensor), action MSE, vision MSE (floats).
+    """
+    transformer = pipe.transformer
+    raw = dataset.actions.shape[-1]
+    action_dim = transformer.config.action_dim
+    items, targets_v, targets_a = [], [], []
+    for example, sigma in zip(examples, sigmas.tolist()):
+        x0_v = dataset.clips[example : example + 1]  # [1, C, T, h, w]
+        x0_a = dataset.actions[example]  # [H, 2]
+        eps_v = torch.randn(x0_v.shape, generator=generator)
+        eps_a = torch.randn(x0_a.shape, generator=generator)
+        vision = x0_v.clone()
+        vision[:, :, 1:] = (1 - sigma) * x0_v[:, :, 1:] + sigma * eps_v[:, :, 1:]
+        action = torch.zeros(1, x0_a.shape[0], action_dim)
+        action[0, :, :raw] = (1 - sigma) * x0_a + sigma * eps_a
+        items.append(PackItem(branch=dataset.branch, vision=vision, action=action, timestep=sigma * 1000.0))
+        targets_v.append((eps_v - x0_v)[:, :, 1:])
+        targets_a.append(eps_a - x0_a)
+    packed = pack_forward(items, torch.device("cpu"))
+    processor = install_fanout(transformer)
+    with processor.use_layout(packed.layout):
+        preds_v, _, preds_a = transformer(**packed.kwargs, return_dict=False)
+    pred_v = torch.cat([p[:, :, 1:] for p in split_predictions(packed, preds_v)], dim=0)
+    pred_a = torch.cat([p[:, :, :raw] for p in split_predictions(packed, preds_a)], dim=0)
+    loss_a = torch.nn.functional.mse_loss(pred_a, torch.stack(targets_a))
+    loss_v = torch.nn.functional.mse_loss(pred_v, torch.cat(targets_v))
+    return loss_a + vision_weight * loss_v, loss_a.item(), loss_v.item()
+
+
+def init_action_heads(pipe: Cosmos3OmniPipeline, generator: torch.Generator) -> None:
+    """Re-initialize the domain-aware action projections at a trainable scale.
+
+    ``DomainAwareLinear`` keeps its weights in ``nn.Embedding`` tables, which initialize to N(0, 1): an action head
+    whose outputs start at ~sqrt(hidden) times the target scale. Fan-in scaling for the input projection and a small
+    output projection (as for any diffusion output head) start the loss near its noise floor instead.
+    """
+    transformer = pipe.transformer
+    with torch.no_grad():
+        for module, std in (
+            (transformer.action_proj_in, 1.0 / math.sqrt(transformer.config.action_dim)),
+            (transformer.action_proj_out, 0.02),
+        ):
+            module.fc.weight.copy_(torch.randn(module.fc.weight.shape, generator=generator) * std)
+            module.bias.weight.zero_()
+
+
+def round_vae_to_half(pipe: Cosmos3OmniPipeline) -> None:
+    """Round the VAE weights through fp16 before anything is encoded, so the shipped fp16 VAE encodes exactly what
+    training saw."""
+    with torch.no_grad():
+        for param in pipe.vae.parameters():
+            param.copy_(param.half().float())
+
+
+def save_pipeline(
+    pipe: Cosmos3OmniPipeline, out: Path, dtype: torch.dtype, weights: list[torch.Tensor] | None = None
+) -> int:
+    """``save_pretrained`` (safetensors) a copy of ``pipe`` with weights in ``dtype``; returns the bytes written.
+
+    Args:
+        pipe (`Cosmos3OmniPipeline`): The pipeline being trained (left untouched).
+        out (`Path`): Directory to write.
+        dtype (`torch.dtype`): Storage dtype of the transformer and VAE weights.
+        weights (`list[torch.Tensor]`, *optional*): Replacement values (e.g. EMA) for the transformer's trainable
+            parameters, in ``parameters()`` order.
+    """
+    out.mkdir(parents=True, exist_ok=True)
+    copy_pipe = copy.deepcopy(pipe)
+    if weights is not None:
+        with torch.no_grad():
+            trainable = [p for p in copy_pipe.transformer.parameters() if p.requires_grad]
+            for param, value in zip(trainable, weights, strict=True):
+                param.copy_(value)
+    copy_pipe.transformer.to(dtype)
+    copy_pipe.vae.to(dtype)
+    copy_pipe.save_pretrained(out, safe_serialization=True)
+    return sum(f.stat().st_size for f in out.rglob("*") if f.is_file())
+
+
+def run(args: argparse.Namespace) -> int:
+    """Train, print the loss, save the pipeline to ``args.out`` and a summary JSON to ``args.work_dir``."""
+    torch.set_num_threads(args.encode_threads)
+    work_dir: Path = args.work_dir
+    work_dir.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    pipe = build_pipeline(TOY_CONFIG, seed=args.seed)
+    round_vae_to_half(pipe)
+    init_action_heads(pipe, torch.Generator().manual_seed(args.seed + 1))
+    dataset = build_dataset(pipe, args.scenes, mid_probability=args.mid_probability, cache_dir=work_dir,
+                            log=lambda m: print(m, flush=True))
+    encode_s = time.perf_counter() - started
+    torch.set_num_threads(args.threads)
+    transformer = pipe.transformer
+    transformer.train()
+    install_fanout(transformer)
+    params = [p for p in transformer.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=args.lr, weight_decay=args.weight_decay)
+    schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=args.lr, total_steps=args.steps, pct_start=0.05)
+    ema = [p.detach().clone() for p in params] if args.ema > 0 else None
+    generator = torch.Generator().manual_seed(args.seed)
+    rng = np.random.default_rng(args.seed)
+    shift = float(pipe.scheduler.config.flow_shift)
+    print(f"transformer parameters: {sum(p.numel() for p in params)}; states {dataset.num_states}, "
+          f"examples {len(dataset.actions)}; encode {encode_s:.0f} s", flush=True)
+    history: list[dict[str, float]] = []
+    window: list[tuple[float, float, float]] = []
+    train_started = time.perf_counter()
+    for step in range(1, args.steps + 1):
+        states = rng.integers(0, dataset.num_states, size=args.batch)
+        # The expert side is drawn 50/50 per sample in a bimodal state, so one image is paired with both detours.
+        examples = [int(rng.choice(dataset.options[s])) for s in states]
+        sigmas = sample_sigmas(args.batch, generator, shift)
+        loss, loss_a, loss_v = training_loss(pipe, dataset, examples, sigmas, generator, args.vision_weight)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        optimizer.step()
+        schedule.step()
+        if ema is not None:
+            decay = min(args.ema, (1 + step) / (10 + step))
+            with torch.no_grad():
+                torch._foreach_lerp_(ema, [p.detach() for p in params], 1 - decay)
+        window.append((loss.item(), loss_a, loss_v))
+        if step % args.log_every == 0 or step == args.steps:
+            mean = np.mean(window, axis=0)
+            window = []
+            elapsed = time.perf_counter() - train_started
+            history.append(dict(step=step, loss=float(mean[0]), action=float(mean[1]), vision=float(mean[2])))
+            print(f"step {step}/{args.steps} loss {mean[0]:.4f} (action {mean[1]:.4f}, vision {mean[2]:.4f}) "
+                  f"lr {schedule.get_last_lr()[0]:.2e} {elapsed:.0f} s", flush=True)
+        if args.checkpoint_every and step % args.checkpoint_every == 0 and step < args.steps:
+            # Checkpoints live in the work dir (git-ignored out/), never in the shipped assets.
+            save_pipeline(pipe, work_dir / "checkpoint", getattr(torch, args.save_dtype), ema)
+            (work_dir / "checkpoint" / "STEP").write_text(str(step))
+    transformer.eval()
+    size = save_pipeline(pipe, args.out, getattr(torch, args.save_dtype), ema)
+    wall = time.perf_counter() - started
+    summary = dict(
+        config={k: v for k, v in TOY_CONFIG.__dict__.items() if k != "extra"},
+        args={k: str(v) for k, v in vars(args).items() if not k.startswith("_")},
+        states=dataset.num_states,
+        examples=len(dataset.actions),
+        transformer_parameters=sum(p.numel() for p in params),
+        encode_seconds=round(encode_s, 1),
+        wall_seconds=round(wall, 1),
+        final_loss=history[-1] if history else None,
+        loss_history=history,
+        saved_bytes=size,
+        torch=torch.__version__,
+    )
+    (work_dir / "summary.json").write_text(json.dumps(summary, indent=1))
+    print(f"saved {args.out} ({size / 1e6:.2f} MB) after {wall / 60:.1f} min; final loss {history[-1]['loss']:.4f}",
+          flush=True)
+    if not math.isfinite(history[-1]["loss"]):
+        return 1
+    return 0

@@ -79,4 +79,4 @@ colcon: $(VENV)/.stamp-project
 
 clean:
 	rm -rf $(VENV) $(MSG_BUILD) ros2_ws/build ros2_ws/install ros2_ws/log \
-		trajectory_ensemble.egg-info .pytest_cache
+		trajectory_ensemble.egg-info .pytest_cache .hypothesis

@@ -1,0 +1,205 @@
+"""Load the pipeline a node serves: the embedded tiny model, the bundled toy policy, or a local Cosmos 3 directory.
+
+A robot's build machine has no model hub, so nothing is ever downloaded here: ``"tiny"`` is built in-process
+(random weights), ``"toy"`` ships inside the package, and anything else must be a local diffusers-format
+directory. Pickle checkpoints can run arbitrary code when loaded, so they are refused unless the operator opts in
+with ``allow_pickle=True``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+
+from ...errors import ErrorCode, TrajectoryEnsembleError
+
+if TYPE_CHECKING:
+    from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import Cosmos3OmniPipeline
+
+EMBEDDED_MODELS = ("tiny", "toy")
+"""Model names that need no path: the random tiny test model and the bundled toy policy."""
+
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
+"""File suffixes of pickle-based checkpoints (loading one may execute code stored in it)."""
+
+DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+}
+
+
+class ModelLoadError(TrajectoryEnsembleError, ValueError):
+    """The model could not be loaded: unknown name, missing directory, not a Cosmos 3 pipeline, bad device/dtype."""
+
+    code = ErrorCode.WEIGHTS_REJECTED
+
+
+class PickleWeightsError(ModelLoadError):
+    """A checkpoint holds pickle weights with no safetensors alongside, and ``allow_pickle`` is off."""
+
+    code = ErrorCode.WEIGHTS_REJECTED
+
+
+def resolve_device(device: str | torch.device) -> torch.device:
+    """Turn ``"auto"`` into ``cuda`` when a GPU is visible, else ``cpu``; check any other name.
+
+    Args:
+        device (`str` or `torch.device`): ``"auto"``, ``"cpu"``, ``"cuda"`` or ``"cuda:N"``.
+
+    Raises:
+        ModelLoadError: the name is not a torch device, or it names CUDA on a machine without it.
+    """
+    if isinstance(device, torch.device):
+        resolved = device
+    elif device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    else:
+        try:
+            resolved = torch.device(device)
+        except (RuntimeError, TypeError) as exc:
+            raise ModelLoadError(f"device {device!r} is not a torch device (use auto, cpu, cuda or cuda:N)") from exc
+    if resolved.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ModelLoadError(f"device {str(resolved)!r} was asked for but CUDA is not available on this machine")
+        if resolved.index is not None and resolved.index >= torch.cuda.device_count():
+            raise ModelLoadError(
+                f"device {str(resolved)!r} does not exist: {torch.cuda.device_count()} CUDA device(s) visible"
+            )
+    elif resolved.type != "cpu":
+        raise ModelLoadError(f"device {str(resolved)!r} is not supported (use auto, cpu, cuda or cuda:N)")
+    return resolved
+
+
+def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    """Map ``"float32"``, ``"bfloat16"`` or ``"float16"`` to the torch dtype.
+
+    Raises:
+        ModelLoadError: any other name.
+    """
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype not in DTYPES:
+        raise ModelLoadError(f"dtype {dtype!r} is not supported; expected one of {list(DTYPES)}")
+    return DTYPES[dtype]
+
+
+def pickle_only_files(directory: str | Path) -> list[Path]:
+    """Pickle checkpoint files under ``directory`` that have no ``.safetensors`` file in the same folder.
+
+    A diffusers directory may carry both formats; then ``use_safetensors=True`` reads only the safetensors ones and
+    the pickle files are never opened, so they are not reported.
+
+    Args:
+        directory (`str` or `Path`): A pipeline directory.
+
+    Returns:
+        `list[Path]`: sorted.
+    """
+    found: list[Path] = []
+    for path in sorted(Path(directory).rglob("*")):
+        if path.is_file() and path.suffix in PICKLE_SUFFIXES:
+            if not any(sibling.suffix == ".safetensors" for sibling in path.parent.iterdir()):
+                found.append(path)
+    return found
+
+
+def model_notice(model: str) -> str:
+    """The notice :func:`load_pipeline` will return for ``model``, known before loading (for startup logs).
+
+    Args:
+        model (`str`): ``"tiny"``, ``"toy"`` or a directory.
+    """
+    if model == "tiny":
+        from .tiny import UNTRAINED_NOTICE
+
+        return UNTRAINED_NOTICE
+    if model == "toy":
+        from ...toy import TOY_NOTICE
+
+        return TOY_NOTICE
+    return f"weights from {model}"
+
+
+def load_pipeline(
+    model: str,
+    device: str | torch.device = "auto",
+    dtype: str | torch.dtype = "float32",
+    allow_pickle: bool = False,
+    seed: int = 0,
+) -> tuple[Cosmos3OmniPipeline, str]:
+    """Load the pipeline named by ``model`` and say what it is.
+
+    Args:
+        model (`str`): ``"tiny"`` (random in-process test model), ``"toy"`` (the bundled toy policy) or the path of a
+            local diffusers-format ``Cosmos3OmniPipeline`` directory (``model_index.json`` at its root).
+        device (`str` or `torch.device`): ``"auto"`` (cuda when available, else cpu), ``"cpu"``, ``"cuda[:N]"``.
+        dtype (`str` or `torch.dtype`): Transformer dtype: ``float32``, ``bfloat16`` or ``float16``.
+        allow_pickle (`bool`): Also load ``.bin``/``.pt``/``.pth``/``.ckpt`` weights that have no safetensors twin.
+            Off by default: unpickling a file can run code it carries.
+        seed (`int`): Seed of the random weights (``"tiny"`` only).
+
+    Returns:
+        `tuple[Cosmos3OmniPipeline, str]`: the pipeline (progress bars off) and a one-line notice for logs and
+        diagnostics: ``"untrained demo weights"``, the toy policy's notice, or ``"weights from <dir>"``.
+
+    Raises:
+        ModelLoadError: bad device/dtype, missing directory, not a Cosmos 3 pipeline, or the toy weights are absent.
+        PickleWeightsError: pickle-only weights and ``allow_pickle`` is False.
+    """
+    torch_device = resolve_device(device)
+    torch_dtype = resolve_dtype(dtype)
+    if model == "tiny":
+        from .tiny import UNTRAINED_NOTICE, build_pipeline
+
+        return build_pipeline("tiny", seed=int(seed), dtype=torch_dtype, device=torch_device), UNTRAINED_NOTICE
+    if model == "toy":
+        from ...toy import TOY_NOTICE, load_toy_pipeline, toy_pipeline_dir
+
+        directory = toy_pipeline_dir()
+        if not (directory / "model_index.json").is_file():
+            raise ModelLoadError(
+                f"model 'toy': the toy policy weights are not installed ({directory / 'model_index.json'} is "
+                f"missing); use model: tiny, or train them with `trajectory-ensemble train-toy --out {directory}`"
+            )
+        return load_toy_pipeline(device=torch_device, dtype=torch_dtype), TOY_NOTICE
+    return _load_directory(Path(model).expanduser(), torch_device, torch_dtype, allow_pickle), f"weights from {model}"
+
+
+def _load_directory(
+    directory: Path, device: torch.device, dtype: torch.dtype, allow_pickle: bool
+) -> Cosmos3OmniPipeline:
+    if not directory.is_dir():
+        raise ModelLoadError(
+            f"model {str(directory)!r} is neither 'tiny', 'toy' nor an existing directory (models are never "
+            f"downloaded; give a local diffusers-format Cosmos 3 folder)"
+        )
+    if not (directory / "model_index.json").is_file():
+        raise ModelLoadError(f"model directory {str(directory)!r} has no model_index.json (not a diffusers pipeline)")
+    pickled = pickle_only_files(directory)
+    if pickled and not allow_pickle:
+        names = ", ".join(str(p.relative_to(directory)) for p in pickled[:5])
+        raise PickleWeightsError(
+            f"model directory {str(directory)!r} holds pickle weights with no safetensors alongside ({names}); "
+            f"pickle can execute code when loaded, so it is refused. Convert them to safetensors, or set "
+            f"allow_pickle_weights: true if you trust the files."
+        )
+    from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import Cosmos3OmniPipeline
+
+    try:
+        pipe = Cosmos3OmniPipeline.from_pretrained(
+            str(directory),
+            # Only fall back to pickle when the operator allowed it and pickle is all there is.
+            use_safetensors=not (allow_pickle and pickled),
+            enable_safety_checker=False,
+            torch_dtype=dtype,
+        )
+    except (OSError, ValueError, TypeError, KeyError) as exc:
+        raise ModelLoadError(f"could not load a Cosmos 3 pipeline from {str(directory)!r}: {exc}") from exc
+    if not isinstance(pipe, Cosmos3OmniPipeline):
+        raise ModelLoadError(f"{str(directory)!r} is a {type(pipe).__name__}, not a Cosmos3OmniPipeline")
+    pipe.to(device)
+    pipe.set_progress_bar_config(disable=True)
+    return pipe

@@ -1,0 +1,144 @@
+"""``/diagnostics`` for the node, following diagnostic_updater's conventions (its Python package is not on PyPI).
+
+One ``DiagnosticArray`` carries three statuses, named ``"<node>: <task>"`` as diagnostic_updater names them:
+
+- ``<node>: engine``: the model (name, notice, device, ``weights_version``) and every engine metric of the last
+  finished group, keys with their unit (``total_ms``, ``peak_memory_bytes``), plus the node's own ``goal_ms`` and
+  ``node_overhead_ms``. ERROR when the engine thread is gone, WARN when the last goal failed inside the engine.
+- ``<node>: goals``: goals succeeded / aborted / canceled / preempted / rejected, running and waiting.
+- ``<node>: observations``: age of the newest frame per topic, frames received and rejected per cause. WARN when
+  a topic has delivered nothing yet or is older than ``max_observation_age_s``.
+
+:func:`build_diagnostics` is a pure function of a :class:`DiagnosticsInputs`, so levels and keys are unit-tested
+without DDS.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from builtin_interfaces.msg import Time
+from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
+from std_msgs.msg import Header
+
+from .conversions import format_value, metrics_key_values
+
+OK = DiagnosticStatus.OK
+WARN = DiagnosticStatus.WARN
+ERROR = DiagnosticStatus.ERROR
+
+
+@dataclass
+class DiagnosticsInputs:
+    """Everything the diagnostics report, gathered by the node.
+
+    Args:
+        node_name (`str`): Prefix of every status name.
+        hardware_id (`str`): The device the model runs on (``cpu``, ``cuda:0``).
+        model (`str`): The ``model`` parameter.
+        notice (`str`): What the weights are (``"untrained demo weights"`` for ``tiny``).
+        weights_version (`int`): Version now serving.
+        engine_alive (`bool`): Whether the engine thread runs.
+        last_metrics (`Mapping[str, Any]`): Metrics of the last finished group (empty before the first).
+        last_error (`str`, *optional*): ``"<CODE>: <message>"`` of the last goal, when it failed in the engine.
+        goal_counts (`Mapping[str, int]`): :meth:`GoalTracker.snapshot`.
+        observation_ages (`Mapping[str, float | None]`): Seconds since each topic's newest message (``None`` = never).
+        max_observation_age_s (`float`): The staleness limit.
+        frames_received (`int`): Good frames accepted.
+        frames_rejected (`Mapping[str, int]`): Rejected frames per cause.
+        image_topics (`tuple[str, ...]`): Which of ``observation_ages`` are image topics (the others are optional).
+    """
+
+    node_name: str
+    hardware_id: str
+    model: str
+    notice: str
+    weights_version: int
+    engine_alive: bool
+    last_metrics: Mapping[str, Any] = field(default_factory=dict)
+    last_error: str | None = None
+    goal_counts: Mapping[str, int] = field(default_factory=dict)
+    observation_ages: Mapping[str, float | None] = field(default_factory=dict)
+    max_observation_age_s: float = 1.0
+    frames_received: int = 0
+    frames_rejected: Mapping[str, int] = field(default_factory=dict)
+    image_topics: tuple[str, ...] = ()
+
+
+def _kv(key: str, value: Any) -> KeyValue:
+    return KeyValue(key=key, value=format_value(value))
+
+
+def engine_status(inputs: DiagnosticsInputs) -> DiagnosticStatus:
+    """The ``<node>: engine`` status."""
+    values = [
+        _kv("model", inputs.model),
+        _kv("model_notice", inputs.notice),
+        _kv("device", inputs.hardware_id),
+        _kv("weights_version", inputs.weights_version),
+        _kv("engine_alive", inputs.engine_alive),
+    ]
+    values += metrics_key_values({k: v for k, v in inputs.last_metrics.items() if k != "weights_version"})
+    if not inputs.engine_alive:
+        level, message = ERROR, f"engine stopped ({inputs.notice})"
+    elif inputs.last_error:
+        level, message = WARN, f"last goal failed: {inputs.last_error} ({inputs.notice})"
+        values.append(_kv("last_error", inputs.last_error))
+    else:
+        level, message = OK, f"serving ({inputs.notice})"
+    return DiagnosticStatus(level=level, name=f"{inputs.node_name}: engine", message=message,
+                            hardware_id=inputs.hardware_id, values=values)
+
+
+def goals_status(inputs: DiagnosticsInputs) -> DiagnosticStatus:
+    """The ``<node>: goals`` status: ``goals_<outcome>`` counters and the running / waiting gauges."""
+    counts = dict(inputs.goal_counts)
+    values = [_kv(f"goals_{name}", count) for name, count in counts.items() if name not in ("running", "waiting")]
+    values += [_kv("goals_running", counts.get("running", 0)), _kv("goals_waiting", counts.get("waiting", 0))]
+    message = ", ".join(f"{counts.get(k, 0)} {k}" for k in ("succeeded", "aborted", "canceled", "preempted",
+                                                             "rejected"))
+    return DiagnosticStatus(level=OK, name=f"{inputs.node_name}: goals", message=message,
+                            hardware_id=inputs.hardware_id, values=values)
+
+
+def observations_status(inputs: DiagnosticsInputs) -> DiagnosticStatus:
+    """The ``<node>: observations`` status; WARN while an image topic is silent or stale."""
+    values: list[KeyValue] = []
+    problems: list[str] = []
+    image_ages = []
+    for topic, age in inputs.observation_ages.items():
+        values.append(_kv(f"age_s {topic}", "never" if age is None else age))
+        if topic not in inputs.image_topics:
+            continue
+        image_ages.append(age)
+        if age is None:
+            problems.append(f"no image yet on {topic}")
+        elif age > inputs.max_observation_age_s:
+            problems.append(f"{topic} stale ({age:.2f} s)")
+    known = [a for a in image_ages if a is not None]
+    # The observation is as old as its oldest part (see ObservationBuffer.latest).
+    values.insert(0, _kv("observation_age_s", max(known) if known and len(known) == len(image_ages) else "never"))
+    values.append(_kv("max_observation_age_s", inputs.max_observation_age_s))
+    values.append(_kv("frames_received", inputs.frames_received))
+    values += [_kv(f"frames_rejected_{cause}", count) for cause, count in inputs.frames_rejected.items()]
+    rejected = sum(inputs.frames_rejected.values())
+    message = "; ".join(problems) if problems else "observations fresh"
+    if rejected:
+        message += f"; {rejected} frame(s) rejected"
+    return DiagnosticStatus(level=WARN if problems else OK, name=f"{inputs.node_name}: observations",
+                            message=message, hardware_id=inputs.hardware_id, values=values)
+
+
+def build_diagnostics(inputs: DiagnosticsInputs, stamp: Time) -> DiagnosticArray:
+    """The node's ``DiagnosticArray``.
+
+    Args:
+        inputs (`DiagnosticsInputs`): The node's state.
+        stamp (`builtin_interfaces.msg.Time`): Now, on the node's clock.
+    """
+    return DiagnosticArray(
+        header=Header(stamp=stamp),
+        status=[engine_status(inputs), goals_status(inputs), observations_status(inputs)],
+    )

@@ -1,0 +1,82 @@
+"""TEST-ONLY fault injection: make the next group fail inside the real engine, in a real node process.
+
+The node tests run the node as a subprocess over real DDS, so they cannot monkeypatch it. The ``fault_injection``
+parameter arms one fault (see :data:`~.params.FAULTS`) for the next group; it fires once, then the model behaves
+normally again, so a test can check that the faulty goal is aborted and that the next goal works. The parameter is
+refused unless ``TRAJECTORY_ENSEMBLE_TESTING=1`` is set in the node's environment (:mod:`.params`), so it cannot be
+switched on in a deployment by a stray parameter file.
+
+The faults are raised where real ones would be, inside the engine's calls into the adapter, so the path under test
+(the engine's named errors, the node's abort, cleanup of the group) is the production path:
+
+- ``engine_exception``: the next physical forward raises ``RuntimeError`` (engine: ``GroupFailedError``);
+- ``out_of_memory``: the next physical forward raises ``torch.OutOfMemoryError`` (engine:
+  ``GroupOutOfMemoryError``);
+- ``nan_candidates``: the next finished group's candidates are NaN (reducer: ``NonFiniteCandidatesError``).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from .params import FAULTS
+
+
+class FaultInjector:
+    """Wraps an adapter's ``forward`` and ``finish`` (on the instance) to fire one armed fault.
+
+    Args:
+        adapter (`Any`): The model adapter the engine calls (e.g. ``Cosmos3Adapter``).
+    """
+
+    def __init__(self, adapter: Any) -> None:
+        self._adapter = adapter
+        self._lock = threading.Lock()
+        self._armed: str | None = None
+        self._forward = adapter.forward
+        self._finish = adapter.finish
+        # Instance attributes shadow the class's methods, so the engine's ``self.adapter.forward(...)`` lands here
+        # while the adapter's own code is untouched.
+        adapter.forward = self._faulty_forward
+        adapter.finish = self._faulty_finish
+
+    @property
+    def armed(self) -> str | None:
+        """The fault waiting to fire, if any."""
+        return self._armed
+
+    def arm(self, fault: str) -> None:
+        """Arm ``fault`` for the next group (``""`` disarms).
+
+        Raises:
+            ValueError: not one of :data:`~.params.FAULTS`.
+        """
+        if fault and fault not in FAULTS:
+            raise ValueError(f"unknown fault {fault!r}; expected one of {list(FAULTS)}")
+        with self._lock:
+            self._armed = fault or None
+
+    def _take(self, *faults: str) -> str | None:
+        with self._lock:
+            if self._armed in faults:
+                fault, self._armed = self._armed, None
+                return fault
+            return None
+
+    def _faulty_forward(self, slices: Sequence[Any]) -> int:
+        fault = self._take("engine_exception", "out_of_memory")
+        if fault == "engine_exception":
+            raise RuntimeError("injected fault: engine_exception")
+        if fault == "out_of_memory":
+            raise torch.OutOfMemoryError("injected fault: CUDA out of memory")
+        return self._forward(slices)
+
+    def _faulty_finish(self, state: Any) -> Any:
+        output = self._finish(state)
+        if self._take("nan_candidates"):
+            output.candidates = torch.full_like(output.candidates, float("nan"))
+        return output

@@ -1,0 +1,361 @@
+"""Goal handling: goal validation into a candidate spec, the goal policy (preempt / queue / reject), preemption.
+
+A ``GenerateTrajectory`` goal becomes a :class:`GoalPlan` (count and reducer defaults applied, every check that
+needs no model work done) in :func:`plan_goal`. Each accepted goal gets a :class:`GoalRecord`; the
+:class:`GoalTracker` decides, under one lock, when it may run:
+
+- ``preempt`` (default): when ``max_concurrent_goals`` goals already run, the oldest is preempted: its group is
+  canceled at its next denoising step and it ends ABORTED with ``error_code`` PREEMPTED and the message
+  ``"preempted by <new goal id>"``;
+- ``queue``: the new goal waits for a slot (up to :data:`MAX_QUEUED_GOALS` waiting; more are rejected);
+- ``reject``: the new goal is rejected at the action server's goal callback.
+
+A record remembers a preemption or a client cancel even when it arrives before the group exists (the goal may
+still be validating); :meth:`GoalRecord.attach` then cancels the group as soon as it is submitted, and
+:meth:`GoalRecord.stop_error` turns the record's state into the named error the goal ends with. Nothing here
+imports rclpy.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..contract import CandidateTrajectorySpec
+from ..engine import GroupHandle, ProgressEvent
+from ..errors import (
+    AbortReason,
+    CandidateCountError,
+    EngineShutdownError,
+    ErrorCode,
+    GroupAbortedError,
+    GroupCanceledError,
+    GroupPreemptedError,
+    ReducerLayoutError,
+    TrajectoryEnsembleError,
+    UnknownReducerError,
+)
+from ..reducers import available_reducers, get_reducer
+from ..seeding import check_seed, fresh_base_seed
+from .params import NodeParams
+
+MAX_QUEUED_GOALS = 8
+"""With ``goal_policy: queue``, goals waiting beyond this many are rejected (each waiting goal holds a thread)."""
+
+GOAL_OUTCOMES = ("succeeded", "aborted", "canceled", "preempted", "rejected")
+
+
+class GoalRequestError(TrajectoryEnsembleError, ValueError):
+    """A goal asks for something this node cannot do as configured (e.g. a rollout without ``rollout_dir``)."""
+
+    code = ErrorCode.INVALID_REQUEST
+
+
+class GoalRejectedError(TrajectoryEnsembleError):
+    """The goal policy refused the goal (``reject`` at capacity, or the ``queue`` is full)."""
+
+    code = ErrorCode.INVALID_REQUEST
+
+
+def goal_id_str(goal_id: Any) -> str:
+    """A ``unique_identifier_msgs/UUID`` as the canonical dashed string clients print."""
+    return str(uuid.UUID(bytes=bytes(bytearray(goal_id.uuid))))
+
+
+@dataclass(frozen=True)
+class GoalPlan:
+    """A validated goal: what the node will ask the engine for.
+
+    Args:
+        instruction (`str`): The prompt.
+        spec (`CandidateTrajectorySpec`): Count, reducer, whether candidates come back from the engine.
+        return_candidates (`bool`): Whether the *result* carries them (``~/candidates`` may want them regardless).
+        base_seed (`int`): The goal's seed when ``use_seed``, else a fresh one (reported in the result either way).
+        rollout (`bool`): Record an RL rollout.
+    """
+
+    instruction: str
+    spec: CandidateTrajectorySpec
+    return_candidates: bool
+    base_seed: int
+    rollout: bool
+
+
+def plan_goal(
+    goal: Any, params: NodeParams, *, default_instruction: str, valid_reducers: Sequence[str]
+) -> GoalPlan:
+    """Validate a ``GenerateTrajectory.Goal`` against the node's configuration, before any model work.
+
+    Args:
+        goal (`GenerateTrajectory.Goal`): The request.
+        params (`NodeParams`): The node's parameters (defaults, ``max_candidates``, action width, rollout folder).
+        default_instruction (`str`): Used when ``goal.instruction`` is empty (latest ``~/instruction``, else the
+            ``instruction`` parameter).
+        valid_reducers (`Sequence[str]`): Reducers the model adapter declares valid for its action space.
+
+    Raises:
+        CandidateCountError: more than ``max_candidates`` candidates.
+        UnknownReducerError: the reducer is not registered.
+        ReducerLayoutError: the reducer is registered but not valid for this model's action space or width.
+        GoalRequestError: a rollout without ``rollout_dir``.
+        InvalidSpecError: any other spec problem (e.g. reducer ``none`` with several candidates).
+    """
+    count = int(goal.candidate_count) or params.candidate_count
+    if count > params.max_candidates:
+        raise CandidateCountError(
+            f"candidate_count {count} is above max_candidates={params.max_candidates}; nothing was run"
+        )
+    reducer = goal.reducer or params.reducer
+    if reducer != "none":
+        if reducer not in available_reducers():
+            raise UnknownReducerError(
+                f"unknown reducer {reducer!r}; valid for this model: {', '.join(valid_reducers)}"
+            )
+        if reducer not in valid_reducers:
+            raise ReducerLayoutError(
+                f"reducer {reducer!r} is not valid for this model's action space; valid: {', '.join(valid_reducers)}"
+            )
+        try:
+            get_reducer(reducer).check_layout(params.action_dim)
+        except ReducerLayoutError as error:
+            raise ReducerLayoutError(
+                f"reducer {reducer!r} does not fit action width {params.action_dim} of {params.domain_name}: {error}"
+            ) from None
+    if goal.rollout and not params.rollout_dir:
+        raise GoalRequestError("rollout requested but the rollout_dir parameter is not set; nothing was run")
+    spec = CandidateTrajectorySpec(
+        count=count,
+        reducer=reducer,
+        return_candidates=bool(goal.return_candidates) or params.publish_candidates,
+        max_count=params.max_candidates,
+    )
+    base_seed = check_seed(int(goal.seed)) if goal.use_seed else fresh_base_seed()
+    return GoalPlan(
+        instruction=goal.instruction or default_instruction,
+        spec=spec,
+        return_candidates=bool(goal.return_candidates),
+        base_seed=base_seed,
+        rollout=bool(goal.rollout),
+    )
+
+
+@dataclass
+class GoalRecord:
+    """One accepted goal's bookkeeping, shared by its execute thread, the cancel callback and newer goals.
+
+    Args:
+        goal_id (`str`): The goal's UUID string.
+        events (`queue.Queue`): Progress events from the engine thread, then ``None`` when the group ended.
+    """
+
+    goal_id: str
+    accepted: float = field(default_factory=time.monotonic)
+    events: queue.Queue = field(default_factory=queue.Queue)
+    handle: GroupHandle | None = None
+    preempted_by: str | None = None
+    cancel_requested: bool = False
+    completed: bool = False
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def on_progress(self, event: ProgressEvent) -> None:
+        """Engine-thread callback: hand the event to the goal's thread (publishing happens there, not here)."""
+        self.events.put(event)
+
+    def attach(self, handle: GroupHandle) -> None:
+        """Remember the submitted group; cancel it at once if the goal was preempted or canceled meanwhile."""
+        with self._lock:
+            self.handle = handle
+        handle.add_done_callback(lambda _handle: self.events.put(None))
+        self._cancel_handle()
+
+    def preempt(self, by: str) -> None:
+        """A newer goal takes this goal's slot: stop its group at the next step (unless it already has its result)."""
+        with self._lock:
+            if self.preempted_by is None and not self.cancel_requested and not self.completed:
+                self.preempted_by = by
+        self._cancel_handle()
+
+    def request_cancel(self) -> bool:
+        """The client canceled: stop the group at the next step.
+
+        Returns:
+            `bool`: False when the goal already committed to its result (the cancel comes too late).
+        """
+        with self._lock:
+            if self.completed:
+                return False
+            if self.preempted_by is None:
+                self.cancel_requested = True
+        self._cancel_handle()
+        return True
+
+    def claim_success(self) -> GroupAbortedError | None:
+        """Commit to publishing the finished group's result, unless a preemption or cancel came first.
+
+        After this returns ``None``, later preemptions and cancels are refused, so a goal is never both published
+        and reported as preempted or canceled.
+        """
+        with self._lock:
+            stop = self._stop_error_locked()
+            if stop is None:
+                self.completed = True
+            return stop
+
+    def _cancel_handle(self) -> None:
+        with self._lock:
+            handle, by, canceled = self.handle, self.preempted_by, self.cancel_requested
+        if handle is None:
+            return
+        if by is not None:
+            handle.cancel(AbortReason.PREEMPTED, f"preempted by {by}")
+        elif canceled:
+            handle.cancel(AbortReason.CANCELED, f"goal {self.goal_id} canceled by the client")
+
+    def stop_error(self) -> GroupAbortedError | None:
+        """The error this goal ends with because of a preemption or a cancel, if either happened."""
+        with self._lock:
+            return self._stop_error_locked()
+
+    def _stop_error_locked(self) -> GroupAbortedError | None:
+        if self.preempted_by is not None:
+            return GroupPreemptedError(self.goal_id, f"preempted by {self.preempted_by}")
+        if self.cancel_requested:
+            return GroupCanceledError(self.goal_id, f"goal {self.goal_id} canceled by the client")
+        return None
+
+
+class GoalTracker:
+    """Which goals run, which wait, and the outcome counters. Thread-safe.
+
+    Args:
+        policy (`str`): ``preempt``, ``queue`` or ``reject``.
+        max_concurrent (`int`): Goals allowed to run (and co-batch) at once.
+    """
+
+    def __init__(self, policy: str, max_concurrent: int) -> None:
+        self.policy = policy
+        self.max_concurrent = max_concurrent
+        self._cond = threading.Condition()
+        self._running: list[GoalRecord] = []
+        self._waiting: list[GoalRecord] = []
+        self._active: dict[str, GoalRecord] = {}
+        self._closed = False
+        self.counters: dict[str, int] = dict.fromkeys(GOAL_OUTCOMES, 0)
+
+    # --- goal callback ----------------------------------------------------------------------------------------------
+
+    def should_reject(self) -> str | None:
+        """Called before accepting a goal: the reason to reject it now, or ``None`` (then count nothing yet)."""
+        with self._cond:
+            if self._closed:
+                return "the node is shutting down"
+            if self.policy == "reject" and len(self._active) >= self.max_concurrent:
+                return f"{len(self._active)} goal(s) running and goal_policy is reject"
+            if self.policy == "queue" and len(self._active) >= self.max_concurrent + MAX_QUEUED_GOALS:
+                return f"{MAX_QUEUED_GOALS} goals already queued"
+        return None
+
+    def count(self, outcome: str) -> None:
+        """Count a terminal outcome (one of :data:`GOAL_OUTCOMES`)."""
+        with self._cond:
+            self.counters[outcome] += 1
+
+    # --- execute thread -------------------------------------------------------------------------------------------
+
+    def register(self, goal_id: str) -> GoalRecord:
+        """Track an accepted goal (the cancel callback finds it by id)."""
+        record = GoalRecord(goal_id)
+        with self._cond:
+            self._active[goal_id] = record
+        return record
+
+    def find(self, goal_id: str) -> GoalRecord | None:
+        with self._cond:
+            return self._active.get(goal_id)
+
+    def admit(self, record: GoalRecord) -> bool:
+        """Block until ``record`` may run, applying the goal policy.
+
+        Returns:
+            `bool`: True when the goal had to wait in the queue (its observation may be outdated by now).
+
+        Raises:
+            GroupAbortedError: the record was preempted or canceled while waiting.
+            GoalRejectedError: ``reject`` policy and no slot is free (a race past :meth:`should_reject`).
+            EngineShutdownError: the node is shutting down.
+        """
+        waited = False
+        with self._cond:
+            while True:
+                if self._closed:
+                    raise EngineShutdownError(record.goal_id, "the node is shutting down")
+                stop = record.stop_error()
+                if stop is not None:
+                    raise stop
+                if len(self._running) < self.max_concurrent:
+                    self._running.append(record)
+                    if record in self._waiting:
+                        self._waiting.remove(record)
+                    return waited
+                if self.policy == "preempt":
+                    # Oldest first: the goal that has waited longest for its trajectory is the most outdated.
+                    victims = self._running[: len(self._running) - self.max_concurrent + 1]
+                    for victim in victims:
+                        self._running.remove(victim)
+                        victim.preempt(record.goal_id)
+                    continue
+                if self.policy == "reject":
+                    raise GoalRejectedError(f"{len(self._running)} goal(s) running and goal_policy is reject")
+                if record not in self._waiting:
+                    self._waiting.append(record)
+                waited = True
+                # Woken by release(), a cancel, or shutdown; the timeout only bounds a missed notification.
+                self._cond.wait(timeout=0.5)
+
+    def wake(self) -> None:
+        """Re-check waiting goals (after a cancel request)."""
+        with self._cond:
+            self._cond.notify_all()
+
+    def release(self, record: GoalRecord) -> None:
+        """The goal reached a terminal state: free its slot and forget it."""
+        with self._cond:
+            if record in self._running:
+                self._running.remove(record)
+            if record in self._waiting:
+                self._waiting.remove(record)
+            self._active.pop(record.goal_id, None)
+            self._cond.notify_all()
+
+    # --- node -------------------------------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Shutdown: waiting goals end with SHUTDOWN; no new goal is accepted."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
+    @property
+    def num_active(self) -> int:
+        with self._cond:
+            return len(self._active)
+
+    @property
+    def num_running(self) -> int:
+        with self._cond:
+            return len(self._running)
+
+    @property
+    def num_waiting(self) -> int:
+        with self._cond:
+            return len(self._waiting)
+
+    def snapshot(self) -> dict[str, int]:
+        """Counters plus running/waiting gauges, for diagnostics."""
+        with self._cond:
+            return {**self.counters, "running": len(self._running), "waiting": len(self._waiting)}

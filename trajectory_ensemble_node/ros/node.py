@@ -1,0 +1,456 @@
+"""The ``trajectory_ensemble`` rclpy node: topics, the action server, the weights service, diagnostics.
+
+Data flow: subscriptions fill the :class:`~.observations.ObservationBuffer`; a ``GenerateTrajectory`` goal is
+validated into a plan (:mod:`.goals`), built into one candidate group on the observation, admitted by the goal
+policy and submitted to the engine, which runs every group on its own background thread. The goal's executor thread
+relays per-step feedback, and on success publishes ``~/trajectory`` (and ``~/candidates``, ``~/joint_trajectory``)
+before the goal succeeds. Every path ends the goal in a terminal state with an ``error_code``
+(:class:`~trajectory_ensemble_node.errors.ErrorCode`).
+
+All callbacks share one ``ReentrantCallbackGroup`` on a ``MultiThreadedExecutor``, so cancel requests, feedback,
+subscriptions and diagnostics stay live while goals wait on the engine.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import signal
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import rclpy
+from diagnostic_msgs.msg import DiagnosticArray
+from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import CosmosActionCondition
+from rclpy.action import ActionServer, CancelResponse, GoalResponse
+from rclpy.action.server import ServerGoalHandle
+from rclpy.callback_groups import ReentrantCallbackGroup
+from rclpy.executors import MultiThreadedExecutor
+from rclpy.node import Node
+from rclpy.qos import QoSProfile, qos_profile_sensor_data
+from rclpy.signals import SignalHandlerOptions
+from sensor_msgs.msg import Image, JointState
+from std_msgs.msg import String
+from trajectory_ensemble_msgs.action import GenerateTrajectory
+from trajectory_ensemble_msgs.msg import ActionTrajectory, CandidateArray
+from trajectory_ensemble_msgs.srv import UpdateWeights
+from trajectory_msgs.msg import JointTrajectory
+
+from ..contract import EnsembleResult
+from ..engine import GroupRequest, ProgressEvent
+from ..errors import ErrorCode, GroupCanceledError, GroupPreemptedError, TrajectoryEnsembleError
+from ..models.cosmos3 import Cosmos3ActionModel, RolloutSpec
+from ..models.cosmos3.loading import load_pipeline, model_notice, resolve_device
+from ..normalization import ActionNormalizer
+from . import params as node_params
+from .conversions import (
+    candidates_msg,
+    joint_trajectory_msg,
+    make_header,
+    metrics_key_values,
+    trajectory_msg,
+)
+from .diagnostics import DiagnosticsInputs, build_diagnostics
+from .faults import FaultInjector
+from .goals import GoalPlan, GoalRecord, GoalTracker, goal_id_str, plan_goal
+from .observations import Observation, ObservationBuffer
+from .weight_updates import DISABLED_MESSAGE, resolve_update_path
+
+NODE_NAME = "trajectory_ensemble"
+DIAGNOSTICS_PERIOD_S = 1.0
+# Codes that mean "the engine failed", which the diagnostics report as a WARN until the next success.
+_ENGINE_FAILURE_CODES = {ErrorCode.ENGINE_FAILURE, ErrorCode.OUT_OF_MEMORY, ErrorCode.NON_FINITE_CANDIDATES,
+                         ErrorCode.ROLLOUT_FAILURE}
+WEIGHT_UPDATE_TIMEOUT_S = 120.0
+
+
+class TrajectoryEnsembleNode(Node):
+    """The node. Construction loads the model and starts the engine thread; :meth:`shutdown` ends every goal.
+
+    Args:
+        **kwargs: Passed to ``rclpy.node.Node`` (e.g. ``parameter_overrides``, ``context``).
+
+    Raises:
+        ParameterError: a parameter is invalid (the message names each one).
+        ModelLoadError: the model cannot be loaded.
+        StatsFileError: ``action_stats_file`` is unusable.
+    """
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(NODE_NAME, **kwargs)
+        self.params = node_params.declare(self)
+        p = self.params
+        self.notice = model_notice(p.model)
+        self._startup(f"loading model {p.model!r} on {p.device} ({p.dtype})")
+        pipe, self.notice = load_pipeline(p.model, p.device, p.dtype, allow_pickle=p.allow_pickle_weights, seed=p.seed)
+        self.device = str(resolve_device(p.device))
+        self.model = Cosmos3ActionModel(
+            pipe, max_batch_candidates=p.max_batch_candidates, max_candidates=p.max_candidates,
+            action_stats=self._load_action_stats(),
+        )
+        valid = self.model.adapter.valid_reducers()
+        if p.reducer not in valid:
+            raise node_params.ParameterError(f"invalid parameters:\n  reducer: {p.reducer!r} is not valid for this "
+                                             f"model's action space; valid: {list(valid)}")
+        # Only a test run (TRAJECTORY_ENSEMBLE_TESTING=1) wraps the adapter; production never carries the hook.
+        self.faults = FaultInjector(self.model.adapter) if os.environ.get(node_params.TESTING_ENV) == "1" else None
+        if self.faults is not None and p.fault_injection:
+            self.faults.arm(p.fault_injection)
+        self.add_on_set_parameters_callback(self._on_set_parameters)
+
+        self.tracker = GoalTracker(p.goal_policy, p.max_concurrent_goals)
+        self._cb = ReentrantCallbackGroup()
+        self._lock = threading.Lock()
+        self._instruction = p.instruction
+        self._last_metrics: dict[str, Any] = {}
+        self._last_error: str | None = None
+        self._closing = False
+
+        image_topics = [self.resolve_topic_name(t) for t in (p.image_topics or ("~/observation/image",))]
+        state_topic = self.resolve_topic_name("~/observation/state")
+        self.observations = ObservationBuffer(image_topics, state_topic)
+        for topic in image_topics:
+            self.create_subscription(Image, topic, lambda msg, t=topic: self._on_image(t, msg),
+                                     qos_profile_sensor_data, callback_group=self._cb)
+        self.create_subscription(JointState, state_topic, self.observations.offer_state, qos_profile_sensor_data,
+                                 callback_group=self._cb)
+        self.create_subscription(String, "~/instruction", self._on_instruction, 10, callback_group=self._cb)
+
+        reliable = QoSProfile(depth=10)
+        self.trajectory_pub = self.create_publisher(ActionTrajectory, "~/trajectory", reliable)
+        self.candidates_pub = self.create_publisher(CandidateArray, "~/candidates", reliable)
+        self.joint_pub = (self.create_publisher(JointTrajectory, "~/joint_trajectory", reliable)
+                          if p.joint_names else None)
+        self.diagnostics_pub = self.create_publisher(DiagnosticArray, "/diagnostics", reliable)
+
+        self.model.engine.start()
+        self.action_server = ActionServer(
+            self, GenerateTrajectory, "~/generate_trajectory", execute_callback=self._execute,
+            goal_callback=self._on_goal, handle_accepted_callback=self._on_accepted,
+            cancel_callback=self._on_cancel, callback_group=self._cb,
+        )
+        self.create_service(UpdateWeights, "~/update_weights", self._on_update_weights, callback_group=self._cb)
+        self.create_timer(DIAGNOSTICS_PERIOD_S, self.publish_diagnostics, callback_group=self._cb)
+        self._startup(
+            f"ready: action {self.resolve_topic_name('~/generate_trajectory')}, images {image_topics}, "
+            f"{p.domain_name} (width {p.action_dim}), chunk {p.chunk_size}, {p.num_inference_steps} steps, "
+            f"{p.candidate_count}x {p.reducer}, goal_policy {p.goal_policy}, device {self.device}"
+        )
+
+    # --- startup helpers -------------------------------------------------------------------------------------------
+
+    def _startup(self, message: str) -> None:
+        # Every startup line names the weights, so nobody mistakes the embedded random model for a policy.
+        self.get_logger().info(f"[{self.notice}] {message}")
+
+    def _load_action_stats(self) -> ActionNormalizer | None:
+        p = self.params
+        if not p.action_stats_file:
+            return None
+        domain = None
+        try:
+            with open(p.action_stats_file, encoding="utf-8") as handle:
+                # A file keyed by domain (several embodiments in one file) is read at this node's domain.
+                if p.domain_name in json.load(handle):
+                    domain = p.domain_name
+        except (OSError, ValueError):
+            pass  # from_json reports the file's problem by name
+        return ActionNormalizer.from_json(p.action_stats_file, p.action_stats_method, p.action_dim, domain=domain)
+
+    def _on_set_parameters(self, changes: Sequence[Any]) -> Any:
+        from rcl_interfaces.msg import SetParametersResult
+
+        for change in changes:
+            if change.name != "fault_injection":
+                continue  # read_only descriptors already refuse the others
+            value = change.value if isinstance(change.value, str) else ""
+            try:
+                node_params.check_fault_injection(value)
+            except node_params.ParameterError as error:
+                return SetParametersResult(successful=False, reason=str(error))
+            if self.faults is not None:
+                self.faults.arm(value)
+                self.get_logger().warning(f"TEST ONLY: fault {value!r} armed for the next group")
+        return SetParametersResult(successful=True)
+
+    # --- subscriptions ---------------------------------------------------------------------------------------------
+
+    def _on_image(self, topic: str, msg: Image) -> None:
+        error = self.observations.offer_image(topic, msg)
+        if error is not None and self.observations.first_rejection(error):
+            self.get_logger().warning(
+                f"rejected a frame on {topic} ({error.cause}): {error}; keeping the last good frame "
+                f"(further '{error.cause}' rejections are only counted in /diagnostics)"
+            )
+
+    def _on_instruction(self, msg: String) -> None:
+        with self._lock:
+            self._instruction = msg.data or self.params.instruction
+
+    def default_instruction(self) -> str:
+        """The latest ``~/instruction``, else the ``instruction`` parameter."""
+        with self._lock:
+            return self._instruction
+
+    # --- action server ---------------------------------------------------------------------------------------------
+
+    def _on_goal(self, goal: GenerateTrajectory.Goal) -> GoalResponse:
+        reason = self.tracker.should_reject()
+        if reason is None:
+            return GoalResponse.ACCEPT
+        self.tracker.count("rejected")
+        self.get_logger().warning(f"goal rejected: {reason}")
+        return GoalResponse.REJECT
+
+    def _on_accepted(self, goal_handle: ServerGoalHandle) -> None:
+        # Registered before execution starts, so a cancel that arrives at once finds the goal.
+        self.tracker.register(goal_id_str(goal_handle.goal_id))
+        goal_handle.execute()
+
+    def _on_cancel(self, goal_handle: ServerGoalHandle) -> CancelResponse:
+        record = self.tracker.find(goal_id_str(goal_handle.goal_id))
+        if record is None or not record.request_cancel():
+            return CancelResponse.REJECT  # already finished (or committed to its result)
+        self.tracker.wake()
+        return CancelResponse.ACCEPT
+
+    def _execute(self, goal_handle: ServerGoalHandle) -> GenerateTrajectory.Result:
+        goal_id = goal_id_str(goal_handle.goal_id)
+        started = time.monotonic()
+        record = self.tracker.find(goal_id) or self.tracker.register(goal_id)
+        plan: GoalPlan | None = None
+        try:
+            plan = plan_goal(goal_handle.request, self.params, default_instruction=self.default_instruction(),
+                             valid_reducers=self.model.adapter.valid_reducers())
+            # Everything that can refuse the goal runs before admission, so a bad goal never preempts a good one.
+            observation, request = self._build(goal_id, plan, record)
+            if self.tracker.admit(record):
+                # It waited in the queue: serve the observation as it is now, not as it was when the goal came.
+                observation, request = self._build(goal_id, plan, record)
+            handle = self.model.engine.submit(request)
+            record.attach(handle)
+            self._relay_feedback(goal_handle, record, plan)
+            result = handle.result(timeout=0)
+            stop = record.claim_success()
+            if stop is not None:
+                raise stop  # preempted or canceled after the last step: never publish it
+            return self._succeed(goal_handle, goal_id, plan, observation, result, started)
+        except GroupCanceledError as error:
+            if not isinstance(error, GroupPreemptedError) and record.cancel_requested:
+                return self._canceled(goal_handle, goal_id, plan, error)
+            return self._abort(goal_handle, goal_id, plan, error)
+        except TrajectoryEnsembleError as error:
+            return self._abort(goal_handle, goal_id, plan, error)
+        except Exception as error:  # noqa: BLE001 - whatever happens, the goal must reach a terminal state
+            self.get_logger().error(f"goal {goal_id}: unexpected {type(error).__name__}: {error}")
+            return self._abort(goal_handle, goal_id, plan, error)
+        finally:
+            self.tracker.release(record)
+            self.publish_diagnostics()
+
+    def _build(self, goal_id: str, plan: GoalPlan, record: GoalRecord) -> tuple[Observation, GroupRequest]:
+        p = self.params
+        require_state = p.require_state or self.model.adapter.capabilities.uses_state
+        observation = self.observations.latest(p.max_observation_age_s, require_state=require_state)
+        action = CosmosActionCondition(
+            mode="policy", chunk_size=p.chunk_size, domain_name=p.domain_name, resolution_tier=p.resolution_tier,
+            image=observation.image, view_point=p.view_point,
+        )
+        rollout = RolloutSpec(noise_level=p.rollout_noise_level, output_dir=p.rollout_dir) if plan.rollout else None
+        request = self.model.make_request(
+            prompt=plan.instruction, action=action, num_inference_steps=p.num_inference_steps,
+            guidance_scale=p.guidance_scale, fps=p.fps, spec=plan.spec, base_seed=plan.base_seed,
+            request_id=goal_id, rollout=rollout, on_progress=record.on_progress,
+        )
+        return observation, request
+
+    def _relay_feedback(self, goal_handle: ServerGoalHandle, record: GoalRecord, plan: GoalPlan) -> None:
+        # Progress events come from the engine thread through the record's queue; publishing happens here, so the
+        # engine never waits on DDS. ``None`` marks the end of the group.
+        steps = self.params.num_inference_steps
+        step = 0
+        while True:
+            try:
+                event: ProgressEvent | None = record.events.get(timeout=0.5)
+            except queue.Empty:
+                continue
+            if event is None:
+                return
+            if event.stage == "denoising":
+                step, steps = event.step, event.total_steps
+            feedback = GenerateTrajectory.Feedback(step=step, total_steps=steps, stage=event.stage)
+            goal_handle.publish_feedback(feedback)
+
+    def _succeed(self, goal_handle: ServerGoalHandle, goal_id: str, plan: GoalPlan, observation: Observation,
+                 result: EnsembleResult, started: float) -> GenerateTrajectory.Result:
+        p = self.params
+        header = make_header(observation.stamp, observation.frame_id)
+        normalized = self.model.normalizer_for(p.domain_name) is None
+        trajectory = trajectory_msg(result, header=header, domain_name=p.domain_name, dt=p.dt, normalized=normalized)
+        candidates = None
+        if result.candidates is not None:
+            candidates = candidates_msg(result, header=header, domain_name=p.domain_name, dt=p.dt,
+                                        normalized=normalized)
+        self.trajectory_pub.publish(trajectory)
+        if candidates is not None and (plan.return_candidates or p.publish_candidates):
+            self.candidates_pub.publish(candidates)
+        if self.joint_pub is not None:
+            self.joint_pub.publish(joint_trajectory_msg(result.action, joint_names=p.joint_names, dt=p.dt,
+                                                        header=header))
+        goal_ms = (time.monotonic() - started) * 1000.0
+        metrics = dict(result.metrics)
+        metrics["goal_ms"] = goal_ms
+        metrics["node_overhead_ms"] = goal_ms - float(metrics.get("total_ms") or 0.0)
+        metrics["observation_age_ms"] = observation.age_s * 1000.0
+        response = GenerateTrajectory.Result(
+            error_code=int(ErrorCode.OK), trajectory=trajectory, base_seed=int(result.base_seed),
+            weights_version=int(metrics.get("weights_version") or 0), metrics=metrics_key_values(metrics),
+        )
+        if plan.return_candidates and candidates is not None:
+            response.candidates = candidates
+        if result.rollout is not None and getattr(result.rollout, "path", None) is not None:
+            response.rollout_path = str(result.rollout.path)
+        with self._lock:
+            self._last_metrics, self._last_error = metrics, None
+        goal_handle.succeed()
+        self.tracker.count("succeeded")
+        self.get_logger().info(
+            f"goal {goal_id}: {result.size}x {result.spec.reducer} -> {trajectory.horizon}x{trajectory.action_dim} "
+            f"in {goal_ms:.0f} ms (engine {float(metrics.get('total_ms') or 0.0):.0f} ms)"
+        )
+        return response
+
+    def _result(self, plan: GoalPlan | None, code: int, message: str) -> GenerateTrajectory.Result:
+        return GenerateTrajectory.Result(
+            error_code=int(code), error_message=message, base_seed=int(plan.base_seed) if plan else 0,
+            weights_version=int(self.model.weights_version),
+        )
+
+    def _canceled(self, goal_handle: ServerGoalHandle, goal_id: str, plan: GoalPlan | None,
+                  error: BaseException) -> GenerateTrajectory.Result:
+        # The state becomes CANCELING right after the cancel callback returns; the group can stop first.
+        deadline = time.monotonic() + 2.0
+        while not goal_handle.is_cancel_requested and time.monotonic() < deadline:
+            time.sleep(0.005)
+        if goal_handle.is_cancel_requested:
+            goal_handle.canceled()
+        else:
+            goal_handle.abort()
+        self.tracker.count("canceled")
+        self.get_logger().info(f"goal {goal_id} canceled")
+        return self._result(plan, ErrorCode.CANCELED, str(error))
+
+    def _abort(self, goal_handle: ServerGoalHandle, goal_id: str, plan: GoalPlan | None,
+               error: BaseException) -> GenerateTrajectory.Result:
+        code = error.code if isinstance(error, TrajectoryEnsembleError) else ErrorCode.ENGINE_FAILURE
+        message = str(error) if isinstance(error, TrajectoryEnsembleError) else f"{type(error).__name__}: {error}"
+        if goal_handle.is_active:
+            goal_handle.abort()
+        self.tracker.count("preempted" if code == ErrorCode.PREEMPTED else "aborted")
+        if code in _ENGINE_FAILURE_CODES:
+            with self._lock:
+                self._last_error = f"{ErrorCode(code).name}: {message}"
+        self.get_logger().warning(f"goal {goal_id} aborted ({ErrorCode(code).name}): {message}")
+        return self._result(plan, code, message)
+
+    # --- update_weights --------------------------------------------------------------------------------------------
+
+    def _on_update_weights(self, request: UpdateWeights.Request, response: UpdateWeights.Response
+                           ) -> UpdateWeights.Response:
+        response.weights_version = int(self.model.weights_version)
+        if not self.params.enable_weight_updates:
+            response.success, response.message = False, DISABLED_MESSAGE
+            return response
+        try:
+            path = resolve_update_path(self.params.weights_dir, request.path)
+            report = self.model.update_weights(path, strict=bool(request.strict), timeout=WEIGHT_UPDATE_TIMEOUT_S)
+        except TrajectoryEnsembleError as error:
+            response.success, response.message = False, str(error)
+            self.get_logger().warning(f"update_weights refused: {error}")
+            return response
+        except Exception as error:  # noqa: BLE001 - a service must answer, whatever failed
+            response.success, response.message = False, f"{type(error).__name__}: {error}"
+            return response
+        response.success = True
+        response.weights_version = int(report.weights_version)
+        response.message = (
+            f"loaded {len(report.applied)} tensor(s) from {path}; weights_version {report.weights_version}"
+        )
+        if report.skipped:
+            response.message += f"; skipped {len(report.skipped)}: {sorted(report.skipped)[:5]}"
+        self.get_logger().info(response.message)
+        return response
+
+    # --- diagnostics and shutdown ----------------------------------------------------------------------------------
+
+    def publish_diagnostics(self) -> None:
+        """Publish ``/diagnostics`` now (also called by the 1 Hz timer and after every goal)."""
+        with self._lock:
+            last_metrics, last_error = dict(self._last_metrics), self._last_error
+        engine_thread = self.model.engine._thread
+        inputs = DiagnosticsInputs(
+            node_name=self.get_name(), hardware_id=self.device, model=self.params.model, notice=self.notice,
+            weights_version=self.model.weights_version,
+            engine_alive=engine_thread is not None and engine_thread.is_alive(),
+            last_metrics=last_metrics, last_error=last_error, goal_counts=self.tracker.snapshot(),
+            observation_ages=self.observations.ages(), max_observation_age_s=self.params.max_observation_age_s,
+            frames_received=self.observations.received_count(), frames_rejected=self.observations.rejected_counts(),
+            image_topics=self.observations.image_topics,
+        )
+        try:
+            self.diagnostics_pub.publish(build_diagnostics(inputs, self.get_clock().now().to_msg()))
+        except Exception:  # noqa: BLE001 - the context may be shutting down; diagnostics are best effort
+            pass
+
+    def shutdown(self) -> None:
+        """Refuse new goals and end every running or waiting goal (SHUTDOWN); the engine thread stops."""
+        self._closing = True
+        self.tracker.close()
+        self.model.engine.stop()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the node until SIGINT/SIGTERM; every goal still running then ends ABORTED with code SHUTDOWN.
+
+    Args:
+        argv (`Sequence[str]`, *optional*): Command line including ROS arguments (``--ros-args -p k:=v``).
+
+    Returns:
+        `int`: 0 on a clean shutdown, 2 when parameters or the model are invalid (the error is printed).
+    """
+    argv = list(sys.argv if argv is None else argv)
+    # Our own signal handling: rclpy's would invalidate the context at once, and then the goals still running
+    # could not be told that they ended.
+    rclpy.init(args=argv, signal_handler_options=SignalHandlerOptions.NO)
+    stop = threading.Event()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda *_: stop.set())
+    try:
+        node = TrajectoryEnsembleNode()
+    except TrajectoryEnsembleError as error:
+        print(f"[{NODE_NAME}] error: {error}", file=sys.stderr, flush=True)
+        rclpy.try_shutdown()
+        return 2
+    p = node.params
+    # Goal threads block on the engine; leave room for them plus cancels, feedback, subscriptions and the timer.
+    threads = 4 + p.max_concurrent_goals + (8 if p.goal_policy == "queue" else 1)
+    executor = MultiThreadedExecutor(num_threads=threads)
+    executor.add_node(node)
+    try:
+        while not stop.is_set() and rclpy.ok():
+            executor.spin_once(timeout_sec=0.2)
+        node.get_logger().info("shutting down: ending every goal")
+        node.shutdown()
+        deadline = time.monotonic() + 5.0
+        # Keep spinning so that the aborted goals' results reach their clients.
+        while (node.tracker.num_active or time.monotonic() < deadline - 4.5) and time.monotonic() < deadline:
+            executor.spin_once(timeout_sec=0.05)
+    finally:
+        executor.shutdown(timeout_sec=2.0)
+        node.destroy_node()
+        rclpy.try_shutdown()
+    return 0

@@ -1,0 +1,377 @@
+"""The observation buffer: the latest good frame per image topic, the latest joint state, stamps and staleness.
+
+Subscriptions hand every incoming message to :class:`ObservationBuffer`; a goal asks it for the current
+:class:`Observation`. A malformed frame (unsupported encoding, wrong ``step``, truncated data) is rejected with a
+named :class:`FrameError`, counted per cause, logged once per cause, and the last good frame stays in place: one
+corrupt message must not blind the robot, nor flood the log at camera rate.
+
+Staleness is measured on this host's monotonic clock from when the frame *arrived*, not from its header stamp: the
+stamp may come from another clock (a camera, a bag, simulation time), but how long ago we last heard from the
+camera is what makes an observation stale. The header stamp is kept and copied into every output that the
+observation produced.
+
+This module reads message fields only (duck-typed ``sensor_msgs/Image`` and ``sensor_msgs/JointState``); it does
+not import rclpy.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..errors import ErrorCode, TrajectoryEnsembleError
+
+# encoding -> (bytes per pixel, how to turn the [H, W, C] uint8 array into RGB)
+_ENCODINGS: dict[str, tuple[int, Callable[[np.ndarray], np.ndarray]]] = {
+    "rgb8": (3, lambda a: a),
+    "bgr8": (3, lambda a: a[..., ::-1]),
+    "rgba8": (4, lambda a: a[..., :3]),
+    "bgra8": (4, lambda a: a[..., 2::-1]),
+    "mono8": (1, lambda a: np.repeat(a, 3, axis=-1)),
+}
+SUPPORTED_ENCODINGS = tuple(_ENCODINGS)
+"""Image encodings the buffer converts to RGB uint8; anything else is rejected (cause ``encoding``)."""
+
+
+# --- named errors ---------------------------------------------------------------------------------------------------
+
+
+class FrameError(TrajectoryEnsembleError, ValueError):
+    """An image message that cannot be a valid frame. ``cause`` names the check that failed (a diagnostics key)."""
+
+    code = ErrorCode.INVALID_REQUEST
+    cause = "invalid"
+
+
+class UnsupportedEncodingError(FrameError):
+    """The image encoding is not one of :data:`SUPPORTED_ENCODINGS`."""
+
+    cause = "encoding"
+
+
+class FrameStepError(FrameError):
+    """``step`` (bytes per row) is smaller than ``width * bytes_per_pixel``."""
+
+    cause = "step"
+
+
+class FrameDataLengthError(FrameError):
+    """``len(data)`` is not ``step * height`` (truncated or padded data)."""
+
+    cause = "data_length"
+
+
+class FrameDimensionsError(FrameError):
+    """``height`` or ``width`` is zero."""
+
+    cause = "dimensions"
+
+
+FRAME_REJECT_CAUSES = ("encoding", "step", "data_length", "dimensions")
+"""Every ``FrameError.cause``; diagnostics report a counter for each."""
+
+
+class ObservationError(TrajectoryEnsembleError):
+    """A goal cannot be served from the current observations."""
+
+    code = ErrorCode.NO_OBSERVATION
+
+
+class NoObservationError(ObservationError):
+    """Nothing has been received yet on a topic the goal needs."""
+
+    code = ErrorCode.NO_OBSERVATION
+
+
+class StaleObservationError(ObservationError):
+    """The newest message on a topic the goal needs is older than ``max_observation_age_s``."""
+
+    code = ErrorCode.STALE_OBSERVATION
+
+
+class NonFiniteStateError(ObservationError):
+    """The joint state holds NaN or Inf."""
+
+    code = ErrorCode.NON_FINITE_STATE
+
+
+# --- image conversion -----------------------------------------------------------------------------------------------
+
+
+def _as_bytes(data: Any) -> np.ndarray:
+    # rclpy gives uint8[] as array.array('B') (a buffer: no copy); plain lists come from hand-built messages.
+    try:
+        return np.frombuffer(data, np.uint8)
+    except TypeError:
+        return np.asarray(data, dtype=np.uint8).reshape(-1)
+
+
+def image_to_rgb(encoding: str, height: int, width: int, step: int, data: Any) -> np.ndarray:
+    """Convert raw ``sensor_msgs/Image`` fields to an RGB ``uint8`` array ``[height, width, 3]`` (a copy).
+
+    Args:
+        encoding (`str`): One of :data:`SUPPORTED_ENCODINGS`.
+        height (`int`), width (`int`): Image size in pixels, both > 0.
+        step (`int`): Bytes per row; at least ``width * bytes_per_pixel`` (rows may be padded).
+        data (`bytes`, `array.array` or `Sequence[int]`): Exactly ``step * height`` bytes.
+
+    Raises:
+        UnsupportedEncodingError, FrameDimensionsError, FrameStepError, FrameDataLengthError: the named check failed.
+    """
+    if encoding not in _ENCODINGS:
+        raise UnsupportedEncodingError(
+            f"image encoding {encoding!r} is not supported; expected one of {list(SUPPORTED_ENCODINGS)}"
+        )
+    if height <= 0 or width <= 0:
+        raise FrameDimensionsError(f"image is {width}x{height}; both sides must be > 0")
+    channels, to_rgb = _ENCODINGS[encoding]
+    row_bytes = width * channels
+    if step < row_bytes:
+        raise FrameStepError(
+            f"image step {step} is smaller than width*bytes_per_pixel = {width}*{channels} = {row_bytes} ({encoding})"
+        )
+    buffer = _as_bytes(data)
+    if buffer.size != step * height:
+        raise FrameDataLengthError(
+            f"image data has {buffer.size} bytes; step*height = {step}*{height} = {step * height} expected"
+        )
+    rows = buffer.reshape(height, step)[:, :row_bytes].reshape(height, width, channels)
+    return np.ascontiguousarray(to_rgb(rows))
+
+
+def tile_views(images: Sequence[np.ndarray]) -> np.ndarray:
+    """Tile camera views left to right into one composite frame, as DROID's ``concat_view`` inputs are.
+
+    Views of different heights are padded with black at the bottom to the tallest one (never resized, so no view's
+    pixels are resampled).
+
+    Args:
+        images (`Sequence[np.ndarray]`): RGB ``uint8`` arrays ``[H_i, W_i, 3]``, in topic order.
+
+    Returns:
+        `np.ndarray` of shape `[max H_i, sum W_i, 3]`.
+    """
+    if len(images) == 1:
+        return images[0]
+    height = max(image.shape[0] for image in images)
+    padded = [
+        image if image.shape[0] == height
+        else np.concatenate([image, np.zeros((height - image.shape[0], *image.shape[1:]), np.uint8)], axis=0)
+        for image in images
+    ]
+    return np.concatenate(padded, axis=1)
+
+
+def stamp_to_ns(stamp: Any) -> int:
+    """``builtin_interfaces/Time`` (``sec``, ``nanosec``) to integer nanoseconds."""
+    return int(stamp.sec) * 1_000_000_000 + int(stamp.nanosec)
+
+
+# --- the buffer -----------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Frame:
+    """One accepted image.
+
+    Args:
+        topic (`str`): The resolved topic it came on.
+        image (`np.ndarray`): RGB ``uint8`` ``[H, W, 3]``.
+        stamp (`Any`): The message's header stamp (``builtin_interfaces/Time``), copied into outputs.
+        frame_id (`str`): The message's header frame id.
+        received (`float`): ``time.monotonic()`` when it arrived.
+    """
+
+    topic: str
+    image: np.ndarray
+    stamp: Any
+    frame_id: str
+    received: float
+
+
+@dataclass(frozen=True)
+class JointStateSample:
+    """The latest joint state (names, positions) and when it arrived."""
+
+    topic: str
+    names: tuple[str, ...]
+    positions: np.ndarray
+    stamp: Any
+    received: float
+
+
+@dataclass(frozen=True)
+class Observation:
+    """What a goal is served from.
+
+    Args:
+        image (`np.ndarray`): RGB ``uint8``; the composite of every image topic when there are several.
+        stamp (`Any`): Header stamp of the oldest frame that went into ``image`` (so a consumer never believes the
+            observation is newer than its oldest part).
+        frame_id (`str`): Frame id of that frame.
+        age_s (`float`): Age of that oldest frame at the time of the call, in seconds.
+        state (`JointStateSample`, *optional*): The latest joint state, when one was asked for.
+    """
+
+    image: np.ndarray
+    stamp: Any
+    frame_id: str
+    age_s: float
+    state: JointStateSample | None = None
+
+
+@dataclass
+class _TopicCounters:
+    received: int = 0
+    rejected: dict[str, int] = field(default_factory=lambda: dict.fromkeys(FRAME_REJECT_CAUSES, 0))
+
+
+class ObservationBuffer:
+    """Latest good frame per image topic plus the latest joint state. Thread-safe.
+
+    Args:
+        image_topics (`Sequence[str]`): Resolved image topic names, in tiling order.
+        state_topic (`str`): Resolved joint state topic name (used in messages).
+        clock (`Callable[[], float]`): Monotonic seconds; injectable for tests.
+    """
+
+    def __init__(
+        self, image_topics: Sequence[str], state_topic: str = "", clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        if not image_topics:
+            raise ValueError("ObservationBuffer needs at least one image topic")
+        self.image_topics = tuple(image_topics)
+        self.state_topic = state_topic
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._frames: dict[str, Frame] = {}
+        self._state: JointStateSample | None = None
+        self._counters = {topic: _TopicCounters() for topic in self.image_topics}
+        self._logged_causes: set[str] = set()
+
+    # --- writers (subscription callbacks) ------------------------------------------------------------------------
+
+    def offer_image(self, topic: str, msg: Any) -> FrameError | None:
+        """Convert and store a ``sensor_msgs/Image``; on a bad frame keep the previous one.
+
+        Args:
+            topic (`str`): One of ``image_topics``.
+            msg (`sensor_msgs.msg.Image`): The message.
+
+        Returns:
+            `FrameError` or `None`: the rejection, if the frame was rejected (already counted).
+        """
+        received = self._clock()
+        counters = self._counters[topic]
+        try:
+            image = image_to_rgb(msg.encoding, int(msg.height), int(msg.width), int(msg.step), msg.data)
+        except FrameError as error:
+            with self._lock:
+                counters.rejected[error.cause] += 1
+            return error
+        frame = Frame(topic, image, msg.header.stamp, msg.header.frame_id, received)
+        with self._lock:
+            counters.received += 1
+            self._frames[topic] = frame
+        return None
+
+    def first_rejection(self, error: FrameError) -> bool:
+        """True the first time a rejection cause is seen (so the node logs each cause once, not at camera rate)."""
+        with self._lock:
+            if error.cause in self._logged_causes:
+                return False
+            self._logged_causes.add(error.cause)
+            return True
+
+    def offer_state(self, msg: Any) -> None:
+        """Store a ``sensor_msgs/JointState`` (positions checked for NaN when a goal uses them, not here)."""
+        sample = JointStateSample(
+            self.state_topic, tuple(msg.name), np.asarray(msg.position, dtype=np.float64), msg.header.stamp,
+            self._clock(),
+        )
+        with self._lock:
+            self._state = sample
+
+    # --- readers (goals, diagnostics) ----------------------------------------------------------------------------
+
+    def latest(self, max_age_s: float, *, require_state: bool = False) -> Observation:
+        """The observation a goal is served from.
+
+        Args:
+            max_age_s (`float`): Refuse frames (and the state, when required) that arrived longer ago than this.
+            require_state (`bool`): Also require a recent, finite joint state.
+
+        Raises:
+            NoObservationError: a topic has delivered no good frame yet (or no state, when required).
+            StaleObservationError: the newest good frame on a topic is older than ``max_age_s``.
+            NonFiniteStateError: the required joint state holds NaN or Inf.
+        """
+        now = self._clock()
+        with self._lock:
+            frames = [self._frames.get(topic) for topic in self.image_topics]
+            state = self._state
+        for topic, frame in zip(self.image_topics, frames):
+            if frame is None:
+                raise NoObservationError(f"no image received yet on {topic}")
+            age = now - frame.received
+            if age > max_age_s:
+                raise StaleObservationError(
+                    f"latest image on {topic} is {age:.2f} s old (max_observation_age_s={max_age_s:g})"
+                )
+        if require_state:
+            if state is None:
+                raise NoObservationError(f"no joint state received yet on {self.state_topic}")
+            age = now - state.received
+            if age > max_age_s:
+                raise StaleObservationError(
+                    f"latest joint state on {self.state_topic} is {age:.2f} s old "
+                    f"(max_observation_age_s={max_age_s:g})"
+                )
+            positions = _named_positions(state)
+            bad = [name or str(i) for i, (name, value) in enumerate(positions) if not math.isfinite(value)]
+            if bad:
+                raise NonFiniteStateError(
+                    f"joint state on {self.state_topic} holds NaN/Inf positions (joints {', '.join(bad[:8])})"
+                )
+        oldest = min(frames, key=lambda f: f.received)  # type: ignore[union-attr]
+        image = tile_views([f.image for f in frames])  # type: ignore[union-attr]
+        return Observation(
+            image, oldest.stamp, oldest.frame_id, now - oldest.received, state if require_state else None
+        )
+
+    def ages(self) -> dict[str, float | None]:
+        """Seconds since the last good frame per image topic (and the state topic); ``None`` = never received."""
+        now = self._clock()
+        with self._lock:
+            ages: dict[str, float | None] = {
+                topic: (now - self._frames[topic].received) if topic in self._frames else None
+                for topic in self.image_topics
+            }
+            if self.state_topic:
+                ages[self.state_topic] = (now - self._state.received) if self._state is not None else None
+        return ages
+
+    def rejected_counts(self) -> dict[str, int]:
+        """Frames rejected per cause, summed over image topics (every cause present, zeros included)."""
+        with self._lock:
+            totals = dict.fromkeys(FRAME_REJECT_CAUSES, 0)
+            for counters in self._counters.values():
+                for cause, count in counters.rejected.items():
+                    totals[cause] += count
+        return totals
+
+    def received_count(self) -> int:
+        """Good frames accepted, summed over image topics."""
+        with self._lock:
+            return sum(c.received for c in self._counters.values())
+
+
+def _named_positions(state: JointStateSample) -> list[tuple[str, float]]:
+    names = list(state.names) + [""] * max(0, len(state.positions) - len(state.names))
+    return [(names[i], float(v)) for i, v in enumerate(state.positions)]

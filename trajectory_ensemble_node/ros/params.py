@@ -1,0 +1,305 @@
+"""Every parameter of the node: name, type, default, description, and the checks that run at startup.
+
+``config/serve.yaml`` documents the same names; :data:`PARAMETERS` is the one list both the node and the tests read.
+:func:`validate` is pure (a mapping in, :class:`NodeParams` out), so every rule is unit-testable without a node.
+:func:`declare` declares them on an rclpy node with descriptors (``ros2 param describe`` shows the description and
+constraints) and validates what it read.
+
+Numeric parameters are declared with dynamic typing and converted here, so ``fps: 15`` in a YAML file is read as
+15.0 instead of failing with rclpy's type error; anything that cannot be converted is reported by name.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any
+
+from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import (
+    _ACTION_RESOLUTION_BINS,
+    _ACTION_VIEWPOINT_TEMPLATES,
+    _EMBODIMENT_TO_RAW_ACTION_DIM,
+)
+
+from ..errors import ErrorCode, InvalidSpecError, TrajectoryEnsembleError
+from ..normalization import NORMALIZATION_METHODS
+from ..reducers import available_reducers, get_reducer
+
+GOAL_POLICIES = ("preempt", "queue", "reject")
+DTYPE_NAMES = ("float32", "bfloat16", "float16")
+FAULTS = ("engine_exception", "out_of_memory", "nan_candidates")
+"""Test-only faults ``fault_injection`` may arm (see :mod:`.faults`)."""
+TESTING_ENV = "TRAJECTORY_ENSEMBLE_TESTING"
+"""``fault_injection`` is refused unless this environment variable is ``1``."""
+
+# ROS parameters that are not ours but may legitimately be overridden on any node.
+_FOREIGN_PREFIXES = ("use_sim_time", "qos_overrides.", "start_type_description_service", "start_parameter_services")
+
+
+class ParameterError(TrajectoryEnsembleError, ValueError):
+    """One or more parameters are invalid; the message lists every problem, one per line, by parameter name."""
+
+    code = ErrorCode.INVALID_REQUEST
+
+
+@dataclass(frozen=True)
+class ParamSpec:
+    """One declared parameter.
+
+    Args:
+        name (`str`): Parameter name.
+        default (`Any`): Default value; its Python type is the parameter's type (``[""]`` = an unset string list).
+        description (`str`): What it does (shown by ``ros2 param describe``).
+        constraints (`str`): Allowed values, in words.
+        read_only (`bool`): False only for parameters that may change while the node runs.
+    """
+
+    name: str
+    default: Any
+    description: str
+    constraints: str = ""
+    read_only: bool = True
+
+
+PARAMETERS: tuple[ParamSpec, ...] = (
+    ParamSpec("model", "tiny", "tiny (embedded random model), toy (bundled toy policy) or a local Cosmos 3 "
+              "diffusers directory", "tiny, toy or an existing directory"),
+    ParamSpec("device", "auto", "torch device", "auto, cpu, cuda or cuda:N"),
+    ParamSpec("dtype", "float32", "transformer compute dtype", ", ".join(DTYPE_NAMES)),
+    ParamSpec("seed", 0, "seed of the random weights of model: tiny", ">= 0"),
+    ParamSpec("instruction", "reach the target", "instruction used when a goal and ~/instruction leave it empty"),
+    ParamSpec("domain_name", "droid_lerobot", "embodiment the model is conditioned on (sets the action width)",
+              "a Cosmos 3 domain with a fixed action width"),
+    ParamSpec("chunk_size", 16, "actions per trajectory", ">= 1"),
+    ParamSpec("resolution_tier", 256, "conditioning resolution tier", "256, 480, 704 or 720"),
+    ParamSpec("view_point", "ego_view", "camera view point the model is told about (concat_view for tiled cameras)",
+              ", ".join(_ACTION_VIEWPOINT_TEMPLATES)),
+    ParamSpec("fps", 15.0, "frame rate of the action chunk; dt = 1 / fps", "> 0"),
+    ParamSpec("num_inference_steps", 10, "denoising steps per trajectory", ">= 1"),
+    ParamSpec("guidance_scale", 1.0, "classifier-free guidance scale; 1.0 disables the unconditional branch", "> 0"),
+    ParamSpec("candidate_count", 8, "candidates per goal when the goal says 0", "1 .. max_candidates"),
+    ParamSpec("reducer", "mean", "reducer when the goal leaves it empty", "a reducer valid for the action space"),
+    ParamSpec("max_candidates", 32, "goals asking for more candidates are aborted before any model work", ">= 1"),
+    ParamSpec("max_batch_candidates", 16, "most candidates in one batch; larger groups run as lockstep microbatches",
+              ">= 1"),
+    ParamSpec("action_stats_file", "", "per-channel action statistics JSON; empty = publish normalized actions"),
+    ParamSpec("action_stats_method", "quantile", "normalization of action_stats_file",
+              ", ".join(NORMALIZATION_METHODS)),
+    ParamSpec("max_observation_age_s", 1.0, "observations older than this are refused as stale", "> 0"),
+    ParamSpec("require_state", False, "also refuse goals without a recent, finite ~/observation/state (always on "
+              "for models that consume state)"),
+    ParamSpec("goal_policy", "preempt", "what a new goal does when max_concurrent_goals are running",
+              ", ".join(GOAL_POLICIES)),
+    ParamSpec("max_concurrent_goals", 1, "goals served at the same time (co-batched when > 1)", ">= 1"),
+    ParamSpec("publish_candidates", False, "publish every goal's candidates on ~/candidates"),
+    ParamSpec("joint_names", [""], "joint names for ~/joint_trajectory; [''] = no joint trajectory",
+              "one name per action channel"),
+    ParamSpec("image_topics", [""], "image topics tiled left to right into one observation; [''] = "
+              "~/observation/image"),
+    ParamSpec("allow_pickle_weights", False, "allow loading a model directory with pickle-only weights"),
+    ParamSpec("enable_weight_updates", False, "serve ~/update_weights (otherwise it answers success=false)"),
+    ParamSpec("weights_dir", "", "the only folder ~/update_weights may read from", "required with "
+              "enable_weight_updates"),
+    ParamSpec("rollout_dir", "", "folder rollout records are written to; empty = rollout goals are refused"),
+    ParamSpec("rollout_noise_level", 0.7, "Flow-GRPO noise level of rollout goals", ">= 0"),
+    ParamSpec("fault_injection", "", "TEST ONLY: arm one engine fault for the next goal; refused unless "
+              f"{TESTING_ENV}=1", ", ".join(("",) + FAULTS), read_only=False),
+)
+PARAMETER_NAMES = tuple(spec.name for spec in PARAMETERS)
+
+
+@dataclass(frozen=True)
+class NodeParams:
+    """The validated parameters (lists with the ``[""]`` placeholder become empty tuples)."""
+
+    model: str
+    device: str
+    dtype: str
+    seed: int
+    instruction: str
+    domain_name: str
+    chunk_size: int
+    resolution_tier: int
+    view_point: str
+    fps: float
+    num_inference_steps: int
+    guidance_scale: float
+    candidate_count: int
+    reducer: str
+    max_candidates: int
+    max_batch_candidates: int
+    action_stats_file: str
+    action_stats_method: str
+    max_observation_age_s: float
+    require_state: bool
+    goal_policy: str
+    max_concurrent_goals: int
+    publish_candidates: bool
+    joint_names: tuple[str, ...]
+    image_topics: tuple[str, ...]
+    allow_pickle_weights: bool
+    enable_weight_updates: bool
+    weights_dir: str
+    rollout_dir: str
+    rollout_noise_level: float
+    fault_injection: str
+
+    @property
+    def action_dim(self) -> int:
+        """The raw action width of ``domain_name``."""
+        return _EMBODIMENT_TO_RAW_ACTION_DIM[self.domain_name]
+
+    @property
+    def dt(self) -> float:
+        """Seconds between trajectory rows."""
+        return 1.0 / self.fps
+
+
+def _coerce(name: str, value: Any, default: Any, problems: list[str]) -> Any:
+    # bool before int: bool is an int subclass, and True must not pass as 1 (nor 1 as True).
+    if isinstance(default, bool):
+        if isinstance(value, bool):
+            return value
+    elif isinstance(default, int):
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    elif isinstance(default, float):
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+    elif isinstance(default, str):
+        if isinstance(value, str):
+            return value
+    elif isinstance(default, list):
+        if value is None:  # an empty YAML list has no type; rclpy leaves it unset
+            return ()
+        if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
+            return tuple(v for v in value if v != "")
+    kind = {bool: "bool", int: "integer", float: "number", str: "string", list: "list of strings"}[type(default)]
+    problems.append(f"{name}: expected a {kind}, got {value!r} ({type(value).__name__})")
+    return default if not isinstance(default, list) else tuple(v for v in default if v)
+
+
+def check_fault_injection(value: str, env: Mapping[str, str] | None = None) -> None:
+    """Refuse ``fault_injection`` outside tests, and names that are no fault.
+
+    Raises:
+        ParameterError: set without ``TRAJECTORY_ENSEMBLE_TESTING=1``, or not one of :data:`FAULTS`.
+    """
+    if not value:
+        return
+    env = os.environ if env is None else env
+    if env.get(TESTING_ENV) != "1":
+        raise ParameterError(
+            f"fault_injection: {value!r} is a test-only hook and is refused unless {TESTING_ENV}=1 is set"
+        )
+    if value not in FAULTS:
+        raise ParameterError(f"fault_injection: {value!r} is not one of {list(FAULTS)}")
+
+
+def validate(raw: Mapping[str, Any], *, env: Mapping[str, str] | None = None) -> NodeParams:
+    """Check every parameter; missing ones take their default.
+
+    Args:
+        raw (`Mapping[str, Any]`): Parameter values by name.
+        env (`Mapping[str, str]`, *optional*): Environment (for the test-only hook); defaults to ``os.environ``.
+
+    Raises:
+        ParameterError: listing every problem (unknown names included), each prefixed with the parameter name.
+    """
+    problems: list[str] = []
+    unknown = sorted(set(raw) - set(PARAMETER_NAMES))
+    for name in unknown:
+        problems.append(f"{name}: unknown parameter (known: {', '.join(PARAMETER_NAMES)})")
+    values = {spec.name: _coerce(spec.name, raw.get(spec.name, spec.default), spec.default, problems)
+              for spec in PARAMETERS}
+    p = values
+
+    def need(ok: bool, message: str) -> None:
+        if not ok:
+            problems.append(message)
+
+    need(p["dtype"] in DTYPE_NAMES, f"dtype: {p['dtype']!r} is not one of {list(DTYPE_NAMES)}")
+    need(p["device"] == "auto" or p["device"] == "cpu" or p["device"].split(":")[0] == "cuda",
+         f"device: {p['device']!r} is not auto, cpu, cuda or cuda:N")
+    need(p["model"] != "", "model: must be tiny, toy or a directory, got ''")
+    need(p["seed"] >= 0, f"seed: must be >= 0, got {p['seed']}")
+    domain_ok = p["domain_name"] in _EMBODIMENT_TO_RAW_ACTION_DIM
+    need(domain_ok, f"domain_name: {p['domain_name']!r} has no fixed action width; expected one of "
+                    f"{sorted(_EMBODIMENT_TO_RAW_ACTION_DIM)}")
+    need(p["chunk_size"] >= 1, f"chunk_size: must be >= 1, got {p['chunk_size']}")
+    need(str(p["resolution_tier"]) in _ACTION_RESOLUTION_BINS,
+         f"resolution_tier: {p['resolution_tier']} is not one of {sorted(int(k) for k in _ACTION_RESOLUTION_BINS)}")
+    need(p["view_point"] in _ACTION_VIEWPOINT_TEMPLATES,
+         f"view_point: {p['view_point']!r} is not one of {list(_ACTION_VIEWPOINT_TEMPLATES)}")
+    need(p["fps"] > 0, f"fps: must be > 0, got {p['fps']}")
+    need(p["num_inference_steps"] >= 1, f"num_inference_steps: must be >= 1, got {p['num_inference_steps']}")
+    need(p["guidance_scale"] > 0, f"guidance_scale: must be > 0, got {p['guidance_scale']}")
+    need(p["max_candidates"] >= 1, f"max_candidates: must be >= 1, got {p['max_candidates']}")
+    need(1 <= p["candidate_count"] <= max(1, p["max_candidates"]),
+         f"candidate_count: must be in [1, max_candidates={p['max_candidates']}], got {p['candidate_count']}")
+    need(p["max_batch_candidates"] >= 1, f"max_batch_candidates: must be >= 1, got {p['max_batch_candidates']}")
+    need(p["action_stats_method"] in NORMALIZATION_METHODS,
+         f"action_stats_method: {p['action_stats_method']!r} is not one of {list(NORMALIZATION_METHODS)}")
+    need(p["max_observation_age_s"] > 0, f"max_observation_age_s: must be > 0, got {p['max_observation_age_s']}")
+    need(p["goal_policy"] in GOAL_POLICIES, f"goal_policy: {p['goal_policy']!r} is not one of {list(GOAL_POLICIES)}")
+    need(p["max_concurrent_goals"] >= 1, f"max_concurrent_goals: must be >= 1, got {p['max_concurrent_goals']}")
+    need(p["rollout_noise_level"] >= 0, f"rollout_noise_level: must be >= 0, got {p['rollout_noise_level']}")
+    need(not p["enable_weight_updates"] or p["weights_dir"] != "",
+         "weights_dir: must be set when enable_weight_updates is true (the only folder updates are read from)")
+    if p["weights_dir"]:
+        need(os.path.isdir(p["weights_dir"]), f"weights_dir: {p['weights_dir']!r} is not an existing directory")
+    if domain_ok:
+        width = _EMBODIMENT_TO_RAW_ACTION_DIM[p["domain_name"]]
+        names = p["joint_names"]
+        need(not names or len(names) == width,
+             f"joint_names: {len(names)} names {list(names)} but domain_name {p['domain_name']!r} has action width "
+             f"{width}; give exactly {width} names, or [''] for no joint trajectory")
+        need(len(set(names)) == len(names), f"joint_names: names must be unique, got {list(names)}")
+        reducer = p["reducer"]
+        if reducer not in available_reducers():
+            problems.append(f"reducer: {reducer!r} is not a reducer; expected one of {list(available_reducers())}")
+        else:
+            try:
+                get_reducer(reducer).check_layout(width)
+            except InvalidSpecError as error:
+                problems.append(f"reducer: {error}")
+    need(len(set(p["image_topics"])) == len(p["image_topics"]),
+         f"image_topics: topics must be unique, got {list(p['image_topics'])}")
+    try:
+        check_fault_injection(p["fault_injection"], env)
+    except ParameterError as error:
+        problems.append(str(error))
+    if problems:
+        raise ParameterError("invalid parameters:\n  " + "\n  ".join(problems))
+    return NodeParams(**{f.name: values[f.name] for f in fields(NodeParams)})
+
+
+def declare(node: Any) -> NodeParams:
+    """Declare every parameter on ``node`` with a descriptor, then validate what it holds.
+
+    Overrides for names this node does not declare are reported as errors (a typo in a YAML file would otherwise be
+    ignored silently and the default used).
+
+    Args:
+        node (`rclpy.node.Node`): The node, created with its parameter overrides.
+
+    Raises:
+        ParameterError: listing every invalid or unknown parameter.
+    """
+    from rcl_interfaces.msg import ParameterDescriptor
+
+    values: dict[str, Any] = {}
+    for spec in PARAMETERS:
+        descriptor = ParameterDescriptor(
+            description=spec.description,
+            additional_constraints=spec.constraints,
+            read_only=spec.read_only,
+            dynamic_typing=True,
+        )
+        values[spec.name] = node.declare_parameter(spec.name, spec.default, descriptor).value
+    overrides = getattr(node, "_parameter_overrides", {}) or {}
+    for name in overrides:
+        if name not in values and not name.startswith(_FOREIGN_PREFIXES):
+            values[name] = overrides[name].value
+    return validate(values)

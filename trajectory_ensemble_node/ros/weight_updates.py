@@ -1,0 +1,80 @@
+"""``~/update_weights``: which files a service request may make the node read.
+
+Anyone on the ROS graph can call a service, so the request's path is untrusted input. The rules:
+
+- the service is off unless ``enable_weight_updates`` is true (it still answers, with ``success=false``, so a caller
+  learns why instead of timing out);
+- only files under ``weights_dir`` are read: a relative path is taken relative to it, an absolute path must lie
+  inside it, any ``..`` component is refused, and symlinks are resolved before the check (a link inside
+  ``weights_dir`` pointing elsewhere is refused);
+- safetensors only: pickle files (``.bin``, ``.pt``, ``.pth``, ``.ckpt``, ``.pkl``) can run code when loaded and are
+  never opened.
+
+The model then validates the tensors themselves (names, shapes, dtypes; strict = all-or-nothing).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path, PurePath
+
+from ..errors import WeightUpdateError
+from ..models.cosmos3.loading import PICKLE_SUFFIXES
+
+DISABLED_MESSAGE = "weight updates are disabled (set enable_weight_updates)"
+
+# Where a diffusers pipeline or transformer folder keeps its transformer weights.
+_DIRECTORY_CANDIDATES = (
+    "transformer/diffusion_pytorch_model.safetensors",
+    "diffusion_pytorch_model.safetensors",
+)
+
+
+class WeightsPathError(WeightUpdateError):
+    """The requested path is outside ``weights_dir``, traverses with ``..``, is missing, or is not safetensors."""
+
+
+def resolve_update_path(weights_dir: str, requested: str) -> Path:
+    """Resolve an ``UpdateWeights`` request path to one safetensors file inside ``weights_dir``.
+
+    Args:
+        weights_dir (`str`): The only folder updates may come from.
+        requested (`str`): The request's ``path``: a ``.safetensors`` file, or a folder holding
+            ``transformer/diffusion_pytorch_model.safetensors`` or ``diffusion_pytorch_model.safetensors``.
+
+    Returns:
+        `Path`: the resolved file (symlinks followed), inside ``weights_dir``.
+
+    Raises:
+        WeightsPathError: on any rule above; the message says which.
+    """
+    if not weights_dir:
+        raise WeightsPathError("weights_dir is not set; weight updates cannot read any file")
+    if not requested:
+        raise WeightsPathError("path is empty")
+    if ".." in PurePath(requested).parts:
+        raise WeightsPathError(f"path {requested!r} contains '..'; give a path inside weights_dir without '..'")
+    root = Path(weights_dir).resolve(strict=True)
+    candidate = Path(requested) if Path(requested).is_absolute() else root / requested
+    try:
+        resolved = candidate.resolve(strict=True)
+    except (FileNotFoundError, RuntimeError):
+        raise WeightsPathError(f"path {requested!r} does not exist under weights_dir") from None
+    if not resolved.is_relative_to(root):
+        raise WeightsPathError(f"path {requested!r} resolves to {str(resolved)!r}, outside weights_dir {str(root)!r}")
+    if resolved.is_dir():
+        for name in _DIRECTORY_CANDIDATES:
+            inner = resolved / name
+            if inner.is_file():
+                # The file itself may be a link: check it again.
+                return resolve_update_path(weights_dir, str(inner))
+        raise WeightsPathError(
+            f"folder {requested!r} has none of {list(_DIRECTORY_CANDIDATES)} (safetensors only; pickle is never read)"
+        )
+    if resolved.suffix in PICKLE_SUFFIXES:
+        raise WeightsPathError(
+            f"path {requested!r} is a pickle file ({resolved.suffix}); pickle can run code when loaded and is never "
+            f"read; convert it to .safetensors"
+        )
+    if resolved.suffix != ".safetensors":
+        raise WeightsPathError(f"path {requested!r} is not a .safetensors file")
+    return resolved

@@ -194,7 +194,8 @@ def _load_directory(
             # Only fall back to pickle when the operator allowed it and pickle is all there is.
             use_safetensors=not (allow_pickle and pickled),
             enable_safety_checker=False,
-            torch_dtype=dtype,
+            # ``dtype`` is diffusers 0.42's name for what older releases called ``torch_dtype`` (now deprecated).
+            dtype=dtype,
         )
     except (OSError, ValueError, TypeError, KeyError) as exc:
         raise ModelLoadError(f"could not load a Cosmos 3 pipeline from {str(directory)!r}: {exc}") from exc

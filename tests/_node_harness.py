@@ -1,0 +1,368 @@
+"""Run the real node as a subprocess over real DDS, and talk to it from a test-side rclpy node.
+
+``NodeProcess`` starts ``trajectory-ensemble serve --params-file <yaml>`` with the venv's Python (the ROS wheels'
+bootstrapper needs it), ``TRAJECTORY_ENSEMBLE_TESTING=1`` (the fault-injection hook) and the session's
+ROS_DOMAIN_ID. ``RosClient`` is a plain rclpy node in its own context with its own executor thread: publishers for
+the observation topics, an action client, subscriptions that record everything the node publishes, and the
+service and parameter clients. Timeouts are generous: CI has two cores, shared with the node process.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+NODE = "trajectory_ensemble"
+NS = f"/{NODE}"
+STARTUP_TIMEOUT_S = 180.0
+GOAL_TIMEOUT_S = 120.0
+
+# The small configuration the node tests share (overridden per module).
+BASE_PARAMS: dict[str, Any] = {
+    "model": "tiny",
+    "device": "cpu",
+    "chunk_size": 8,
+    "num_inference_steps": 3,
+    "candidate_count": 3,
+    "max_candidates": 8,
+    "max_batch_candidates": 8,
+    "fps": 10.0,
+    "max_observation_age_s": 3.0,
+}
+
+
+def write_params(path: Path, overrides: Mapping[str, Any]) -> Path:
+    """Write a ``--params-file`` YAML for the node: :data:`BASE_PARAMS` updated with ``overrides``."""
+    params = {**BASE_PARAMS, **overrides}
+    path.write_text(yaml.safe_dump({NODE: {"ros__parameters": params}}))
+    return path
+
+
+class NodeProcess:
+    """The node under test, as a subprocess.
+
+    Args:
+        params_file (`Path`): Its parameter file.
+        env (`Mapping[str, str]`): Its environment (from the conftest ``ros_subprocess_env``).
+        log_path (`Path`): Where its stdout and stderr go.
+    """
+
+    def __init__(self, params_file: Path, env: Mapping[str, str], log_path: Path) -> None:
+        self.log_path = log_path
+        self._log = open(log_path, "wb")  # noqa: SIM115 - closed in stop()
+        env = {**env, "TRAJECTORY_ENSEMBLE_TESTING": "1"}
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "trajectory_ensemble_node.cli", "serve", "--params-file", str(params_file)],
+            env=env, stdout=self._log, stderr=subprocess.STDOUT,
+        )
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def wait_ready(self, timeout: float = STARTUP_TIMEOUT_S) -> None:
+        """Wait for the node's ``ready`` log line (the action server exists from then on)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if "] ready: " in self.log():
+                return
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"node exited with {self.proc.returncode}:\n{self.log()}")
+            time.sleep(0.2)
+        raise TimeoutError(f"node not ready after {timeout} s:\n{self.log()}")
+
+    def stop(self, timeout: float = 30.0) -> int:
+        """SIGINT, then wait; kill if it hangs. Returns the exit code."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        self._log.close()
+        return self.proc.returncode
+
+
+def run_node_until_exit(params_file: Path, env: Mapping[str, str], timeout: float = STARTUP_TIMEOUT_S,
+                        extra_env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess:
+    """Start the node and wait for it to exit by itself (for startup errors)."""
+    return subprocess.run(
+        [sys.executable, "-m", "trajectory_ensemble_node.cli", "serve", "--params-file", str(params_file)],
+        env={**env, **(extra_env or {})}, capture_output=True, text=True, timeout=timeout,
+    )
+
+
+def image_msg(stamp_sec: int, *, seed: int = 0, height: int = 48, width: int = 64, encoding: str = "rgb8",
+              step: int | None = None, data: bytes | None = None, frame_id: str = "camera") -> Any:
+    """A ``sensor_msgs/Image`` of random pixels (or the given bytes), stamped ``stamp_sec`` seconds."""
+    from sensor_msgs.msg import Image
+
+    channels = {"rgb8": 3, "bgr8": 3, "rgba8": 4, "mono8": 1}.get(encoding, 3)
+    if step is None:
+        step = width * channels
+    if data is None:
+        data = np.random.default_rng(seed).integers(0, 256, step * height, dtype=np.uint8).tobytes()
+    msg = Image(height=height, width=width, encoding=encoding, step=step)
+    msg.header.stamp.sec = int(stamp_sec)
+    msg.header.frame_id = frame_id
+    msg.data = data
+    return msg
+
+
+@dataclass
+class GoalOutcome:
+    """What a goal produced, as the client saw it."""
+
+    goal_id: str
+    accepted: bool
+    status: int = 0
+    result: Any = None
+    feedback: list[Any] = field(default_factory=list)
+    handle: Any = None
+
+
+class RosClient:
+    """A test-side rclpy node in its own context, spun on its own thread.
+
+    Args:
+        image_topics (`Iterable[str]`): Topics to publish images on.
+        domain_id (`int`): The session's ROS_DOMAIN_ID.
+    """
+
+    def __init__(self, image_topics: Iterable[str] = (f"{NS}/observation/image",), *, domain_id: int) -> None:
+        import rclpy
+        from diagnostic_msgs.msg import DiagnosticArray
+        from rclpy.action import ActionClient
+        from rclpy.context import Context
+        from rclpy.executors import SingleThreadedExecutor
+        from rclpy.parameter_client import AsyncParameterClient
+        from rclpy.qos import QoSProfile
+        from sensor_msgs.msg import Image, JointState
+        from std_msgs.msg import String
+        from trajectory_ensemble_msgs.action import GenerateTrajectory
+        from trajectory_ensemble_msgs.msg import ActionTrajectory, CandidateArray
+        from trajectory_ensemble_msgs.srv import UpdateWeights
+        from trajectory_msgs.msg import JointTrajectory
+
+        self.context = Context()
+        rclpy.init(context=self.context, domain_id=domain_id)
+        self.node = rclpy.create_node("node_test_client", context=self.context)
+        self.executor = SingleThreadedExecutor(context=self.context)
+        self.executor.add_node(self.node)
+        qos = QoSProfile(depth=10)
+        self.image_pubs = {t: self.node.create_publisher(Image, t, qos) for t in image_topics}
+        self.state_pub = self.node.create_publisher(JointState, f"{NS}/observation/state", qos)
+        self.instruction_pub = self.node.create_publisher(String, f"{NS}/instruction", qos)
+        self.received: dict[str, list[Any]] = {"trajectory": [], "candidates": [], "joint_trajectory": [],
+                                               "diagnostics": []}
+        self._lock = threading.Lock()
+        for name, msg_type, topic in (
+            ("trajectory", ActionTrajectory, f"{NS}/trajectory"),
+            ("candidates", CandidateArray, f"{NS}/candidates"),
+            ("joint_trajectory", JointTrajectory, f"{NS}/joint_trajectory"),
+            ("diagnostics", DiagnosticArray, "/diagnostics"),
+        ):
+            self.node.create_subscription(msg_type, topic, lambda msg, n=name: self._record(n, msg), qos)
+        self.Goal = GenerateTrajectory.Goal
+        self.action = ActionClient(self.node, GenerateTrajectory, f"{NS}/generate_trajectory")
+        self.weights = self.node.create_client(UpdateWeights, f"{NS}/update_weights")
+        self.UpdateWeights = UpdateWeights
+        self.params = AsyncParameterClient(self.node, NS)
+        self._thread = threading.Thread(target=self._spin, daemon=True)
+        self._running = True
+        self._thread.start()
+
+    def _spin(self) -> None:
+        while self._running and self.context.ok():
+            self.executor.spin_once(timeout_sec=0.05)
+
+    def _record(self, name: str, msg: Any) -> None:
+        with self._lock:
+            self.received[name].append(msg)
+
+    def messages(self, name: str) -> list[Any]:
+        with self._lock:
+            return list(self.received[name])
+
+    def clear(self, *names: str) -> None:
+        with self._lock:
+            for name in names or tuple(self.received):
+                self.received[name].clear()
+
+    def close(self) -> None:
+        import rclpy
+
+        self._running = False
+        self._thread.join(5)
+        self.executor.shutdown()
+        self.node.destroy_node()
+        rclpy.shutdown(context=self.context)
+
+    # --- waiting ---------------------------------------------------------------------------------------------------
+
+    @staticmethod
+    def wait(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            value = predicate()
+            if value:
+                return value
+            time.sleep(0.02)
+        raise TimeoutError(f"timed out after {timeout} s waiting for {what}")
+
+    def wait_future(self, future: Any, timeout: float, what: str) -> Any:
+        self.wait(future.done, timeout, what)
+        return future.result()
+
+    def wait_for_node(self, timeout: float = 60.0) -> None:
+        """Wait until the action server, the service and every image subscription are matched."""
+        assert self.action.wait_for_server(timeout_sec=timeout), "action server not found"
+        assert self.weights.wait_for_service(timeout_sec=timeout), "update_weights service not found"
+        for topic, pub in self.image_pubs.items():
+            self.wait(lambda p=pub: p.get_subscription_count() > 0, timeout, f"a subscriber on {topic}")
+        self.wait(lambda: self.state_pub.get_subscription_count() > 0, timeout, "a subscriber on the state topic")
+
+    # --- observations ----------------------------------------------------------------------------------------------
+
+    def publish_image(self, stamp_sec: int, topics: Iterable[str] | None = None, settle_s: float = 0.3,
+                      **kwargs: Any) -> None:
+        """Publish one frame (a few times, same stamp, so a lost sample cannot matter) on each topic."""
+        for topic in topics or self.image_pubs:
+            msg = image_msg(stamp_sec, **kwargs)
+            for _ in range(3):
+                self.image_pubs[topic].publish(msg)
+        time.sleep(settle_s)
+
+    def publish_state(self, positions: list[float], names: list[str] | None = None, settle_s: float = 0.3) -> None:
+        from sensor_msgs.msg import JointState
+
+        msg = JointState(name=names or [f"j{i}" for i in range(len(positions))], position=positions)
+        for _ in range(3):
+            self.state_pub.publish(msg)
+        time.sleep(settle_s)
+
+    # --- goals ---------------------------------------------------------------------------------------------------------
+
+    def send_goal(self, timeout: float = GOAL_TIMEOUT_S, **fields: Any) -> GoalOutcome:
+        """Send a goal, wait until it is accepted or rejected; the result is fetched by :meth:`result`."""
+        import uuid
+
+        outcome = GoalOutcome(goal_id="", accepted=False)
+        goal = self.Goal(**fields)
+        future = self.action.send_goal_async(goal, feedback_callback=lambda fb: outcome.feedback.append(fb.feedback))
+        handle = self.wait_future(future, timeout, "goal acceptance")
+        outcome.handle = handle
+        outcome.accepted = bool(handle.accepted)
+        outcome.goal_id = str(uuid.UUID(bytes=bytes(bytearray(handle.goal_id.uuid))))
+        return outcome
+
+    def result(self, outcome: GoalOutcome, timeout: float = GOAL_TIMEOUT_S) -> GoalOutcome:
+        response = self.wait_future(outcome.handle.get_result_async(), timeout, f"the result of {outcome.goal_id}")
+        outcome.status, outcome.result = response.status, response.result
+        return outcome
+
+    def run_goal(self, timeout: float = GOAL_TIMEOUT_S, **fields: Any) -> GoalOutcome:
+        outcome = self.send_goal(timeout, **fields)
+        assert outcome.accepted, "goal was rejected"
+        return self.result(outcome, timeout)
+
+    def cancel(self, outcome: GoalOutcome, timeout: float = 30.0) -> Any:
+        return self.wait_future(outcome.handle.cancel_goal_async(), timeout, "the cancel response")
+
+    # --- services and parameters -----------------------------------------------------------------------------------
+
+    def update_weights(self, path: str, strict: bool = True, timeout: float = 60.0) -> Any:
+        return self.wait_future(self.weights.call_async(self.UpdateWeights.Request(path=path, strict=strict)),
+                                timeout, "the update_weights response")
+
+    def set_parameter(self, name: str, value: Any, timeout: float = 30.0) -> Any:
+        from rclpy.parameter import Parameter
+
+        assert self.params.wait_for_services(timeout_sec=timeout)
+        response = self.wait_future(self.params.set_parameters([Parameter(name, value=value)]), timeout,
+                                    f"setting {name}")
+        return response.results[0]
+
+    # --- diagnostics ---------------------------------------------------------------------------------------------------
+
+    def latest_status(self, suffix: str, after: float = 0.0, timeout: float = 30.0,
+                      predicate: Callable[[dict[str, str]], bool] | None = None) -> tuple[Any, dict[str, str]]:
+        """The newest ``/diagnostics`` status named ``trajectory_ensemble: <suffix>`` (and its values as a dict)."""
+        name = f"{NODE}: {suffix}"
+
+        def find() -> tuple[Any, dict[str, str]] | None:
+            for array in reversed(self.messages("diagnostics")):
+                for status in array.status:
+                    if status.name == name:
+                        values = {kv.key: kv.value for kv in status.values}
+                        if predicate is None or predicate(values):
+                            return status, values
+                        return None
+            return None
+
+        return self.wait(find, timeout, f"diagnostics status {name!r}")
+
+
+def metrics_dict(result: Any) -> dict[str, str]:
+    """A result's ``metrics`` KeyValues as a dict."""
+    return {kv.key: kv.value for kv in result.metrics}
+
+
+def stamp_sec(msg: Any) -> int:
+    return int(msg.header.stamp.sec)
+
+
+def env_without(env: Mapping[str, str], *names: str) -> dict[str, str]:
+    return {k: v for k, v in env.items() if k not in names}
+
+
+def os_environ() -> dict[str, str]:
+    return dict(os.environ)
+
+
+def serve_node(tmp: Path, domain_id: int, overrides: Mapping[str, Any],
+               image_topics: Iterable[str] = (f"{NS}/observation/image",)) -> Iterable[tuple[NodeProcess, RosClient]]:
+    """Generator behind the module fixtures: start the node with ``overrides``, connect a client, clean up.
+
+    Args:
+        tmp (`Path`): The module's temporary folder (parameter file and node log go there).
+        domain_id (`int`): The session's ROS_DOMAIN_ID.
+        overrides (`Mapping[str, Any]`): Parameters on top of :data:`BASE_PARAMS`.
+        image_topics (`Iterable[str]`): Topics the client publishes images on.
+    """
+    from conftest import ros_subprocess_env
+
+    params_file = write_params(tmp / "params.yaml", overrides)
+    node = NodeProcess(params_file, ros_subprocess_env(domain_id), tmp / "node.log")
+    client: RosClient | None = None
+    try:
+        node.wait_ready()
+        client = RosClient(image_topics, domain_id=domain_id)
+        client.wait_for_node()
+        yield node, client
+    finally:
+        if client is not None:
+            client.close()
+        node.stop()
+
+
+class Stamps:
+    """Unique observation stamps within one module (seconds)."""
+
+    def __init__(self, start: int = 1000) -> None:
+        self._next = start
+
+    def __call__(self) -> int:
+        self._next += 1
+        return self._next

@@ -51,7 +51,10 @@ def test_render_shape_dtype_and_colours():
     assert tuple(image[row, col]) == task.TARGET_COLOR
     col, row = task.to_pixels(scene.robot).astype(int)
     assert tuple(image[row, col]) == task.ROBOT_COLOR
-    assert tuple(image[1, 1]) == task.BACKGROUND
+    floor = np.round(task.floor_color()).astype(np.uint8)
+    assert tuple(image[1, 1]) == tuple(floor[1, 1])
+    # The floor encodes position: red rises to the right, green upwards.
+    assert image[1, -2, 0] > image[1, 1, 0] + 40 and image[1, 1, 1] > image[-2, 1, 1] + 40
     moved = task.render(scene, robot=np.array([0.0, 0.9]))
     col, row = task.to_pixels(np.array([0.0, 0.9])).astype(int)
     assert tuple(moved[row, col]) == task.ROBOT_COLOR

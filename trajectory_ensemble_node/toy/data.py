@@ -66,8 +66,10 @@ class ToyDataset:
 
 
 def _cache_key(num_seeds: int, mid_probability: float, pipe: Cosmos3OmniPipeline) -> str:
-    # The encoded latents depend on the scenes and on the VAE weights; hash both.
+    # The encoded latents depend on the scenes, the renderer and the VAE weights; hash all three.
     digest = hashlib.sha256()
+    probe = task.make_scene(0)
+    digest.update(np.ascontiguousarray(task.render_clip(probe, task.expert_path(probe, 1))).tobytes())
     for tensor in pipe.vae.state_dict().values():
         digest.update(tensor.detach().cpu().float().numpy().tobytes())
     settings = dict(seeds=num_seeds, mid=mid_probability, h=task.HORIZON, prompt=task.INSTRUCTION, fps=task.FPS)

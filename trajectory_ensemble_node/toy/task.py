@@ -53,7 +53,9 @@ BIMODAL_BAND = 0.05
 REPLAN_AFTER = HORIZON // 2
 """Mode agreement executes this many waypoints of the first chunk before re-planning."""
 
-BACKGROUND = (24, 24, 28)
+BACKGROUND = (20, 20, 30)
+"""Background colour at the bottom-left corner; red rises to the right and green upwards (see :func:`floor_color`)."""
+FLOOR_RAMP = 60
 OBSTACLE_COLOR = (220, 50, 50)
 TARGET_COLOR = (40, 200, 90)
 ROBOT_COLOR = (60, 130, 255)
@@ -282,9 +284,24 @@ def _paint_disc(image: np.ndarray, centre: np.ndarray, radius: float, color: tup
     image[y0:y1, x0:x1] = patch * (1 - alpha) + np.asarray(color, dtype=np.float64) * alpha
 
 
-def _background(scene: Scene, size: int) -> np.ndarray:
+def floor_color(size: int = IMAGE_SIZE) -> np.ndarray:
+    """The floor: a colour ramp, red channel rising with x and green with y, ``[size, size, 3]`` float.
+
+    Why: the transformer's only notion of where a vision token lies is the rotary phase in attention scores, which
+    never reaches the attended values. A floor whose colour encodes position puts absolute coordinates into every
+    vision token's content, so the policy can read where the target and obstacle are instead of learning to
+    localize through rotary phases alone (a much slower fit on a CPU budget).
+    """
+    ramp = (np.arange(size) + 0.5) / size
     image = np.empty((size, size, 3), dtype=np.float64)
-    image[:] = BACKGROUND
+    image[..., 0] = BACKGROUND[0] + FLOOR_RAMP * ramp[None, :]
+    image[..., 1] = BACKGROUND[1] + FLOOR_RAMP * ramp[::-1, None]
+    image[..., 2] = BACKGROUND[2]
+    return image
+
+
+def _background(scene: Scene, size: int) -> np.ndarray:
+    image = floor_color(size)
     _paint_disc(image, scene.obstacle, scene.radius, OBSTACLE_COLOR)
     _paint_disc(image, scene.target, TARGET_RADIUS, TARGET_COLOR)
     return image

@@ -9,7 +9,8 @@ Procedure (fixed seeds, held-out scenes that training never sees):
 2. Task metrics per (reducer, N) over the scenes: collision rate and final error of the reduced chunk
    (:mod:`.task`), and mode agreement: execute the first ``REPLAN_AFTER`` waypoints of the reduced chunk, draw N
    fresh candidates from the state reached (base seed ``base_seed + SECOND_CHUNK_SEED_OFFSET + i``), reduce them with
-   the same reducer, and check both chunks pass the obstacle on the same side.
+   the same reducer, and check both chunks pass the obstacle on the same side. The second draws cost up to one
+   group per distinct reduced chunk, so agreement is measured at ``--agreement-ns`` (default N = 1, 2, 8) only.
 3. 95% intervals: Wilson score intervals for rates; percentile bootstrap over scenes (2000 resamples, fixed seed)
    for the mean final error.
 
@@ -57,8 +58,11 @@ def add_quality_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps", type=int, default=task.NUM_INFERENCE_STEPS, help="denoising steps")
     parser.add_argument("--base-seed", type=int, default=0, help="candidate base seed of scene 0")
     parser.add_argument("--pipeline", type=Path, default=None, help="pipeline dir (default: the shipped toy)")
-    parser.add_argument("--no-agreement", action="store_true", help="skip the second chunks (mode agreement)")
+    parser.add_argument("--agreement-ns", type=str, default="1,2,8",
+                        help="candidate counts at which mode agreement is measured ('' = none); each costs a second "
+                             "draw per distinct reduced chunk")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    parser.add_argument("--scene-batch", type=int, default=1, help="scenes submitted together (throughput only)")
 
 
 def wilson(successes: int, trials: int, z: float = Z95) -> tuple[float, float]:
@@ -100,17 +104,33 @@ def reduce_all(candidates: torch.Tensor, reducers: Sequence[str]) -> dict[str, n
     return out
 
 
-def _draw(model: Any, scenes: Sequence[task.Scene], count: int, seeds: Sequence[int], steps: int) -> list[torch.Tensor]:
-    # Submit every group first, then drive them together: the engine co-batches groups into shared forwards.
-    kwargs_list = []
-    for scene in scenes:
+def _draw(model: Any, requests: Sequence[tuple[task.Scene, int, int]], steps: int) -> list[torch.Tensor]:
+    """Candidates ``[N, H, 2]`` for each ``(scene, N, base_seed)`` request.
+
+    Every group is submitted before any runs, so the engine co-batches them into shared forwards (candidate i still
+    equals its own upstream run within the equivalence rule).
+    """
+    handles = []
+    for scene, count, seed in requests:
         kwargs = request_kwargs(task.render(scene))
         kwargs["num_inference_steps"] = steps
-        kwargs_list.append(kwargs)
-    spec = CandidateTrajectorySpec(count=count, reducer="none" if count == 1 else "mean", return_candidates=True)
-    handles = [model.submit(**kw, spec=spec, base_seed=seed) for kw, seed in zip(kwargs_list, seeds)]
+        spec = CandidateTrajectorySpec(count=count, reducer="none" if count == 1 else "mean", return_candidates=True)
+        handles.append(model.submit(**kwargs, spec=spec, base_seed=seed))
     model.run_until_idle()
     return [handle.result().candidates for handle in handles]
+
+
+def _unique_chunks(chunks: dict[str, np.ndarray]) -> list[tuple[np.ndarray, list[str]]]:
+    # Reducers that produced the identical chunk reach the identical state: its second chunk is drawn once.
+    unique: list[tuple[np.ndarray, list[str]]] = []
+    for name, chunk in chunks.items():
+        for seen, owners in unique:
+            if np.array_equal(seen, chunk):
+                owners.append(name)
+                break
+        else:
+            unique.append((chunk, [name]))
+    return unique
 
 
 def evaluate(
@@ -120,10 +140,22 @@ def evaluate(
     *,
     steps: int,
     base_seed: int,
-    agreement: bool = True,
+    agreement_ns: Sequence[int] = (1, 2, 8),
+    scene_batch: int = 1,
     log=print,
 ) -> dict[str, Any]:
-    """Per-scene records for every (reducer, N); see the module docstring for the procedure."""
+    """Per-scene records for every (reducer, N); see the module docstring for the procedure.
+
+    Args:
+        model (`Cosmos3ActionModel`): The served policy.
+        scenes (`Sequence[task.Scene]`): Held-out initial scenes; scene ``i`` uses base seed ``base_seed + i``.
+        ns (`Sequence[int]`): Candidate counts.
+        steps (`int`): Denoising steps.
+        base_seed (`int`): Base seed of scene 0.
+        agreement_ns (`Sequence[int]`): Candidate counts at which the second chunks (mode agreement) are drawn.
+        scene_batch (`int`): Scenes whose groups are submitted together (throughput only).
+        log (`Callable[[str], None]`): Progress output.
+    """
     reducers = valid_reducers(model, 2)
     names = ["single", *reducers]
     records: dict[str, dict[int, dict[str, list]]] = {
@@ -132,37 +164,36 @@ def evaluate(
     sides_at_max: list[list[int]] = []
     candidate_collisions = [0, 0]
     started = time.perf_counter()
-    for index, scene in enumerate(scenes):
-        for n in ns:
-            candidates = _draw(model, [scene], n, [base_seed + index], steps)[0]
-            chunks = reduce_all(candidates, reducers)
+    for first in range(0, len(scenes), scene_batch):
+        indexes = list(range(first, min(first + scene_batch, len(scenes))))
+        keys = [(i, n) for i in indexes for n in ns]
+        drawn = _draw(model, [(scenes[i], n, base_seed + i) for i, n in keys], steps)
+        chunks = {key: reduce_all(candidates, reducers) for key, candidates in zip(keys, drawn)}
+        for (i, n), candidates in zip(keys, drawn):
+            scene = scenes[i]
             if n == max(ns):
                 sides_at_max.append([task.side(scene, c.numpy()) for c in candidates])
                 candidate_collisions[0] += sum(task.collides(scene, c.numpy()) for c in candidates)
                 candidate_collisions[1] += len(candidates)
-            for name, chunk in chunks.items():
+            for name, chunk in chunks[(i, n)].items():
                 record = records[name][n]
                 record["collision"].append(bool(task.collides(scene, chunk)))
                 record["clearance"].append(float(task.clearance(scene, chunk)))
                 record["final_error"].append(task.final_error(scene, chunk))
-            if agreement:
-                # Reducers that produced the identical chunk reach the identical state: draw its second chunk once.
-                unique: list[tuple[np.ndarray, list[str]]] = []
-                for name, chunk in chunks.items():
-                    for seen, owners in unique:
-                        if np.array_equal(seen, chunk):
-                            owners.append(name)
-                            break
-                    else:
-                        unique.append((chunk, [name]))
-                states = [task.replan_scene(scene, chunk) for chunk, _ in unique]
-                seeds = [base_seed + SECOND_CHUNK_SEED_OFFSET + index] * len(states)
-                seconds = _draw(model, states, n, seeds, steps)
-                for (chunk, owners), second in zip(unique, seconds):
-                    for name in owners:
-                        reduced = reduce_all(second, reducers)[name]
-                        records[name][n]["agree"].append(bool(task.mode_agreement(scene, chunk, reduced)))
-        log(f"scene {index + 1}/{len(scenes)} done ({time.perf_counter() - started:.0f} s)")
+        if agreement_ns:
+            jobs = [(i, n, chunk, owners) for i, n in keys if n in agreement_ns
+                    for chunk, owners in _unique_chunks(chunks[(i, n)])]
+            seconds = _draw(
+                model,
+                [(task.replan_scene(scenes[i], chunk), n, base_seed + SECOND_CHUNK_SEED_OFFSET + i)
+                 for i, n, chunk, _ in jobs],
+                steps,
+            )
+            for (i, n, chunk, owners), second in zip(jobs, seconds):
+                reduced = reduce_all(second, reducers)
+                for name in owners:
+                    records[name][n]["agree"].append(bool(task.mode_agreement(scenes[i], chunk, reduced[name])))
+        log(f"scenes {indexes[-1] + 1}/{len(scenes)} done ({time.perf_counter() - started:.0f} s)")
     return {"records": records, "sides_at_max": sides_at_max, "candidate_collisions": candidate_collisions,
             "reducers": names, "seconds": time.perf_counter() - started}
 
@@ -227,13 +258,15 @@ def run(args: argparse.Namespace) -> int:
     ns = [int(n) for n in str(getattr(args, "ns", ",".join(map(str, DEFAULT_NS)))).split(",") if n]
     steps = int(getattr(args, "steps", task.NUM_INFERENCE_STEPS))
     base_seed = int(getattr(args, "base_seed", 0))
+    agreement_ns = [int(n) for n in str(getattr(args, "agreement_ns", "1,2,8")).split(",") if n]
     from ..models.cosmos3 import Cosmos3ActionModel
 
     pipe = load_toy_pipeline(path=getattr(args, "pipeline", None))
-    model = Cosmos3ActionModel(pipe, max_batch_candidates=64)
+    model = Cosmos3ActionModel(pipe, max_batch_candidates=128)
     scenes = task.heldout_scenes(args.scenes, seed=args.scene_seed)
     evaluation = evaluate(model, scenes, ns, steps=steps, base_seed=base_seed,
-                          agreement=not getattr(args, "no_agreement", False),
+                          agreement_ns=agreement_ns,
+                          scene_batch=int(getattr(args, "scene_batch", 1)),
                           log=lambda m: print(m, flush=True))
     result = summarize(evaluation, ns)
     result["settings"] = {
@@ -241,6 +274,7 @@ def run(args: argparse.Namespace) -> int:
         "scene_seeds": [scenes[0].seed, scenes[-1].seed] if scenes else [],
         "base_seed": base_seed,
         "ns": ns,
+        "agreement_ns": agreement_ns,
         "num_inference_steps": steps,
         "guidance_scale": task.GUIDANCE_SCALE,
         "domain_name": task.DOMAIN_NAME,
@@ -257,7 +291,7 @@ def run(args: argparse.Namespace) -> int:
     # seed as in the evaluation.
     above = result["diagnostics"]["fraction_above_per_scene"]
     pick = next((i for i, a in enumerate(above) if 0 < a < 1), 0)
-    example = _draw(model, [scenes[pick]], max(ns), [base_seed + pick], steps)[0].numpy() if scenes else None
+    example = _draw(model, [(scenes[pick], max(ns), base_seed + pick)], steps)[0].numpy() if scenes else None
     write_plot(result, out.with_suffix(".png"), scenes[pick] if scenes else None, example)
     print(f"wrote {out}, {out.with_suffix('.md')}, {out.with_suffix('.png')}")
     print(out.with_suffix(".md").read_text())

@@ -116,14 +116,16 @@ def write_plot(
     fig, axes = plt.subplots(1, 4, figsize=(20, 4.8))
     for axis, (key, title) in zip(axes, panels):
         for offset, name in enumerate(names):
-            entries = [quality[name][str(n)] for n in ns]
-            if key not in entries[0]:
+            # Mode agreement is measured at a subset of N only.
+            present = [n for n in ns if key in quality[name][str(n)]]
+            if not present:
                 continue
+            entries = [quality[name][str(n)] for n in present]
             values = np.array([e[key] for e in entries])
             low = np.array([e[f"{key}_ci95"][0] for e in entries])
             high = np.array([e[f"{key}_ci95"][1] for e in entries])
             # Small horizontal offsets keep overlapping intervals readable.
-            xs = np.array(ns, dtype=float) + (offset - len(names) / 2) * 0.08
+            xs = np.array(present, dtype=float) + (offset - len(names) / 2) * 0.08
             axis.errorbar(xs, values, yerr=[values - low, high - values], marker="o", capsize=3,
                           color=COLORS.get(name), label=name, linewidth=2 if name in ("mean", "mode") else 1)
         axis.set_xticks(ns)

@@ -58,7 +58,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--work-dir", type=Path, default=Path("out/toy_train"), help="dataset cache, log, summary")
     parser.add_argument("--scenes", type=int, default=640, help="training scene seeds 0..scenes-1")
     parser.add_argument("--mid-probability", type=float, default=0.35, help="share of seeds adding a mid-episode state")
-    parser.add_argument("--steps", type=int, default=6000, help="optimizer steps")
+    parser.add_argument("--steps", type=int, default=5000, help="optimizer steps")
     parser.add_argument("--batch", type=int, default=8, help="examples packed into one forward")
     parser.add_argument("--lr", type=float, default=1e-3, help="peak learning rate of the one-cycle schedule")
     parser.add_argument("--weight-decay", type=float, default=0.01)

@@ -130,6 +130,7 @@ class GoalOutcome:
     result: Any = None
     feedback: list[Any] = field(default_factory=list)
     handle: Any = None
+    result_future: Any = None
 
 
 class RosClient:
@@ -265,10 +266,13 @@ class RosClient:
         outcome.handle = handle
         outcome.accepted = bool(handle.accepted)
         outcome.goal_id = str(uuid.UUID(bytes=bytes(bytearray(handle.goal_id.uuid))))
+        if handle.accepted:
+            # Ask for the result at once, as real clients do: the answer then arrives even if the node exits.
+            outcome.result_future = handle.get_result_async()
         return outcome
 
     def result(self, outcome: GoalOutcome, timeout: float = GOAL_TIMEOUT_S) -> GoalOutcome:
-        response = self.wait_future(outcome.handle.get_result_async(), timeout, f"the result of {outcome.goal_id}")
+        response = self.wait_future(outcome.result_future, timeout, f"the result of {outcome.goal_id}")
         outcome.status, outcome.result = response.status, response.result
         return outcome
 

@@ -245,7 +245,7 @@ def test_goal_defaults_limits_and_reducer_checks_happen_before_any_model_work():
     with pytest.raises(UnknownReducerError, match="unknown reducer 'vote'"):
         goals.plan_goal(GenerateTrajectory.Goal(reducer="vote"), node_params(), default_instruction="",
                         valid_reducers=VALID)
-    with pytest.raises(ReducerLayoutError, match="action width 2 of pusht"):
+    with pytest.raises(ReducerLayoutError, match="pusht actions have width 2"):
         goals.plan_goal(GenerateTrajectory.Goal(reducer="pose_gripper"), node_params(domain_name="pusht"),
                         default_instruction="", valid_reducers=VALID)
     with pytest.raises(ReducerLayoutError, match="not valid for this model"):

@@ -123,9 +123,7 @@ def plan_goal(
         try:
             get_reducer(reducer).check_layout(params.action_dim)
         except ReducerLayoutError as error:
-            raise ReducerLayoutError(
-                f"reducer {reducer!r} does not fit action width {params.action_dim} of {params.domain_name}: {error}"
-            ) from None
+            raise ReducerLayoutError(f"{error} ({params.domain_name} actions have width {params.action_dim})") from None
     if goal.rollout and not params.rollout_dir:
         raise GoalRequestError("rollout requested but the rollout_dir parameter is not set; nothing was run")
     spec = CandidateTrajectorySpec(

@@ -445,9 +445,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             executor.spin_once(timeout_sec=0.2)
         node.get_logger().info("shutting down: ending every goal")
         node.shutdown()
+        # Keep spinning so that the aborted goals' results (and their status) reach their clients.
         deadline = time.monotonic() + 5.0
-        # Keep spinning so that the aborted goals' results reach their clients.
-        while (node.tracker.num_active or time.monotonic() < deadline - 4.5) and time.monotonic() < deadline:
+        while node.tracker.num_active and time.monotonic() < deadline:
+            executor.spin_once(timeout_sec=0.05)
+        linger = time.monotonic() + 0.5
+        while time.monotonic() < linger:
             executor.spin_once(timeout_sec=0.05)
     finally:
         executor.shutdown(timeout_sec=2.0)

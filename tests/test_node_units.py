@@ -410,6 +410,18 @@ def test_loading_refuses_pickle_only_directories_and_unknown_models(tmp_path):
     assert model_notice("tiny") == "untrained demo weights"
 
 
+def test_toy_loads_with_its_notice_once_its_weights_are_installed():
+    from trajectory_ensemble_node.toy import TOY_NOTICE, toy_pipeline_dir
+
+    if not (toy_pipeline_dir() / "model_index.json").is_file():
+        with pytest.raises(ModelLoadError, match="train-toy"):
+            load_pipeline("toy", "cpu")
+        return
+    pipe, notice = load_pipeline("toy", "cpu")
+    assert notice == TOY_NOTICE and model_notice("toy") == TOY_NOTICE
+    assert pipe.transformer.dtype == torch.float32
+
+
 def test_tiny_loads_with_its_notice_and_a_saved_copy_loads_from_its_directory(tmp_path):
     pipe, notice = load_pipeline("tiny", "cpu", "float32", seed=3)
     assert notice == "untrained demo weights"

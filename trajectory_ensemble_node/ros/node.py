@@ -88,6 +88,7 @@ class TrajectoryEnsembleNode(Node):
         self._startup(f"loading model {p.model!r} on {p.device} ({p.dtype})")
         pipe, self.notice = load_pipeline(p.model, p.device, p.dtype, allow_pickle=p.allow_pickle_weights, seed=p.seed)
         self.device = str(resolve_device(p.device))
+        self._check_toy_settings()
         self.model = Cosmos3ActionModel(
             pipe, max_batch_candidates=p.max_batch_candidates, max_candidates=p.max_candidates,
             action_stats=self._load_action_stats(),
@@ -146,6 +147,21 @@ class TrajectoryEnsembleNode(Node):
     def _startup(self, message: str) -> None:
         # Every startup line names the weights, so nobody mistakes the embedded random model for a policy.
         self.get_logger().info(f"[{self.notice}] {message}")
+
+    def _check_toy_settings(self) -> None:
+        # The toy policy only works with the settings it was trained with; say so instead of serving noise quietly.
+        if self.params.model != "toy":
+            return
+        from ..toy import ACTION_SETTINGS
+
+        differ = {k: (getattr(self.params, k), v) for k, v in ACTION_SETTINGS.items() if getattr(self.params, k) != v}
+        if differ:
+            self.get_logger().warning(
+                f"[{self.notice}] the toy policy was trained with "
+                + ", ".join(f"{k}: {want!r}" for k, (_, want) in differ.items())
+                + "; these parameters say "
+                + ", ".join(f"{k}: {have!r}" for k, (have, _) in differ.items())
+            )
 
     def _load_action_stats(self) -> ActionNormalizer | None:
         p = self.params

@@ -69,7 +69,7 @@ PARAMETERS: tuple[ParamSpec, ...] = (
     ParamSpec("dtype", "float32", "transformer compute dtype", ", ".join(DTYPE_NAMES)),
     ParamSpec("seed", 0, "seed of the random weights of model: tiny", ">= 0"),
     ParamSpec("instruction", "reach the target", "instruction used when a goal and ~/instruction leave it empty"),
-    ParamSpec("domain_name", "droid_lerobot", "embodiment the model is conditioned on (sets the action width)",
+    ParamSpec("domain_name", "droid_lerobot", "embodiment the model is conditioned on; sets the action width",
               "a Cosmos 3 domain with a fixed action width"),
     ParamSpec("chunk_size", 16, "actions per trajectory", ">= 1"),
     ParamSpec("resolution_tier", 256, "conditioning resolution tier", "256, 480, 704 or 720"),
@@ -104,7 +104,7 @@ PARAMETERS: tuple[ParamSpec, ...] = (
     ParamSpec("rollout_dir", "", "folder rollout records are written to; empty = rollout goals are refused"),
     ParamSpec("rollout_noise_level", 0.7, "Flow-GRPO noise level of rollout goals", ">= 0"),
     ParamSpec("fault_injection", "", "TEST ONLY: arm one engine fault for the next goal; refused unless "
-              f"{TESTING_ENV}=1", ", ".join(("",) + FAULTS), read_only=False),
+              f"{TESTING_ENV}=1", '"" (off), ' + ", ".join(FAULTS), read_only=False),
 )
 PARAMETER_NAMES = tuple(spec.name for spec in PARAMETERS)
 

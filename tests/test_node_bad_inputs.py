@@ -137,7 +137,9 @@ def test_an_engine_failure_aborts_that_goal_only_and_publishes_nothing(client, f
     fresh_observation(client)
     recovered = client.run_goal(candidate_count=2)
     assert recovered.status == GoalStatus.STATUS_SUCCEEDED, recovered.result.error_message
-    client.latest_status("engine", predicate=lambda v: "last_error" not in v)
+    # Nothing is left behind: no goal and no engine group still holds a slot.
+    _, engine = client.latest_status("engine", predicate=lambda v: "last_error" not in v)
+    assert engine["groups_running"] == engine["groups_queued"] == "0"
     _, goals = client.latest_status("goals", predicate=lambda v: v.get("goals_running") == "0")
     assert goals["goals_waiting"] == "0"
 

@@ -283,6 +283,15 @@ def test_preempt_policy_stops_the_oldest_goal_and_names_the_newer_one():
     assert tracker.num_running == 1
 
 
+def test_a_goal_accepted_earlier_but_admitted_later_is_the_one_preempted():
+    tracker = goals.GoalTracker("preempt", 1)
+    older, newer = tracker.register("A"), tracker.register("B")
+    tracker.admit(newer)
+    with pytest.raises(GroupPreemptedError, match="preempted by B"):
+        tracker.admit(older)
+    assert newer.stop_error() is None and tracker.num_running == 1
+
+
 def test_a_goal_that_committed_to_its_result_can_no_longer_be_preempted_or_canceled():
     tracker = goals.GoalTracker("preempt", 1)
     first = tracker.register("A")

@@ -41,6 +41,7 @@ class DiagnosticsInputs:
         notice (`str`): What the weights are (``"untrained demo weights"`` for ``tiny``).
         weights_version (`int`): Version now serving.
         engine_alive (`bool`): Whether the engine thread runs.
+        groups_running (`int`), groups_queued (`int`): Groups inside the engine now (0 when idle: no stuck group).
         last_metrics (`Mapping[str, Any]`): Metrics of the last finished group (empty before the first).
         last_error (`str`, *optional*): ``"<CODE>: <message>"`` of the last goal, when it failed in the engine.
         goal_counts (`Mapping[str, int]`): :meth:`GoalTracker.snapshot`.
@@ -57,6 +58,8 @@ class DiagnosticsInputs:
     notice: str
     weights_version: int
     engine_alive: bool
+    groups_running: int = 0
+    groups_queued: int = 0
     last_metrics: Mapping[str, Any] = field(default_factory=dict)
     last_error: str | None = None
     goal_counts: Mapping[str, int] = field(default_factory=dict)
@@ -79,6 +82,8 @@ def engine_status(inputs: DiagnosticsInputs) -> DiagnosticStatus:
         _kv("device", inputs.hardware_id),
         _kv("weights_version", inputs.weights_version),
         _kv("engine_alive", inputs.engine_alive),
+        _kv("groups_running", inputs.groups_running),
+        _kv("groups_queued", inputs.groups_queued),
     ]
     values += metrics_key_values({k: v for k, v in inputs.last_metrics.items() if k != "weights_version"})
     if not inputs.engine_alive:

@@ -301,9 +301,14 @@ class GoalTracker:
                         self._waiting.remove(record)
                     return waited
                 if self.policy == "preempt":
-                    # Oldest first: the goal that has waited longest for its trajectory is the most outdated.
-                    victims = self._running[: len(self._running) - self.max_concurrent + 1]
-                    for victim in victims:
+                    # Oldest (by acceptance) first: its observation is the most outdated. A goal that was
+                    # accepted before a running one but finished validating later is itself the oldest.
+                    contenders = sorted([*self._running, record], key=lambda r: r.accepted)
+                    newest = contenders[-1]
+                    for victim in contenders[: len(contenders) - self.max_concurrent]:
+                        if victim is record:
+                            record.preempt(newest.goal_id)
+                            raise record.stop_error()  # type: ignore[misc]
                         self._running.remove(victim)
                         victim.preempt(record.goal_id)
                     continue

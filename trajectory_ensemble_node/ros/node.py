@@ -412,6 +412,7 @@ class TrajectoryEnsembleNode(Node):
             node_name=self.get_name(), hardware_id=self.device, model=self.params.model, notice=self.notice,
             weights_version=self.model.weights_version,
             engine_alive=engine_thread is not None and engine_thread.is_alive(),
+            groups_running=self.model.engine.num_running, groups_queued=self.model.engine.num_queued,
             last_metrics=last_metrics, last_error=last_error, goal_counts=self.tracker.snapshot(),
             observation_ages=self.observations.ages(), max_observation_age_s=self.params.max_observation_age_s,
             frames_received=self.observations.received_count(), frames_rejected=self.observations.rejected_counts(),

@@ -109,7 +109,6 @@ class TrajectoryEnsembleNode(Node):
         self._instruction = p.instruction
         self._last_metrics: dict[str, Any] = {}
         self._last_error: str | None = None
-        self._closing = False
 
         image_topics = [self.resolve_topic_name(t) for t in (p.image_topics or ("~/observation/image",))]
         state_topic = self.resolve_topic_name("~/observation/state")
@@ -425,7 +424,6 @@ class TrajectoryEnsembleNode(Node):
 
     def shutdown(self) -> None:
         """Refuse new goals and end every running or waiting goal (SHUTDOWN); the engine thread stops."""
-        self._closing = True
         self.tracker.close()
         self.model.engine.stop()
 

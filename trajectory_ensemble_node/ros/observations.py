@@ -142,7 +142,8 @@ def image_to_rgb(encoding: str, height: int, width: int, step: int, data: Any) -
             f"image data has {buffer.size} bytes; step*height = {step}*{height} = {step * height} expected"
         )
     rows = buffer.reshape(height, step)[:, :row_bytes].reshape(height, width, channels)
-    return np.ascontiguousarray(to_rgb(rows))
+    # A copy: the frame must not alias the message's buffer, which the middleware owns.
+    return np.array(to_rgb(rows), dtype=np.uint8, order="C", copy=True)
 
 
 def tile_views(images: Sequence[np.ndarray]) -> np.ndarray:

@@ -186,7 +186,7 @@ def test_metrics_become_key_values_with_units_kept_in_the_names():
 
 
 def test_serve_yaml_declares_exactly_the_node_parameters_with_the_same_defaults():
-    raw = yaml.safe_load((REPO / "config" / "serve.yaml").read_text())["trajectory_ensemble"]["ros__parameters"]
+    raw = yaml.safe_load((REPO / "config" / "serve.yaml").read_text())["/**/trajectory_ensemble"]["ros__parameters"]
     assert set(raw) == set(params.PARAMETER_NAMES)
     for spec in params.PARAMETERS:
         assert raw[spec.name] == spec.default, spec.name

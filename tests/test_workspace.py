@@ -33,8 +33,10 @@ PARAMETER_NAMES = {
     "max_candidates", "max_batch_candidates", "action_stats_file", "action_stats_method",
     "max_observation_age_s", "goal_policy", "max_concurrent_goals", "publish_candidates",
     "joint_names", "image_topics", "allow_pickle_weights", "enable_weight_updates", "weights_dir",
-    "rollout_dir",
+    "rollout_dir", "seed", "require_state", "rollout_noise_level", "fault_injection",
 }  # fmt: skip
+# The node's key in serve.yaml: the wildcard matches it in any namespace.
+CONFIG_KEY = f"/**/{NODE_NAME}"
 
 
 def _tags(root: ET.Element, tag: str) -> list[str]:
@@ -155,8 +157,8 @@ def test_launch_file_declares_arguments_and_node() -> None:
 def test_config_holds_every_parameter() -> None:
     """serve.yaml is a ROS 2 parameter file for the node holding exactly the parameters the node reads."""
     data = yaml.safe_load(CONFIG_FILE.read_text())
-    assert list(data) == [NODE_NAME]
-    params = data[NODE_NAME]["ros__parameters"]
+    assert list(data) == [CONFIG_KEY]
+    params = data[CONFIG_KEY]["ros__parameters"]
     assert set(params) == PARAMETER_NAMES
     assert params["model"] == "tiny" and params["device"] == "auto"
     assert params["candidate_count"] <= params["max_candidates"]

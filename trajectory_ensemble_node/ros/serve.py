@@ -22,7 +22,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--params-file",
         default=None,
-        help="YAML file with the node's ros__parameters (e.g. config/serve.yaml); keys under 'trajectory_ensemble:'",
+        help="YAML file with the node's ros__parameters (e.g. config/serve.yaml), under '/**/trajectory_ensemble:'",
     )
     parser.add_argument(
         "--ros-args",

@@ -1,0 +1,117 @@
+"""Smoke tests of the benchmark machinery on the tiny config (not of speed: speed is what `make bench` measures)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import types
+from pathlib import Path
+
+import pytest
+import torch
+
+from trajectory_ensemble_node.bench import cli
+from trajectory_ensemble_node.bench.memory import MemoryCase, run_cpu_case
+from trajectory_ensemble_node.bench.workload import PipelineSource, Workload
+
+STEPS = 2
+CHUNK = 8
+
+
+def parse(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    cli.add_arguments(parser)
+    return parser.parse_args(list(argv))
+
+
+def test_defaults_follow_the_spec_and_the_device():
+    args = parse()
+    assert args.ns == (1, 2, 4, 8, 10) and args.reps == 5 and args.chunk == 16 and args.tier == 256
+    assert args.out == Path("out/bench") and args.guidance > 1.0
+    assert (args.scenes, args.scene_seed, args.json) == (50, 1000, None)
+    settings = cli.resolve_settings(parse("--device", "cpu"))
+    assert settings.source.config == "bench" and settings.dtypes == ("fp32",)
+    assert settings.workload.steps == cli.CPU_STEPS and settings.threads == 1
+    assert settings.topologies == ("fused", "separate") and settings.memory_steps == 1
+    assert cli.resolve_settings(parse("--device", "cpu", "--steps", "10", "--ns", "8,1,8")).ns == (1, 8)
+    with pytest.raises(SystemExit):
+        parse("--ns", "0,2")
+
+
+@pytest.mark.parametrize("flag, module", [("--quality", "trajectory_ensemble_node.toy.quality"),
+                                          ("--ros", "trajectory_ensemble_node.bench.ros_overhead")])
+def test_delegated_modes_dispatch_or_say_what_is_missing(monkeypatch, capsys, flag, module):
+    args = parse(flag, "--scenes", "3", "--scene-seed", "7", "--json", "q.json")
+    monkeypatch.setitem(sys.modules, module, None)  # "not in this checkout yet"
+    assert cli.run(args) == 2
+    assert module in capsys.readouterr().err
+
+    seen = []
+    fake = types.ModuleType(module)
+    fake.run = lambda a: seen.append((a.scenes, a.scene_seed, a.json)) or 0
+    monkeypatch.setitem(sys.modules, module, fake)
+    assert cli.run(args) == 0
+    assert seen == [(3, 7, Path("q.json"))]
+
+
+@pytest.fixture(scope="module")
+def document(tmp_path_factory) -> tuple[dict, Path]:
+    out = tmp_path_factory.mktemp("bench")
+    args = parse("--config", "tiny", "--device", "cpu", "--steps", str(STEPS), "--chunk", str(CHUNK), "--reps", "1",
+                 "--ns", "1,3", "--memory", "skip", "--out", str(out), "--quiet")
+    assert cli.run(args) == 0
+    (path,) = out.glob("*.json")
+    return json.loads(path.read_text()), out
+
+
+def test_outputs_are_written_and_named_after_model_and_device(document):
+    doc, out = document
+    stems = {p.stem for p in out.iterdir()}
+    assert stems == {"tiny_cpu-{}core".format(doc["machine"]["logical_cores"])}
+    assert {p.suffix for p in out.iterdir()} == {".json", ".md", ".png"}
+    for key in ("settings", "machine", "versions", "method", "headline", "variants", "wall_time_s"):
+        assert key in doc
+    for key in ("cpu_model", "logical_cores", "ram_bytes", "gpu", "torch_threads", "load_average_start"):
+        assert key in doc["machine"]
+    for key in ("torch", "diffusers", "transformers", "python"):
+        assert doc["versions"][key]
+    table = next(out.glob("*.md")).read_text()
+    assert "fused / sequential" in table and "bitwise" in table
+
+
+def test_forward_counts_parity_and_ratios(document):
+    doc, _ = document
+    (variant,) = doc["variants"]
+    cases = {(c["path"], c["topology"], c["n"]): c for c in variant["cases"]}
+    assert len(cases) == 2 * 3
+    for n in (1, 3):
+        # Counted with a pre-hook on the upstream transformer: N calls x steps x 2 CFG branches.
+        assert cases[("sequential", None, n)]["physical_forwards"] == n * STEPS * 2
+        assert cases[("batched", "fused", n)]["physical_forwards"] == STEPS
+        assert cases[("batched", "separate", n)]["physical_forwards"] == 2 * STEPS
+        for topo in ("fused", "separate"):
+            case = cases[("batched", topo, n)]
+            assert case["parity"]["within_rule"] and case["parity"]["deterministic"]
+            assert case["ratio_vs_sequential"]["median"] > 0
+            assert case["encode_ms"]["median"] > 0 and case["reduce_ms"]["median"] >= 0
+        assert cases[("sequential", None, n)]["encode_ms"]["median"] > 0
+    # A lone candidate with separate CFG branches has exactly upstream's row counts: bitwise equal.
+    assert cases[("batched", "separate", 1)]["parity"]["bitwise"]
+    headline = doc["headline"]["fp32"]
+    assert headline["fused_forwards_equal_steps_all_n"] and headline["parity_within_rule_all"]
+    assert set(headline["n1"]) == {"fused", "separate"} and headline["n1"]["separate"]["bitwise"]
+    assert variant["upstream_deterministic"] and variant["upstream_grad_enabled"] is False
+
+
+def test_memory_case_runs_in_a_fresh_process_that_does_not_inherit_our_high_water_mark():
+    # Grow this process's RSS well past what the tiny child needs, so an inherited ru_maxrss would show.
+    ballast = torch.ones(300 * 2**20 // 4)
+    workload = Workload(steps=1, chunk=CHUNK, tier=256, guidance=3.0)
+    figures = run_cpu_case(MemoryCase("batched", (2,), "fused"), source=PipelineSource("tiny"), dtype="fp32",
+                           workload=workload, steps=1, threads=1)
+    peak, hwm = figures["peak_rss_bytes"][2], figures["peak_vmhwm_bytes"][2]
+    assert 0 < figures["baseline_rss_bytes"] <= peak
+    # ru_maxrss of the child equals its own VmHWM: nothing was carried over from the parent.
+    assert abs(peak - hwm) <= 0.05 * hwm
+    del ballast

@@ -1,0 +1,174 @@
+"""``trajectory-ensemble bench``: batched candidates vs sequential upstream calls (and ``--quality``, ``--ros``).
+
+The default mode measures, in one process and one run, for each N: N upstream ``Cosmos3OmniPipeline`` calls against
+one batched group per CFG topology, and writes ``<out>/<model>_<device>.{json,md,png}``. ``--quality`` and ``--ros``
+dispatch to the modules that own those measurements.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import torch
+
+from .workload import DTYPES, PipelineSource, Workload
+
+DEFAULT_NS = (1, 2, 4, 8, 10)
+# Steps by device. 10 on CUDA. On CPU 4, the published guidance-3.0 pair (4 steps / CFG 3.0): with 10 steps one
+# `bench` upstream call takes ~16 s on one core, and the whole default run (5 reps x (10 upstream calls + 2 x 25
+# batched candidates), plus memory) would take ~50 min instead of fitting in 25 (README, "Benchmark").
+CPU_STEPS = 4
+CUDA_STEPS = 10
+CFG_TOPOLOGIES = ("fused", "separate")
+# Modes owned by other modules: flag -> module exposing run(args) -> int.
+DELEGATED = {
+    "quality": "trajectory_ensemble_node.toy.quality",
+    "ros": "trajectory_ensemble_node.bench.ros_overhead",
+}
+
+
+def _int_list(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(sorted({int(v) for v in text.split(",") if v.strip()}))
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from exc
+    if not values or values[0] < 1:
+        raise argparse.ArgumentTypeError(f"every N must be >= 1, got {text!r}")
+    return values
+
+
+def _names(choices: tuple[str, ...]):
+    def parse(text: str) -> tuple[str, ...]:
+        values = tuple(v.strip() for v in text.split(",") if v.strip())
+        bad = [v for v in values if v not in choices]
+        if not values or bad:
+            raise argparse.ArgumentTypeError(f"choose from {list(choices)}, got {text!r}")
+        return values
+
+    return parse
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the ``bench`` flags to ``parser``."""
+    modes = parser.add_argument_group("modes (default: batched vs sequential latency benchmark)")
+    exclusive = modes.add_mutually_exclusive_group()
+    exclusive.add_argument("--quality", action="store_true",
+                           help="reducer quality on the toy task (trajectory_ensemble_node.toy.quality)")
+    exclusive.add_argument("--ros", action="store_true",
+                           help="node overhead over engine time (trajectory_ensemble_node.bench.ros_overhead)")
+    modes.add_argument("--scenes", type=int, default=50, help="--quality: number of toy scenes (default 50)")
+    modes.add_argument("--scene-seed", type=int, default=1000, help="--quality: seed of the first scene (default 1000)")
+    modes.add_argument("--json", type=Path, default=None, help="--quality: write its results to this JSON file")
+
+    what = parser.add_argument_group("model")
+    what.add_argument("--config", choices=("tiny", "bench", "large"), default=None,
+                      help="random-weight config from build_pipeline (default: bench on CPU, large on CUDA)")
+    what.add_argument("--model", default=None, metavar="PATH",
+                      help="benchmark a Cosmos3OmniPipeline checkpoint directory instead of a random-weight config")
+    what.add_argument("--device", default=None, help="cpu or cuda[:i] (default: cuda when available)")
+    what.add_argument("--dtype", choices=tuple(DTYPES), default=None,
+                      help="transformer dtype (default: fp32 on CPU; fp32 and bf16 side by side on CUDA)")
+
+    run = parser.add_argument_group("workload and repetitions")
+    run.add_argument("--steps", type=int, default=None,
+                     help=f"denoising steps (default {CPU_STEPS} on CPU, {CUDA_STEPS} on CUDA; see README)")
+    run.add_argument("--chunk", type=int, default=16, help="action chunk size; the video has chunk+1 frames (16)")
+    run.add_argument("--tier", type=int, default=256, help="resolution tier of the conditioning canvas (256)")
+    run.add_argument("--guidance", type=float, default=3.0, help="CFG scale, > 1 runs two branches (3.0)")
+    run.add_argument("--reps", type=int, default=5, help="timed repetitions after one warm-up (default 5)")
+    run.add_argument("--ns", type=_int_list, default=DEFAULT_NS, help="candidate counts N (default 1,2,4,8,10)")
+    run.add_argument("--topologies", type=_names(CFG_TOPOLOGIES), default=CFG_TOPOLOGIES,
+                     help="batched CFG topologies (default fused,separate)")
+    run.add_argument("--threads", type=int, default=None,
+                     help="torch.set_num_threads; 0 keeps torch's default (default: 1 on CPU, 0 on CUDA; see README)")
+    run.add_argument("--memory", choices=("auto", "skip"), default="auto",
+                     help="peak memory per case: fresh subprocess per case on CPU, CUDA counters on GPU (auto)")
+    run.add_argument("--memory-steps", type=int, default=None,
+                     help="denoising steps of the memory runs (default: 1 on CPU, --steps on CUDA; see README)")
+    run.add_argument("--memory-jobs", type=int, default=2,
+                     help="CPU memory subprocesses run at once, after all timing is done (default 2)")
+    run.add_argument("--out", type=Path, default=Path("out/bench"), help="output directory (default out/bench)")
+    run.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+
+
+def resolve_settings(args: argparse.Namespace):
+    """Turn parsed flags into :class:`~.runner.Settings` (defaults that depend on the device are decided here)."""
+    from .runner import Settings
+
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("error: --device cuda requested but CUDA is not available")
+    config = args.config or ("large" if device.type == "cuda" else "bench")
+    if args.dtype:
+        dtypes: tuple[str, ...] = (args.dtype,)
+    else:
+        dtypes = ("fp32", "bf16") if device.type == "cuda" else ("fp32",)
+    steps = args.steps or (CUDA_STEPS if device.type == "cuda" else CPU_STEPS)
+    # One thread per process on CPU: on a shared machine, OpenMP over all cores stalls at every barrier whenever
+    # another process holds a core, which inflates small ops ~10x and flatters the batched path (fewer, larger ops).
+    threads = args.threads if args.threads is not None else (0 if device.type == "cuda" else 1)
+    for name, value in (("--steps", steps), ("--reps", args.reps), ("--chunk", args.chunk),
+                        ("--memory-jobs", args.memory_jobs)):
+        if value < 1:
+            raise SystemExit(f"error: {name} must be >= 1, got {value}")
+    if args.reps < 5:
+        print(f"warning: --reps {args.reps} < 5: the figures are indicative only", file=sys.stderr)
+    workload = Workload(steps=steps, chunk=args.chunk, tier=args.tier, guidance=args.guidance)
+    return Settings(
+        source=PipelineSource(config=config, model_path=args.model),
+        device=device,
+        dtypes=dtypes,
+        topologies=tuple(args.topologies),
+        ns=tuple(args.ns),
+        reps=args.reps,
+        workload=workload,
+        memory=args.memory,
+        # On CPU each memory case is a whole extra run in a fresh process. The peak is set by the first forward (and
+        # upstream's VAE encode); later steps add only allocator drift (+40 MiB, 5%, at N=4 over 4 steps), so one
+        # step keeps the default run inside its time budget. CUDA measures in-process at the full step count.
+        memory_steps=args.memory_steps or (steps if device.type == "cuda" else 1),
+        memory_jobs=args.memory_jobs,
+        threads=threads,
+        out=args.out,
+    )
+
+
+def _delegate(flag: str, args: argparse.Namespace) -> int:
+    module_name = DELEGATED[flag]
+    try:
+        module: ModuleType = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        # Only "the module itself is missing" is the not-there-yet case; a missing import inside it is a real error.
+        if exc.name not in (module_name, module_name.rsplit(".", 1)[0]):
+            raise
+        print(f"error: `bench --{flag}` needs {module_name}, which is not in this checkout yet.", file=sys.stderr)
+        return 2
+    return int(module.run(args) or 0)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the mode ``args`` selects; returns the process exit code."""
+    if args.quality:
+        return _delegate("quality", args)
+    if args.ros:
+        return _delegate("ros", args)
+
+    from .report import build_document, load_average, print_summary, write_outputs
+    from .runner import Progress, run_all
+
+    settings = resolve_settings(args)
+    started = datetime.datetime.now(datetime.timezone.utc)
+    load_start = load_average()
+    log = Progress(quiet=args.quiet)
+    variants = run_all(settings, log)
+    document = build_document(variants, settings, started=started, wall_s=log.elapsed_s, load_start=load_start,
+                              argv=["trajectory-ensemble", "bench", *sys.argv[2:]] if sys.argv[1:2] == ["bench"]
+                              else sys.argv)
+    paths = write_outputs(document, variants, settings)
+    print_summary(document, paths)
+    return 0

@@ -1,0 +1,119 @@
+"""The markdown rendering of a benchmark document (what README's "## Benchmark" section shows)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .runner import CaseResult, Settings, Stats, VariantResult
+
+MIB = 1024 * 1024
+
+
+def _s(stats: Stats | None, digits: int = 2) -> str:
+    if stats is None:
+        return "–"
+    return f"{stats.median:.{digits}f} [{stats.min:.{digits}f}–{stats.max:.{digits}f}]"
+
+
+def _mib(case: CaseResult) -> str:
+    memory = case.memory or {}
+    peak = memory.get("peak_rss_bytes", memory.get("peak_allocated_bytes"))
+    return "–" if peak is None else f"{peak / MIB:.0f}"
+
+
+def _row(cells: list[str]) -> str:
+    return "| " + " | ".join(cells) + " |"
+
+
+def _header(cells: list[str], align: list[str]) -> list[str]:
+    return [_row(cells), "|" + "|".join(align) + "|"]
+
+
+def _variant_tables(variant: VariantResult, settings: Settings) -> list[str]:
+    topos = settings.topologies
+    lines = [f"### {variant.dtype}: latency in seconds, median [min–max] of {settings.reps} reps", ""]
+    cells = ["N", "sequential (N upstream calls)"]
+    for topo in topos:
+        cells += [f"batched {topo}", f"{topo} / sequential", "same, CPU time"]
+    cells.append("faster batched topology")
+    lines += _header(cells, ["--:"] + ["---"] * (len(cells) - 1))
+    for n in settings.ns:
+        seq = variant.case("sequential", None, n)
+        row = [str(n), _s(seq.latency_s)]
+        medians = {}
+        for topo in topos:
+            case = variant.case("batched", topo, n)
+            medians[topo] = case.latency_s.median
+            row += [_s(case.latency_s), f"**{case.ratio_vs_sequential.median:.2f}** "
+                    f"[{case.ratio_vs_sequential.min:.2f}–{case.ratio_vs_sequential.max:.2f}]",
+                    _s(case.cpu_ratio_vs_sequential)]
+        row.append(min(medians, key=medians.get))
+        lines.append(_row(row))
+
+    lines += ["", f"### {variant.dtype}: work per group, conditioning encode, reduction, peak memory", ""]
+    names = ["sequential"] + list(topos)
+    cells = ["N", "transformer forwards (" + " / ".join(names) + ")",
+             "encode ms (" + " / ".join(names) + ")",
+             "reduce ms (" + " / ".join(topos) + ")",
+             "peak memory MiB (" + " / ".join(names) + ")"]
+    lines += _header(cells, ["--:", "---", "---", "---", "---"])
+    for n in settings.ns:
+        cases = [variant.case("sequential", None, n)] + [variant.case("batched", t, n) for t in topos]
+        lines.append(_row([
+            str(n),
+            " / ".join(str(c.physical_forwards) for c in cases),
+            " / ".join(f"{c.encode_ms.median:.0f}" for c in cases),
+            " / ".join(f"{c.reduce_ms.median:.2f}" for c in cases[1:]),
+            " / ".join(_mib(c) for c in cases),
+        ]))
+
+    lines += ["", f"### {variant.dtype}: parity of batched candidates with the upstream calls of the same seeds", ""]
+    cells = ["N"]
+    for topo in topos:
+        cells += [f"{topo} max abs diff", f"{topo} within 1e-3·max(1,max abs ref)", f"{topo} bitwise"]
+    lines += _header(cells, ["--:"] + ["---"] * (len(cells) - 1))
+    for n in settings.ns:
+        row = [str(n)]
+        for topo in topos:
+            p = variant.case("batched", topo, n).parity
+            row += [f"{p.max_abs_diff:.2e}", "yes" if p.within_rule else "**NO**", "yes" if p.bitwise else "no"]
+        lines.append(_row(row))
+    return lines
+
+
+def markdown(document: dict[str, Any], variants: list[VariantResult], settings: Settings) -> str:
+    """Render ``document`` as markdown: context lines, then three tables per dtype."""
+    machine, versions, workload = document["machine"], document["versions"], settings.workload
+    ram = f"{machine['ram_bytes'] / 2**30:.0f} GiB RAM" if machine.get("ram_bytes") else "RAM unknown"
+    gpu = machine["gpu"]["name"] if machine.get("gpu") else "no GPU"
+    lines = [
+        f"## Batched candidates vs sequential upstream: `{settings.source.label}` on {settings.device}",
+        "",
+        f"- Run: {document['created_utc']}, wall time {document['wall_time_s'] / 60:.1f} min; "
+        f"{workload.steps} steps, chunk {workload.chunk}, tier {workload.tier}, guidance {workload.guidance}, "
+        f"N in {list(settings.ns)}, {settings.reps} timed reps after one warm-up; peak memory from runs of "
+        f"{settings.memory_steps} step(s).",
+        f"- Machine: {machine['cpu_model']}, {machine['logical_cores']} cores, {ram}, {gpu}; torch threads "
+        f"{machine['torch_threads']}; load average (1 min) {(machine.get('load_average_start') or ['?'])[0]} at "
+        f"start, {(machine.get('load_average_end') or ['?'])[0]} at end.",
+        f"- Versions: python {versions['python']}, torch {versions['torch']}, diffusers {versions['diffusers']}, "
+        f"transformers {versions['transformers']}; code {versions.get('git')}.",
+    ]
+    for variant in variants:
+        model, tokens = variant.model, variant.model.get("tokens", {})
+        prefix = " + ".join(str(tokens[k]) for k in ("prefix_cond", "prefix_uncond") if k in tokens)
+        baseline = next((c.memory for c in variant.cases if c.path == "batched" and c.memory), None) or {}
+        base_rss = baseline.get("baseline_rss_bytes", baseline.get("baseline_allocated_bytes"))
+        lines.append(
+            f"- {variant.dtype} model: transformer {model['transformer_parameters'] / 1e6:.1f}M parameters, VAE "
+            f"{model['vae_parameters'] / 1e6:.2f}M; text prefix {prefix} tokens (shared by the group), generation "
+            f"block {tokens.get('generation_block')} tokens per candidate per CFG branch"
+            + (f"; memory baseline after build {base_rss / MIB:.0f} MiB" if base_rss else "")
+            + (f"; the engine runs forwards with autograd {'ON' if variant.engine_grad_enabled else 'off'} unless "
+               "the caller disables it (the bench does)" if variant.engine_grad_enabled is not None else "")
+            + "."
+        )
+    lines.append("")
+    for variant in variants:
+        lines += _variant_tables(variant, settings) + [""]
+    return "\n".join(lines)

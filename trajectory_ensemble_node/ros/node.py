@@ -235,8 +235,9 @@ class TrajectoryEnsembleNode(Node):
 
     def _execute(self, goal_handle: ServerGoalHandle) -> GenerateTrajectory.Result:
         goal_id = goal_id_str(goal_handle.goal_id)
-        started = time.monotonic()
         record = self.tracker.find(goal_id) or self.tracker.register(goal_id)
+        # goal_ms counts from acceptance, so executor scheduling delays show up in node_overhead_ms.
+        started = record.accepted
         plan: GoalPlan | None = None
         try:
             plan = plan_goal(goal_handle.request, self.params, default_instruction=self.default_instruction(),

@@ -169,11 +169,6 @@ def tile_views(images: Sequence[np.ndarray]) -> np.ndarray:
     return np.concatenate(padded, axis=1)
 
 
-def stamp_to_ns(stamp: Any) -> int:
-    """``builtin_interfaces/Time`` (``sec``, ``nanosec``) to integer nanoseconds."""
-    return int(stamp.sec) * 1_000_000_000 + int(stamp.nanosec)
-
-
 # --- the buffer -----------------------------------------------------------------------------------------------------
 
 

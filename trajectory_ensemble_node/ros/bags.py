@@ -1,0 +1,415 @@
+"""rosbag2 helpers built on ``rosbags`` (no rclpy, no rosbag2): typestore, reading, recording, the demo bag.
+
+``rosbags`` reads and writes rosbag2 folders (sqlite3 or mcap) in pure Python, so the replay tool works where
+``ros2 bag`` is not installable. Messages stay in CDR form end to end: the replay publishes the bag's bytes as they
+are (original header stamps included) and records the node's outputs as the bytes that arrived, so the output bag
+is exactly what ``ros2 bag record`` would have stored.
+
+The custom types (``trajectory_ensemble_msgs/msg/ActionTrajectory``, ``CandidateArray``) are registered in the
+typestore from the ``.msg`` files themselves, so the definitions and RIHS01 hashes written into a bag match what
+rosidl generates and real ROS 2 tools (``ros2 bag info/play``, Foxglove) can read it.
+
+The bundled demo bag is made by::
+
+    python -m trajectory_ensemble_node.ros.bags make-demo-bag trajectory_ensemble_node/assets/bags/toy_obstacle
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+import sys
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+from rosbags.rosbag2 import CompressionFormat, CompressionMode, Reader, StoragePlugin, Writer
+from rosbags.typesys import Stores, get_types_from_msg, get_typestore
+from rosbags.typesys.store import Typestore
+
+from ..errors import TrajectoryEnsembleError
+
+MSGS_PACKAGE = "trajectory_ensemble_msgs"
+CUSTOM_TYPES = ("ActionTrajectory", "CandidateArray")
+IMAGE_TYPE = "sensor_msgs/msg/Image"
+STATE_TYPE = "sensor_msgs/msg/JointState"
+STRING_TYPE = "std_msgs/msg/String"
+TRAJECTORY_TYPE = f"{MSGS_PACKAGE}/msg/ActionTrajectory"
+CANDIDATES_TYPE = f"{MSGS_PACKAGE}/msg/CandidateArray"
+STORAGES = {"mcap": StoragePlugin.MCAP, "sqlite3": StoragePlugin.SQLITE3}
+"""Storage plugins a bag may be written with; mcap is the rosbag2 default since Iron."""
+BAG_VERSION = 9
+"""rosbag2 metadata version written (9 = Jazzy and later)."""
+
+# The demo bag: topics as a robot would name them; replay maps them onto the node's ~/observation/* inputs.
+DEMO_IMAGE_TOPIC = "/camera/image_raw"
+DEMO_STATE_TOPIC = "/joint_states"
+DEMO_INSTRUCTION_TOPIC = "/instruction"
+DEMO_FRAME_ID = "toy_camera"
+DEMO_JOINT_NAMES = ("robot_x", "robot_y")
+DEMO_START_NS = 1_767_225_600 * 1_000_000_000
+"""2026-01-01T00:00:00Z: a fixed start so the generated bag is byte-for-byte reproducible."""
+DEMO_SCENE_OFFSETS = (0, 1, 2, 3, 4, 5)
+"""Held-out toy scenes ``HELDOUT_SEED_BASE + offset`` shown in the demo bag, one after another."""
+DEMO_SCENE_PERIOD_S = 1.0
+DEMO_FRAMES_PER_SCENE = 2
+SCENES_KEY = "trajectory_ensemble.toy_scenes"
+"""``custom_data`` key of the demo bag: JSON ``{image stamp ns: toy scene seed}`` (lets plots redraw the scene)."""
+BUNDLED_BAG = Path(__file__).resolve().parent.parent / "assets" / "bags" / "toy_obstacle"
+
+
+class BagError(TrajectoryEnsembleError, ValueError):
+    """A bag is missing, unreadable, or lacks what the caller needs (the message says which)."""
+
+
+class InterfaceDefinitionError(TrajectoryEnsembleError, FileNotFoundError):
+    """The ``trajectory_ensemble_msgs`` ``.msg`` files cannot be found to register them in the typestore."""
+
+
+# --- typestore ------------------------------------------------------------------------------------------------------
+
+
+def msg_definition_dirs() -> list[Path]:
+    """Folders that may hold ``ActionTrajectory.msg``: the source tree's ``msg/msg``, then installed share dirs."""
+    candidates = [Path(__file__).resolve().parents[2] / "msg" / "msg"]
+    prefixes = [p for p in os.environ.get("AMENT_PREFIX_PATH", "").split(os.pathsep) if p] + [sys.prefix]
+    candidates += [Path(prefix) / "share" / MSGS_PACKAGE / "msg" for prefix in prefixes]
+    return candidates
+
+
+@functools.lru_cache(maxsize=1)
+def typestore() -> Typestore:
+    """The ROS 2 Kilted typestore with ``trajectory_ensemble_msgs`` registered from its ``.msg`` files.
+
+    Raises:
+        InterfaceDefinitionError: No folder of :func:`msg_definition_dirs` holds every custom ``.msg`` file.
+    """
+    store = get_typestore(Stores.ROS2_KILTED)
+    for folder in msg_definition_dirs():
+        files = [folder / f"{name}.msg" for name in CUSTOM_TYPES]
+        if all(f.is_file() for f in files):
+            types: dict[str, Any] = {}
+            for path in files:
+                types.update(get_types_from_msg(path.read_text(encoding="utf-8"), f"{MSGS_PACKAGE}/msg/{path.stem}"))
+            store.register(types)
+            return store
+    searched = ", ".join(str(p) for p in msg_definition_dirs())
+    raise InterfaceDefinitionError(f"{MSGS_PACKAGE} .msg files not found (searched {searched})")
+
+
+def serialize(msg: Any) -> bytes:
+    """CDR bytes of a ``rosbags`` message (what rclpy publishes and rosbag2 stores)."""
+    return bytes(typestore().serialize_cdr(msg, msg.__msgtype__))
+
+
+def deserialize(data: bytes | memoryview, msgtype: str) -> Any:
+    """A ``rosbags`` message from CDR bytes."""
+    return typestore().deserialize_cdr(bytes(data), msgtype)
+
+
+# --- message construction (rosbags classes) -------------------------------------------------------------------------
+
+
+def make_header(stamp_ns: int, frame_id: str) -> Any:
+    """``std_msgs/Header`` with ``stamp_ns`` split into sec/nanosec."""
+    types = typestore().types
+    stamp = types["builtin_interfaces/msg/Time"](sec=stamp_ns // 1_000_000_000, nanosec=stamp_ns % 1_000_000_000)
+    return types["std_msgs/msg/Header"](stamp=stamp, frame_id=frame_id)
+
+
+def image_msg(rgb: np.ndarray, stamp_ns: int, frame_id: str) -> Any:
+    """``sensor_msgs/Image`` (rgb8) of an ``[H, W, 3]`` uint8 array."""
+    rgb = np.ascontiguousarray(rgb, dtype=np.uint8)
+    if rgb.ndim != 3 or rgb.shape[2] != 3:
+        raise BagError(f"expected an RGB image [H, W, 3], got shape {rgb.shape}")
+    height, width = rgb.shape[:2]
+    return typestore().types[IMAGE_TYPE](
+        header=make_header(stamp_ns, frame_id), height=height, width=width, encoding="rgb8", is_bigendian=0,
+        step=width * 3, data=rgb.reshape(-1),
+    )
+
+
+def joint_state_msg(names: Sequence[str], positions: Sequence[float], stamp_ns: int, frame_id: str = "") -> Any:
+    """``sensor_msgs/JointState`` with positions only (velocity and effort empty, as the message allows)."""
+    empty = np.zeros(0, dtype=np.float64)
+    return typestore().types[STATE_TYPE](
+        header=make_header(stamp_ns, frame_id), name=list(names),
+        position=np.asarray(positions, dtype=np.float64), velocity=empty, effort=empty,
+    )
+
+
+def string_msg(text: str) -> Any:
+    """``std_msgs/String``."""
+    return typestore().types[STRING_TYPE](data=text)
+
+
+def stamp_ns(msg: Any) -> int:
+    """Header stamp of any message with a ``header`` (rosbags or rclpy object) in nanoseconds."""
+    stamp = msg.header.stamp
+    return int(stamp.sec) * 1_000_000_000 + int(stamp.nanosec)
+
+
+def image_rgb(msg: Any) -> np.ndarray:
+    """RGB ``uint8`` ``[H, W, 3]`` of an rgb8/bgr8/rgba8/bgra8/mono8 ``sensor_msgs/Image`` (for plots).
+
+    Raises:
+        BagError: Any other encoding.
+    """
+    channels = {"rgb8": 3, "bgr8": 3, "rgba8": 4, "bgra8": 4, "mono8": 1}
+    if msg.encoding not in channels:
+        raise BagError(f"cannot show image encoding {msg.encoding!r}; expected one of {sorted(channels)}")
+    c = channels[msg.encoding]
+    rows = np.frombuffer(bytes(msg.data), dtype=np.uint8).reshape(msg.height, msg.step)
+    pixels = rows[:, : msg.width * c].reshape(msg.height, msg.width, c)
+    if msg.encoding == "mono8":
+        return np.repeat(pixels, 3, axis=2)
+    rgb = pixels[..., :3]
+    return np.ascontiguousarray(rgb[..., ::-1] if msg.encoding.startswith("bgr") else rgb)
+
+
+def trajectory_array(msg: Any) -> np.ndarray:
+    """``[horizon, action_dim]`` float32 of an ``ActionTrajectory`` (rosbags or rclpy object)."""
+    return np.asarray(msg.data, dtype=np.float32).reshape(int(msg.horizon), int(msg.action_dim))
+
+
+def candidates_array(msg: Any) -> np.ndarray:
+    """``[count, horizon, action_dim]`` float32 of a ``CandidateArray`` (rosbags or rclpy object)."""
+    return np.asarray(msg.data, dtype=np.float32).reshape(-1, int(msg.horizon), int(msg.action_dim))
+
+
+# --- reading --------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class BagTopic:
+    """One topic of a bag.
+
+    Args:
+        name (`str`): Topic name.
+        msgtype (`str`): ``pkg/msg/Type``.
+        count (`int`): Messages on it.
+    """
+
+    name: str
+    msgtype: str
+    count: int
+
+
+@dataclass(frozen=True)
+class BagInfo:
+    """What a bag holds.
+
+    Args:
+        path (`Path`): The bag folder.
+        storage (`str`): ``mcap`` or ``sqlite3``.
+        start_ns (`int`), end_ns (`int`): First and last log time.
+        topics (`tuple[BagTopic, ...]`): Its topics.
+        custom_data (`dict[str, str]`): ``custom_data`` of metadata.yaml.
+    """
+
+    path: Path
+    storage: str
+    start_ns: int
+    end_ns: int
+    topics: tuple[BagTopic, ...]
+    custom_data: dict[str, str]
+
+    def topics_of_type(self, msgtype: str) -> list[str]:
+        """Names of the topics carrying ``msgtype``."""
+        return [t.name for t in self.topics if t.msgtype == msgtype]
+
+
+def _check_bag(path: Path) -> None:
+    if not (path / "metadata.yaml").is_file():
+        raise BagError(f"{path} is not a rosbag2 folder (no metadata.yaml)")
+
+
+def bag_info(path: str | Path) -> BagInfo:
+    """Read a bag's topics, time span and custom data.
+
+    Raises:
+        BagError: ``path`` is not a readable rosbag2 folder, or the bag is empty.
+    """
+    path = Path(path)
+    _check_bag(path)
+    try:
+        with Reader(path) as reader:
+            topics = tuple(BagTopic(c.topic, c.msgtype, c.msgcount) for c in reader.connections)
+            start, end, count = reader.start_time, reader.end_time, reader.message_count
+        meta = yaml.safe_load((path / "metadata.yaml").read_text(encoding="utf-8"))["rosbag2_bagfile_information"]
+    except BagError:
+        raise
+    except Exception as error:  # noqa: BLE001 - rosbags raises several types; callers need one, with the reason
+        raise BagError(f"cannot read bag {path}: {type(error).__name__}: {error}") from error
+    if count == 0:
+        raise BagError(f"bag {path} holds no messages")
+    return BagInfo(path, str(meta.get("storage_identifier", "")), int(start), int(end), topics,
+                   dict(meta.get("custom_data") or {}))
+
+
+def iter_raw(path: str | Path, topics: Sequence[str]) -> Iterator[tuple[str, str, int, bytes]]:
+    """Yield ``(topic, msgtype, log_time_ns, cdr_bytes)`` of ``topics`` in log-time order."""
+    path = Path(path)
+    _check_bag(path)
+    with Reader(path) as reader:
+        connections = [c for c in reader.connections if c.topic in set(topics)]
+        for connection, timestamp, data in reader.messages(connections=connections):
+            yield connection.topic, connection.msgtype, int(timestamp), bytes(data)
+
+
+def read_messages(path: str | Path, topic: str) -> list[tuple[int, Any]]:
+    """Every message on ``topic`` as ``(log_time_ns, rosbags message)``."""
+    return [(t, deserialize(data, msgtype)) for _, msgtype, t, data in iter_raw(path, [topic])]
+
+
+# --- writing --------------------------------------------------------------------------------------------------------
+
+
+class BagRecorder:
+    """Write CDR messages into a new rosbag2 folder; topics are added on their first message.
+
+    Args:
+        path (`str` or `Path`): The bag folder to create (must not exist).
+        storage (`str`): ``mcap`` (zstd-compressed chunks) or ``sqlite3`` (uncompressed, readable by any rosbag2).
+        custom_data (`dict[str, str]`, *optional*): Written into metadata.yaml.
+
+    Raises:
+        BagError: ``path`` exists or ``storage`` is unknown.
+    """
+
+    def __init__(self, path: str | Path, storage: str = "mcap", custom_data: dict[str, str] | None = None) -> None:
+        self.path = Path(path)
+        if storage not in STORAGES:
+            raise BagError(f"unknown bag storage {storage!r}; expected one of {sorted(STORAGES)}")
+        if self.path.exists():
+            raise BagError(f"{self.path} exists already; rosbag2 writers never overwrite a bag")
+        self.storage = storage
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._writer = Writer(self.path, version=BAG_VERSION, storage_plugin=STORAGES[storage])
+        if storage == "mcap":
+            # Chunk compression inside the mcap file: every rosbag2 mcap reader decompresses it transparently.
+            self._writer.set_compression(CompressionMode.STORAGE, CompressionFormat.ZSTD)
+        for key, value in (custom_data or {}).items():
+            self._writer.set_custom_data(key, value)
+        self._writer.open()
+        self._connections: dict[tuple[str, str], Any] = {}
+        self.counts: dict[str, int] = {}
+
+    def write(self, topic: str, msgtype: str, log_time_ns: int, data: bytes | memoryview) -> None:
+        """Append one CDR message; ``msgtype`` must be known to :func:`typestore`."""
+        key = (topic, msgtype)
+        if key not in self._connections:
+            self._connections[key] = self._writer.add_connection(topic, msgtype, typestore=typestore())
+        self._writer.write(self._connections[key], int(log_time_ns), bytes(data))
+        self.counts[topic] = self.counts.get(topic, 0) + 1
+
+    def write_msg(self, topic: str, log_time_ns: int, msg: Any) -> None:
+        """Append one ``rosbags`` message."""
+        self.write(topic, msg.__msgtype__, log_time_ns, serialize(msg))
+
+    def close(self) -> None:
+        """Finish the bag (writes the mcap summary and metadata.yaml)."""
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None  # type: ignore[assignment]
+
+    def __enter__(self) -> BagRecorder:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+# --- the bundled demo bag -------------------------------------------------------------------------------------------
+
+
+def make_demo_bag(
+    out: str | Path,
+    scene_offsets: Sequence[int] = DEMO_SCENE_OFFSETS,
+    frames_per_scene: int = DEMO_FRAMES_PER_SCENE,
+    scene_period_s: float = DEMO_SCENE_PERIOD_S,
+    storage: str = "mcap",
+) -> BagInfo:
+    """Write the demo bag: toy scenes as a camera stream, the robot position as a joint state, the instruction.
+
+    Each scene ``HELDOUT_SEED_BASE + offset`` is shown for ``scene_period_s`` at ``frames_per_scene`` frames;
+    image and joint state of one frame share a header stamp (= log time). The instruction is sent with every new
+    scene, so a node that starts listening late still hears it.
+
+    Args:
+        out (`str` or `Path`): Bag folder to create.
+        scene_offsets (`Sequence[int]`): Held-out scene offsets, in playback order.
+        frames_per_scene (`int`): Frames per scene (>= 1).
+        scene_period_s (`float`): Seconds each scene is shown (> 0).
+        storage (`str`): ``mcap`` or ``sqlite3``.
+    """
+    from ..toy import HELDOUT_SEED_BASE, INSTRUCTION, make_scene, render
+
+    if frames_per_scene < 1 or scene_period_s <= 0 or not scene_offsets:
+        raise BagError("make_demo_bag needs frames_per_scene >= 1, scene_period_s > 0 and at least one scene")
+    frame_ns = int(round(scene_period_s * 1e9 / frames_per_scene))
+    scenes: dict[str, int] = {}
+    frames = []
+    for k, offset in enumerate(scene_offsets):
+        scene = make_scene(HELDOUT_SEED_BASE + int(offset))
+        image = render(scene)
+        for j in range(frames_per_scene):
+            stamp = DEMO_START_NS + k * int(round(scene_period_s * 1e9)) + j * frame_ns
+            scenes[str(stamp)] = scene.seed
+            frames.append((stamp, image, scene, j == 0))
+    custom = {SCENES_KEY: json.dumps(scenes), "trajectory_ensemble.generator": "make-demo-bag"}
+    with BagRecorder(out, storage, custom_data=custom) as bag:
+        for stamp, image, scene, first in frames:
+            if first:
+                bag.write_msg(DEMO_INSTRUCTION_TOPIC, stamp, string_msg(INSTRUCTION))
+            bag.write_msg(DEMO_IMAGE_TOPIC, stamp, image_msg(image, stamp, DEMO_FRAME_ID))
+            bag.write_msg(DEMO_STATE_TOPIC, stamp, joint_state_msg(DEMO_JOINT_NAMES, scene.robot, stamp, DEMO_FRAME_ID))
+    return bag_info(out)
+
+
+def toy_scene_seeds(info: BagInfo) -> dict[int, int]:
+    """``{image stamp ns: toy scene seed}`` of a demo bag; empty for any other bag."""
+    try:
+        return {int(k): int(v) for k, v in json.loads(info.custom_data.get(SCENES_KEY, "{}")).items()}
+    except (ValueError, AttributeError):
+        return {}
+
+
+def _describe(info: BagInfo) -> str:
+    size = sum(f.stat().st_size for f in info.path.iterdir() if f.is_file())
+    lines = [f"{info.path}: {info.storage}, {size / 1024:.0f} KiB, {(info.end_ns - info.start_ns) / 1e9:.2f} s"]
+    lines += [f"  {t.name}  {t.msgtype}  {t.count}" for t in info.topics]
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m trajectory_ensemble_node.ros.bags {make-demo-bag OUT | info BAG}``."""
+    parser = argparse.ArgumentParser(prog="python -m trajectory_ensemble_node.ros.bags", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    make = sub.add_parser("make-demo-bag", help="write the toy-scene demo bag (the bundled one is made by this)")
+    make.add_argument("out", type=Path, help="bag folder to create (must not exist)")
+    make.add_argument("--storage", choices=sorted(STORAGES), default="mcap", help="storage plugin (default mcap)")
+    make.add_argument("--scenes", type=int, default=len(DEMO_SCENE_OFFSETS), help="number of scenes (default 6)")
+    make.add_argument("--frames-per-scene", type=int, default=DEMO_FRAMES_PER_SCENE, help="frames per scene (2)")
+    info = sub.add_parser("info", help="print a bag's storage, size, duration and topics")
+    info.add_argument("bag", type=Path)
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "make-demo-bag":
+            print(_describe(make_demo_bag(args.out, tuple(range(args.scenes)), args.frames_per_scene,
+                                          storage=args.storage)))
+        else:
+            print(_describe(bag_info(args.bag)))
+    except TrajectoryEnsembleError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

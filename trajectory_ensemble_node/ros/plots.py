@@ -1,0 +1,205 @@
+"""Plots of replayed goals (matplotlib only; no rclpy): candidates against the reduced trajectory.
+
+Two figures:
+
+- :func:`plot_channels`: any model. One row per action channel against bag time; each goal's chunk starts at its
+  observation stamp, its candidates drawn thin and the reduced trajectory bold, in the goal's colour.
+- :func:`plot_toy_scenes`: the toy obstacle task. One panel per goal: the observed scene, the candidates as
+  paths from the robot, and the trajectory each reducer makes of the same candidates (reduced offline with
+  :func:`~trajectory_ensemble_node.reducers.get_reducer`), with collisions marked.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only: no display on a robot or in CI
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+MAX_CHANNEL_ROWS = 10
+"""More channels than this (e.g. 20 for two arms) are cut to the first 10 so the rows stay readable."""
+TOY_REDUCERS = ("mean", "medoid", "mode")
+_REDUCER_STYLE = {"mean": ("#ff9f1c", "o"), "medoid": ("#2ec4b6", "s"), "mode": ("#f15bb5", "D")}
+_CANDIDATE_COLOR = "#9bb8ff"
+_COLLIDING_COLOR = "#ff6b6b"
+_CHANNEL_NAMES = {
+    10: ("x", "y", "z", "r1", "r2", "r3", "r4", "r5", "r6", "gripper"),
+    9: ("x", "y", "z", "r1", "r2", "r3", "r4", "r5", "r6"),
+    2: ("x", "y"),
+}
+
+
+@dataclass
+class GoalPlot:
+    """What the plots need of one answered goal.
+
+    Args:
+        label (`str`): Short name, e.g. ``"goal 2"``.
+        stamp_s (`float`): Observation stamp, seconds since the bag's first message.
+        dt (`float`): Seconds between trajectory rows.
+        reduced (`np.ndarray` of shape `[H, D]`): The trajectory the node returned.
+        reducer (`str`): The reducer the node used.
+        candidates (`np.ndarray` of shape `[N, H, D]`, *optional*): The candidates, when returned.
+        normalized (`bool`): Actions are in the model's normalized space.
+        image (`np.ndarray` of shape `[h, w, 3]`, *optional*): The observation the goal was served from.
+        scene (`Any`, *optional*): The toy :class:`~trajectory_ensemble_node.toy.task.Scene` of that observation.
+    """
+
+    label: str
+    stamp_s: float
+    dt: float
+    reduced: np.ndarray
+    reducer: str
+    candidates: np.ndarray | None = None
+    normalized: bool = True
+    image: np.ndarray | None = None
+    scene: Any = None
+
+
+def channel_names(action_dim: int) -> list[str]:
+    """Names for the action channels: pose/gripper layouts by width, else ``a0 .. aD-1``."""
+    return list(_CHANNEL_NAMES.get(action_dim, [f"a{c}" for c in range(action_dim)]))
+
+
+def candidate_spread(candidates: np.ndarray) -> float:
+    """RMS over rows and channels of the candidates' standard deviation (action units): 0 = all identical."""
+    return float(np.sqrt(np.mean(np.var(np.asarray(candidates, dtype=np.float64), axis=0))))
+
+
+def plot_channels(goals: Sequence[GoalPlot], path: str | Path, title: str = "") -> Path:
+    """Write the per-channel timeline figure.
+
+    Args:
+        goals (`Sequence[GoalPlot]`): Answered goals, in order (at least one).
+        path (`str` or `Path`): PNG to write (parent folders are created).
+        title (`str`): Figure title.
+
+    Returns:
+        `Path`: ``path``.
+    """
+    if not goals:
+        raise ValueError("plot_channels needs at least one goal")
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    dim = goals[0].reduced.shape[1]
+    rows = min(dim, MAX_CHANNEL_ROWS)
+    names = channel_names(dim)
+    colors = plt.get_cmap("tab10")
+    fig, axes = plt.subplots(rows, 1, figsize=(11, 1.7 * rows + 1.4), sharex=True, squeeze=False)
+    unit = " (normalized)" if goals[0].normalized else ""
+    for c in range(rows):
+        ax = axes[c, 0]
+        for g, goal in enumerate(goals):
+            color = colors(g % 10)
+            # Row k is the action k*dt after the observation it was planned from.
+            t = goal.stamp_s + np.arange(goal.reduced.shape[0]) * goal.dt
+            if goal.candidates is not None:
+                for candidate in goal.candidates:
+                    ax.plot(t, candidate[:, c], color=color, alpha=0.3, linewidth=0.8)
+            ax.plot(t, goal.reduced[:, c], color=color, linewidth=2.2, marker="o", markersize=2.5)
+            ax.axvline(goal.stamp_s, color=color, linestyle=":", linewidth=0.8)
+        ax.set_ylabel(f"{names[c]}{unit}", fontsize=8)
+        ax.tick_params(labelsize=7)
+        ax.grid(alpha=0.25)
+    axes[-1, 0].set_xlabel("bag time (s): each chunk starts at its observation stamp (dotted)")
+    handles = [plt.Line2D([], [], color="0.3", linewidth=2.2, marker="o", markersize=3, label="reduced trajectory"),
+               plt.Line2D([], [], color="0.3", alpha=0.4, linewidth=0.8, label="candidates")]
+    handles += [plt.Line2D([], [], color=colors(g % 10), linewidth=4,
+                           label=f"{goal.label}: {goal.reducer}"
+                           + (f", N={len(goal.candidates)}" if goal.candidates is not None else ""))
+                for g, goal in enumerate(goals)]
+    fig.legend(handles=handles, loc="upper center", ncol=min(len(handles), 5), fontsize=8, frameon=False,
+               bbox_to_anchor=(0.5, 1.0 - 0.35 / fig.get_figheight()))
+    more = f"; first {rows} of {dim} channels" if rows < dim else ""
+    fig.suptitle(title or f"candidates vs reduced trajectory per action channel{more}", fontsize=11, y=0.995)
+    fig.tight_layout(rect=(0, 0, 1, 1.0 - 0.75 / fig.get_figheight()))
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def reduce_offline(candidates: np.ndarray, reducers: Sequence[str] = TOY_REDUCERS) -> dict[str, np.ndarray]:
+    """Apply registered reducers to returned candidates ``[N, H, D]`` (what the node would have sent)."""
+    import torch
+
+    from ..reducers import get_reducer
+
+    tensor = torch.from_numpy(np.asarray(candidates, dtype=np.float64))
+    return {name: get_reducer(name)(tensor).numpy() for name in reducers}
+
+
+def plot_toy_scenes(goals: Sequence[GoalPlot], path: str | Path, reducers: Sequence[str] = TOY_REDUCERS,
+                    title: str = "") -> Path:
+    """Write the toy-task figure: per goal, the scene, its candidate paths and each reducer's path.
+
+    Goals without candidates or without a scene are skipped.
+
+    Args:
+        goals (`Sequence[GoalPlot]`): Answered goals with ``candidates`` and ``scene`` set.
+        path (`str` or `Path`): PNG to write.
+        reducers (`Sequence[str]`): Reducers to apply offline to each goal's candidates.
+        title (`str`): Figure title.
+
+    Returns:
+        `Path`: ``path``.
+    """
+    from ..toy.task import collides, polyline, side
+
+    usable = [g for g in goals if g.candidates is not None and g.scene is not None]
+    if not usable:
+        raise ValueError("plot_toy_scenes needs goals with candidates and a toy scene")
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    cols = min(3, len(usable))
+    rows = math.ceil(len(usable) / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(4.6 * cols, 4.9 * rows + 0.6), squeeze=False)
+    for ax in axes.flat[len(usable):]:
+        ax.axis("off")
+    collisions = dict.fromkeys(reducers, 0)
+    for ax, goal in zip(axes.flat, usable):
+        scene = goal.scene
+        if goal.image is not None:
+            # The image spans [-1, 1] on both axes with y up (toy.task's convention).
+            ax.imshow(goal.image, extent=(-1, 1, -1, 1), origin="upper", interpolation="nearest")
+        sides = [side(scene, c) for c in goal.candidates]
+        for c, candidate in enumerate(goal.candidates):
+            line = polyline(scene.robot, candidate)
+            bad = collides(scene, candidate)
+            ax.plot(line[:, 0], line[:, 1], color=_COLLIDING_COLOR if bad else _CANDIDATE_COLOR, alpha=0.8,
+                    linewidth=1.0, linestyle="--" if bad else "-")
+        for name, reduced in reduce_offline(goal.candidates, reducers).items():
+            color, marker = _REDUCER_STYLE.get(name, ("#ffd166", "^"))
+            bad = collides(scene, reduced)
+            collisions[name] += int(bad)
+            line = polyline(scene.robot, reduced)
+            ax.plot(line[:, 0], line[:, 1], color=color, linewidth=2.4, marker=marker, markersize=4,
+                    label=f"{name}{' (node)' if name == goal.reducer else ''}: "
+                          f"{'COLLIDES' if bad else 'clear'}")
+        # side() is +1 left of the start->target axis: "above" for a robot travelling right, as in every toy scene.
+        above = sum(s > 0 for s in sides)
+        ax.set_title(f"{goal.label} (t={goal.stamp_s:.2f} s): {len(sides)} candidates, "
+                     f"{above} above / {len(sides) - above} below", fontsize=9)
+        ax.plot([], [], color=_CANDIDATE_COLOR, linewidth=1.0, label="candidate")
+        ax.plot([], [], color=_COLLIDING_COLOR, linewidth=1.0, linestyle="--", label="candidate (collides)")
+        ax.set_xlim(-1, 1)
+        ax.set_ylim(-1, 1)
+        ax.set_aspect("equal")
+        ax.set_xlabel("x (normalized scene units)", fontsize=8)
+        ax.set_ylabel("y (normalized scene units)", fontsize=8)
+        ax.tick_params(labelsize=7)
+        legend = ax.legend(loc="lower left", fontsize=7, facecolor="#303036", edgecolor="none", framealpha=0.85)
+        for text in legend.get_texts():
+            text.set_color("white")
+    counts = ", ".join(f"{name} {n}/{len(usable)}" for name, n in collisions.items())
+    fig.suptitle((title or "toy obstacle task: candidates and reducers") + f"\ncollisions: {counts}", fontsize=11)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -1,0 +1,205 @@
+"""``trajectory-ensemble replay``: a bag made here is played into a node; goals, stamps and the output bag.
+
+Three levels: a stand-in node in this process (fast: checks timing, remapping and recording with no model), the real
+node in a subprocess on the tiny model (the end-to-end contract), and no node at all (the failure must be clear).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from trajectory_ensemble_node.ros import bags
+
+pytestmark = pytest.mark.ros
+
+FRAME_PERIOD_NS = 250_000_000
+CAMERA_EPOCH_NS = 1_600_000_000 * 1_000_000_000
+"""Header stamps come from another clock than the log times, so a test can tell the two apart."""
+LOG_START_NS = 1_700_000_000 * 1_000_000_000
+GOAL_EVERY_S = 0.5
+GOAL_OFFSET_S = 0.1
+
+
+def _write_bag(path: Path, frames: int = 6, size: int = 256) -> list[tuple[int, int]]:
+    """A bag of ``frames`` images (and joint states) 4 Hz apart; returns ``(log time, header stamp)`` per frame."""
+    rng = np.random.default_rng(0)
+    frames_out = []
+    with bags.BagRecorder(path, "sqlite3") as recorder:
+        recorder.write_msg("/cam/instruction", LOG_START_NS, bags.string_msg("reach the target"))
+        for i in range(frames):
+            log_ns = LOG_START_NS + i * FRAME_PERIOD_NS
+            # Camera stamps 30 ms before logging, as a real driver's would be.
+            stamp = CAMERA_EPOCH_NS + i * FRAME_PERIOD_NS - 30_000_000
+            image = rng.integers(0, 255, size=(size, size, 3), dtype=np.uint8)
+            recorder.write_msg("/cam/image_raw", log_ns, bags.image_msg(image, stamp, "cam"))
+            recorder.write_msg("/joint_states", log_ns, bags.joint_state_msg(("j0", "j1"), (0.1 * i, -0.1 * i), stamp))
+            frames_out.append((log_ns, stamp))
+    return frames_out
+
+
+def _expected_stamps(frames: list[tuple[int, int]]) -> list[int]:
+    """The observation stamp current at each goal: the last frame logged before the goal's bag time."""
+    end = frames[-1][0]
+    expected, t = [], frames[0][0] + int(GOAL_OFFSET_S * 1e9)
+    while t <= end:
+        expected.append(max(stamp for log_ns, stamp in frames if log_ns <= t))
+        t += int(GOAL_EVERY_S * 1e9)
+    return expected
+
+
+# --- a stand-in node: no model, same interface --------------------------------------------------------------------
+
+
+class _StandIn:
+    """Serves GenerateTrajectory under ``/standin`` from the latest image stamp, publishing like the node does."""
+
+    def __init__(self) -> None:
+        import rclpy
+        from rclpy.action import ActionServer
+        from rclpy.callback_groups import ReentrantCallbackGroup
+        from rclpy.executors import MultiThreadedExecutor
+        from rclpy.qos import qos_profile_sensor_data
+        from sensor_msgs.msg import Image
+        from trajectory_ensemble_msgs.action import GenerateTrajectory
+        from trajectory_ensemble_msgs.msg import ActionTrajectory, CandidateArray
+
+        self.Result = GenerateTrajectory.Result
+        self.context = rclpy.Context()
+        rclpy.init(args=[], context=self.context)
+        self.node = rclpy.create_node("standin", namespace="/", context=self.context)
+        self.latest: Any = None
+        self.goals: list[Any] = []
+        group = ReentrantCallbackGroup()
+        self.node.create_subscription(Image, "/standin/observation/image", self._on_image, qos_profile_sensor_data)
+        self.traj_pub = self.node.create_publisher(ActionTrajectory, "/standin/trajectory", 10)
+        self.cand_pub = self.node.create_publisher(CandidateArray, "/standin/candidates", 10)
+        self.msgs = (ActionTrajectory, CandidateArray)
+        ActionServer(self.node, GenerateTrajectory, "/standin/generate_trajectory", self._execute,
+                     callback_group=group)
+        self.executor = MultiThreadedExecutor(num_threads=3, context=self.context)
+        self.executor.add_node(self.node)
+        self.thread = threading.Thread(target=self.executor.spin, daemon=True)
+        self.thread.start()
+
+    def _on_image(self, msg: Any) -> None:
+        self.latest = msg
+
+    def _execute(self, handle: Any) -> Any:
+        ActionTrajectory, CandidateArray = self.msgs
+        goal = handle.request
+        self.goals.append((goal.candidate_count, goal.seed, goal.return_candidates))
+        time.sleep(0.3)  # "model time": longer than the frame period, so the bag clock must pause
+        n, horizon, dim = max(goal.candidate_count, 1), 4, 2
+        cands = np.random.default_rng(goal.seed).normal(size=(n, horizon, dim)).astype(np.float32)
+        traj = ActionTrajectory(header=self.latest.header, domain_name="pusht", horizon=horizon, action_dim=dim,
+                                dt=0.125, data=cands.mean(0).reshape(-1).tolist(), reducer="mean",
+                                candidate_count=n, base_seed=goal.seed, normalized=True)
+        cand_msg = CandidateArray(header=self.latest.header, candidate_ids=list(range(n)), seeds=[goal.seed] * n,
+                                  horizon=horizon, action_dim=dim, data=cands.reshape(-1).tolist(),
+                                  domain_name="pusht", dt=0.125, normalized=True)
+        self.traj_pub.publish(traj)
+        self.cand_pub.publish(cand_msg)
+        handle.succeed()
+        result = self.Result(trajectory=traj, base_seed=goal.seed)
+        if goal.return_candidates:
+            result.candidates = cand_msg
+        return result
+
+    def close(self) -> None:
+        import rclpy
+
+        self.executor.shutdown(timeout_sec=2.0)
+        self.node.destroy_node()
+        rclpy.try_shutdown(context=self.context)
+
+
+@pytest.fixture
+def standin(ros_domain_id: int) -> Iterator[_StandIn]:
+    pytest.importorskip("trajectory_ensemble_msgs")
+    node = _StandIn()
+    try:
+        yield node
+    finally:
+        node.close()
+
+
+def test_replay_into_stand_in(tmp_path: Path, standin: _StandIn) -> None:
+    """Remapping, original stamps, paused bag clock, recorded outputs, plots: against a model-free stand-in."""
+    from trajectory_ensemble_node.ros.playback import ReplayOptions
+    from trajectory_ensemble_node.ros.replay import finish, replay
+
+    frames = _write_bag(tmp_path / "in", size=32)
+    opts = ReplayOptions(bag=tmp_path / "in", out=tmp_path / "out", rate=2.0, goal_every_s=GOAL_EVERY_S,
+                         goal_offset_s=GOAL_OFFSET_S, candidates=3, return_candidates=True, seed=40,
+                         node_namespace="/standin", storage="sqlite3")
+    lines: list[str] = []
+    report = replay(opts, log=lines.append)
+    assert finish(report, opts, log=lines.append) == 0, lines
+    expected = _expected_stamps(frames)
+    assert [g.expected_stamp_ns for g in report.goals] == expected
+    assert [g.stamp_ns for g in report.goals] == expected
+    assert standin.goals == [(3, 40 + i, True) for i in range(len(expected))]
+    recorded = bags.read_messages(report.bag_path, "/standin/trajectory")
+    assert [bags.stamp_ns(m) for _, m in recorded] == expected
+    # Log times are bag times: inside the input bag's span, not the wall clock.
+    assert all(LOG_START_NS <= t <= frames[-1][0] for t, _ in recorded)
+    images = bags.read_messages(report.bag_path, "/standin/observation/image")
+    assert [bags.stamp_ns(m) for _, m in images] == [stamp for _, stamp in frames]
+    assert len(bags.read_messages(report.bag_path, "/standin/candidates")) == len(expected)
+    assert (tmp_path / "out" / "trajectories.png").stat().st_size > 10_000
+    assert (tmp_path / "out" / "summary.json").is_file()
+    assert sum("SUCCEEDED" in line and " ok " in line for line in lines) == len(expected)
+
+
+def test_replay_fails_clearly_without_node(tmp_path: Path, ros_env: dict[str, str]) -> None:
+    """No node: exit status 3 and one line naming the action server."""
+    _write_bag(tmp_path / "in", frames=2, size=8)
+    proc = subprocess.run(
+        [sys.executable, "-m", "trajectory_ensemble_node.cli", "replay", str(tmp_path / "in"), "--wait", "1",
+         "--node-namespace", "/nobody_here", "--out", str(tmp_path / "out")],
+        env=ros_env, capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 3, proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert lines == [lines[0]] and lines[0].startswith("error: node not reachable: no action server "
+                                                       "/nobody_here/generate_trajectory"), proc.stderr
+
+
+@pytest.mark.slow
+def test_replay_into_real_node(tmp_path: Path, ros_env: dict[str, str]) -> None:
+    """A generated bag replayed into the node (tiny model): one trajectory per goal, stamped with its observation."""
+    from trajectory_ensemble_node.ros.launcher import NodeProcess
+
+    frames = _write_bag(tmp_path / "in")
+    expected = _expected_stamps(frames)
+    params = {"model": "tiny", "device": "cpu", "chunk_size": 8, "num_inference_steps": 2, "candidate_count": 2,
+              "max_observation_age_s": 30.0}
+    with NodeProcess(params, ros_env, log_path=tmp_path / "node.log") as node:
+        node.start(ready_timeout_s=300)
+        proc = subprocess.run(
+            [sys.executable, "-m", "trajectory_ensemble_node.cli", "replay", str(tmp_path / "in"),
+             "--out", str(tmp_path / "out"), "--goal-every", str(GOAL_EVERY_S), "--goal-offset", str(GOAL_OFFSET_S),
+             "--candidates", "3", "--return-candidates", "--rate", "2", "--wait", "30"],
+            env=ros_env, capture_output=True, text=True, timeout=600,
+        )
+        assert proc.returncode == 0, proc.stdout + proc.stderr + node.tail()
+    assert node.proc is not None and node.proc.returncode == 0, node.tail()
+    summary_lines = [line for line in proc.stdout.splitlines() if line.startswith("goal ")]
+    assert len(summary_lines) == len(expected) and all(" ok " in line for line in summary_lines), proc.stdout
+    out_bag = tmp_path / "out" / "bag"
+    trajectories = bags.read_messages(out_bag, "/trajectory_ensemble/trajectory")
+    assert [bags.stamp_ns(m) for _, m in trajectories] == expected
+    assert all(m.candidate_count == 3 and m.horizon == 8 and m.action_dim == 10 for _, m in trajectories)
+    candidates = bags.read_messages(out_bag, "/trajectory_ensemble/candidates")
+    assert [bags.stamp_ns(m) for _, m in candidates] == expected
+    assert bags.candidates_array(candidates[0][1]).shape == (3, 8, 10)
+    assert (tmp_path / "out" / "trajectories.png").stat().st_size > 10_000

@@ -1,0 +1,339 @@
+"""``trajectory-ensemble replay BAG``: play a rosbag2 into the running node, send goals, record what it publishes.
+
+The bag's observation topics (one ``sensor_msgs/Image``, optionally a ``JointState`` and a ``std_msgs/String``) are
+published on the node's inputs (``<ns>/observation/image``, ``<ns>/observation/state``, ``<ns>/instruction``) as
+the bag's own CDR bytes, so header stamps are the original ones, with the bag's timing divided by ``--rate``.
+Every ``--goal-every`` seconds of bag time (first one ``--goal-offset`` after the first image) a
+``GenerateTrajectory`` goal goes to ``<ns>/generate_trajectory``. While a goal runs the bag clock is paused, as if
+pause were pressed in ``ros2 bag play``: a model slower than real time then serves every scheduled goal instead of
+preempting itself (``goal_policy: preempt``), and each goal is served from the frame that was current when it was
+sent.
+
+Outputs under ``--out``: ``bag/`` (rosbag2, mcap with zstd chunks by default, or ``--storage sqlite3``) holding the
+replayed observations and the node's ``<ns>/trajectory`` (plus ``<ns>/candidates`` with ``--return-candidates``),
+logged at bag time; ``trajectories.png`` (candidates against the reduced trajectory per channel);
+``toy_scenes.png`` for the bundled toy bag; ``summary.json``.
+
+Exit status: 0 every goal succeeded with the expected stamp; 1 some goal failed; 2 bad bag or arguments;
+3 the node is not reachable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from ..errors import TrajectoryEnsembleError
+from . import bags
+from .playback import GoalOutcome, PlaybackClock, ReplayOptions, ReplayReport, goal_times, resolve_inputs
+
+EXIT_OK = 0
+EXIT_GOALS_FAILED = 1
+EXIT_BAD_INPUT = 2
+EXIT_UNREACHABLE = 3
+SETTLE_S = 0.05
+"""A goal waits at least this long (wall time) after the last image: the frame then reached the node before it."""
+DRAIN_S = 2.0
+"""How long to wait after the last goal for its ``~/trajectory`` message to arrive."""
+
+
+class NodeUnreachableError(TrajectoryEnsembleError, ConnectionError):
+    """The node's action server did not answer (not running, other ROS_DOMAIN_ID, or other namespace)."""
+
+
+class _RosSession:
+    """The replay's rclpy side: input publishers, the action client, raw output subscriptions, a spinning thread."""
+
+    def __init__(self, opts: ReplayOptions, inputs: dict[str, tuple[str, str]], on_output: Any) -> None:
+        import threading
+
+        import rclpy
+        from rclpy.action import ActionClient
+        from rclpy.executors import MultiThreadedExecutor
+        from rclpy.qos import QoSProfile
+        from sensor_msgs.msg import Image, JointState
+        from std_msgs.msg import String
+        from trajectory_ensemble_msgs.action import GenerateTrajectory
+        from trajectory_ensemble_msgs.msg import ActionTrajectory, CandidateArray
+
+        self.GenerateTrajectory = GenerateTrajectory
+        self.context = rclpy.Context()
+        rclpy.init(args=[], context=self.context)
+        self.node = rclpy.create_node("trajectory_ensemble_replay", context=self.context)
+        classes = {bags.IMAGE_TYPE: Image, bags.STATE_TYPE: JointState, bags.STRING_TYPE: String}
+        # Reliable publishers match both reliable and best-effort (sensor-data) subscriptions.
+        self.publishers = {bag_topic: self.node.create_publisher(classes[msgtype], node_topic, QoSProfile(depth=10))
+                           for bag_topic, (node_topic, msgtype) in inputs.items()}
+        ns = opts.node_namespace.rstrip("/")
+        self.action_name = f"{ns}/generate_trajectory"
+        self.client = ActionClient(self.node, GenerateTrajectory, self.action_name)
+        outputs = [(f"{ns}/trajectory", ActionTrajectory, bags.TRAJECTORY_TYPE)]
+        if opts.return_candidates:
+            outputs.append((f"{ns}/candidates", CandidateArray, bags.CANDIDATES_TYPE))
+        self.output_topics = [topic for topic, _, _ in outputs]
+        for topic, cls, msgtype in outputs:
+            # raw=True hands over the CDR bytes as received: recorded exactly as ros2 bag record would.
+            self.node.create_subscription(cls, topic, lambda data, t=topic, m=msgtype: on_output(t, m, data),
+                                          QoSProfile(depth=50), raw=True)
+        self.executor = MultiThreadedExecutor(num_threads=2, context=self.context)
+        self.executor.add_node(self.node)
+        self._thread = threading.Thread(target=self._spin, name="replay-spin", daemon=True)
+        self._thread.start()
+
+    def _spin(self) -> None:
+        import rclpy
+
+        try:
+            self.executor.spin()
+        except Exception as error:  # noqa: BLE001 - reported below unless the context is shutting down
+            if rclpy.ok(context=self.context):
+                # A dead spin thread would only show as goal timeouts; say why it died.
+                print(f"error: replay executor stopped: {type(error).__name__}: {error}", file=sys.stderr)
+                raise
+
+    def wait_for_node(self, timeout_s: float) -> None:
+        """Wait for the action server, then (briefly) for the node's subscriptions and publishers to match."""
+        if not self.client.wait_for_server(timeout_sec=timeout_s):
+            raise NodeUnreachableError(
+                f"node not reachable: no action server {self.action_name} after {timeout_s:g} s "
+                f"(is the node running, in this ROS_DOMAIN_ID, under namespace {self.action_name.rsplit('/', 1)[0]}?)"
+            )
+        # Discovery of topics completes independently of the action; a first frame sent before it would be lost.
+        deadline = time.monotonic() + min(timeout_s, 5.0)
+        while time.monotonic() < deadline:
+            if all(p.get_subscription_count() > 0 for p in self.publishers.values()) and all(
+                self.node.count_publishers(t) > 0 for t in self.output_topics[:1]
+            ):
+                return
+            time.sleep(0.05)
+
+    def publish(self, bag_topic: str, data: bytes) -> None:
+        """Publish one message of ``bag_topic`` as its CDR bytes."""
+        self.publishers[bag_topic].publish(data)
+
+    def run_goal(self, opts: ReplayOptions, index: int) -> tuple[str, Any, float]:
+        """Send goal ``index`` and wait for its result: ``(status name, result or None, latency ms)``."""
+        import threading
+
+        from action_msgs.msg import GoalStatus
+
+        names = {v: k[len("STATUS_"):] for k, v in vars(GoalStatus).items() if k.startswith("STATUS_")}
+        goal = self.GenerateTrajectory.Goal(instruction=opts.instruction, candidate_count=opts.candidates,
+                                            reducer=opts.reducer, return_candidates=opts.return_candidates)
+        if opts.seed is not None:
+            goal.use_seed, goal.seed = True, int(opts.seed) + index
+        done = threading.Event()
+        started = time.perf_counter()
+        sent = self.client.send_goal_async(goal)
+        sent.add_done_callback(lambda _: done.set())
+        if not done.wait(opts.goal_timeout_s):
+            return "TIMEOUT", None, (time.perf_counter() - started) * 1e3
+        handle = sent.result()
+        if not handle.accepted:
+            return "REJECTED", None, (time.perf_counter() - started) * 1e3
+        done.clear()
+        result_future = handle.get_result_async()
+        result_future.add_done_callback(lambda _: done.set())
+        if not done.wait(opts.goal_timeout_s):
+            handle.cancel_goal_async()
+            return "TIMEOUT", None, (time.perf_counter() - started) * 1e3
+        latency_ms = (time.perf_counter() - started) * 1e3
+        response = result_future.result()
+        return names.get(response.status, str(response.status)), response.result, latency_ms
+
+    def close(self) -> None:
+        """Stop spinning and shut the context down."""
+        import rclpy
+
+        self.executor.shutdown(timeout_sec=2.0)
+        self.node.destroy_node()
+        rclpy.try_shutdown(context=self.context)
+        self._thread.join(timeout=2.0)
+
+
+def replay(opts: ReplayOptions, log: Any = print) -> ReplayReport:
+    """Replay ``opts.bag`` into the node and record its outputs (see the module docstring).
+
+    Args:
+        opts (`ReplayOptions`): What to replay and how.
+        log (`Callable[[str], None]`): Receives the per-goal summary lines.
+
+    Raises:
+        BagError: The bag cannot be read or lacks an image topic.
+        NodeUnreachableError: The node's action server is not up within ``opts.wait_s``.
+    """
+    info = bags.bag_info(opts.bag)
+    inputs = resolve_inputs(info, opts)
+    image_topic = next(t for t, (_, m) in inputs.items() if m == bags.IMAGE_TYPE)
+    scene_seeds = bags.toy_scene_seeds(info)
+    out_bag = opts.out / "bag"
+    if out_bag.exists():
+        if not opts.overwrite:
+            raise bags.BagError(f"{out_bag} exists; pass --overwrite or choose another --out")
+        shutil.rmtree(out_bag)
+    opts.out.mkdir(parents=True, exist_ok=True)
+    clock = PlaybackClock(info.start_ns, opts.rate)
+    outputs = _Outputs(clock)
+    session = _RosSession(opts, inputs, outputs.on_message)
+    report = ReplayReport(out_dir=opts.out, bag_path=out_bag, start_ns=info.start_ns,
+                          trajectory_topic=session.output_topics[0])
+    recorder: bags.BagRecorder | None = None
+    try:
+        session.wait_for_node(opts.wait_s)
+        recorder = bags.BagRecorder(out_bag, opts.storage, custom_data={"trajectory_ensemble.replayed_bag": str(opts.bag)})
+        schedule = goal_times(info, image_topic, opts)
+        latest: dict[str, Any] = {"stamp": None, "image": None, "wall": 0.0}
+        clock.start()
+
+        def send_goal(t_ns: int) -> None:
+            clock.wait_until(t_ns)
+            time.sleep(max(0.0, SETTLE_S - (time.monotonic() - latest["wall"])))
+            clock.pause()
+            status, result, latency_ms = session.run_goal(opts, len(report.goals))
+            clock.resume()
+            outcome = GoalOutcome.from_result(len(report.goals) + 1, (t_ns - info.start_ns) / 1e9, latest["stamp"],
+                                              status, result, latency_ms, image=latest["image"],
+                                              scene_seed=scene_seeds.get(latest["stamp"] or -1))
+            report.goals.append(outcome)
+            log(outcome.summary_line(len(schedule)))
+
+        for topic, msgtype, t_ns, data in bags.iter_raw(opts.bag, list(inputs)):
+            while schedule[len(report.goals):] and schedule[len(report.goals)] < t_ns:
+                send_goal(schedule[len(report.goals)])
+                outputs.flush(recorder)
+            clock.wait_until(t_ns)
+            session.publish(topic, data)
+            recorder.write(inputs[topic][0], msgtype, t_ns, data)
+            if topic == image_topic:
+                msg = bags.deserialize(data, msgtype)
+                latest.update(stamp=bags.stamp_ns(msg), image=bags.image_rgb(msg), wall=time.monotonic())
+        while len(report.goals) < len(schedule):
+            send_goal(schedule[len(report.goals)])
+        # The node publishes ~/trajectory before the goal succeeds, but the topic and the result travel separately.
+        deadline = time.monotonic() + DRAIN_S
+        expected = sum(g.status == "SUCCEEDED" for g in report.goals)
+        while time.monotonic() < deadline and outputs.count(report.trajectory_topic) < expected:
+            time.sleep(0.05)
+        outputs.flush(recorder)
+    finally:
+        if recorder is not None:
+            recorder.close()
+            report.recorded = dict(recorder.counts)
+        session.close()
+    report.received_stamps = outputs.stamps()
+    return report
+
+
+class _Outputs:
+    """The node's outputs as they arrive on the spin thread, written to the bag later by the main thread.
+
+    rosbags' sqlite3 writer may only be used from the thread that opened it, so callbacks only queue.
+    """
+
+    def __init__(self, clock: PlaybackClock) -> None:
+        import threading
+
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._pending: list[tuple[str, str, int, bytes]] = []
+        self._stamps: dict[str, list[int]] = {}
+
+    def on_message(self, topic: str, msgtype: str, data: bytes) -> None:
+        """Subscription callback: note the header stamp, queue the bytes at the current bag time."""
+        stamp = bags.stamp_ns(bags.deserialize(data, msgtype))
+        with self._lock:
+            self._stamps.setdefault(topic, []).append(stamp)
+            self._pending.append((topic, msgtype, self._clock.now_ns(), bytes(data)))
+
+    def flush(self, recorder: bags.BagRecorder) -> None:
+        """Write what has arrived."""
+        with self._lock:
+            pending, self._pending = self._pending, []
+        for topic, msgtype, t_ns, data in pending:
+            recorder.write(topic, msgtype, t_ns, data)
+
+    def count(self, topic: str) -> int:
+        """Messages received on ``topic`` so far."""
+        with self._lock:
+            return len(self._stamps.get(topic, []))
+
+    def stamps(self) -> dict[str, list[int]]:
+        """Header stamps received, per topic."""
+        with self._lock:
+            return {t: list(v) for t, v in self._stamps.items()}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the ``replay`` flags to ``parser``."""
+    parser.add_argument("bag", type=Path, help="rosbag2 folder (sqlite3 or mcap) with a sensor_msgs/Image topic")
+    parser.add_argument("--rate", type=float, default=1.0, help="playback speed factor (default 1.0)")
+    parser.add_argument("--goal-every", type=float, default=1.0, metavar="K", help="seconds of bag time per goal (1.0)")
+    parser.add_argument("--goal-offset", type=float, default=0.25, metavar="S",
+                        help="bag seconds from the first image to the first goal (0.25)")
+    parser.add_argument("--out", type=Path, default=Path("out/replay"), help="output folder (default out/replay)")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing <out>/bag")
+    parser.add_argument("--storage", choices=sorted(bags.STORAGES), default="mcap", help="output bag storage (mcap)")
+    parser.add_argument("--candidates", type=int, default=0, metavar="N", help="candidates per goal (0 = node default)")
+    parser.add_argument("--reducer", default="", help="reducer per goal ('' = node default)")
+    parser.add_argument("--return-candidates", action="store_true",
+                        help="ask for the candidates; record <ns>/candidates and plot them")
+    parser.add_argument("--seed", type=int, default=None, help="goal i uses base seed SEED+i (default: node picks)")
+    parser.add_argument("--instruction", default="", help="goal instruction ('' = the node's latest ~/instruction)")
+    parser.add_argument("--node-namespace", default="/trajectory_ensemble",
+                        help="the node's fully qualified name (default /trajectory_ensemble)")
+    parser.add_argument("--image-topic", default=None, help="bag image topic (needed when the bag has several)")
+    parser.add_argument("--state-topic", default=None, help="bag JointState topic (default: the only one, if any)")
+    parser.add_argument("--instruction-topic", default=None, help="bag String topic (default: the only one, if any)")
+    parser.add_argument("--wait", type=float, default=10.0, metavar="S", help="seconds to wait for the node (10)")
+    parser.add_argument("--goal-timeout", type=float, default=300.0, metavar="S", help="seconds per goal (300)")
+    parser.add_argument("--no-plot", action="store_true", help="skip the PNG plots")
+
+
+def options_from_args(args: argparse.Namespace) -> ReplayOptions:
+    """Build :class:`ReplayOptions` from parsed ``replay`` flags (shared with ``demo``)."""
+    return ReplayOptions(
+        bag=args.bag, rate=args.rate, goal_every_s=args.goal_every, goal_offset_s=args.goal_offset, out=args.out,
+        overwrite=args.overwrite, storage=args.storage, candidates=args.candidates, reducer=args.reducer,
+        return_candidates=args.return_candidates, seed=args.seed, instruction=args.instruction,
+        node_namespace=args.node_namespace, image_topic=args.image_topic, state_topic=args.state_topic,
+        instruction_topic=args.instruction_topic, wait_s=args.wait, goal_timeout_s=args.goal_timeout,
+        plot=not args.no_plot,
+    )
+
+
+def finish(report: ReplayReport, opts: ReplayOptions, log: Any = print) -> int:
+    """Write plots and ``summary.json``, print the totals, return the exit status."""
+    if opts.plot:
+        for path in report.write_plots():
+            log(f"plot: {path}")
+    summary = report.write_summary()
+    log(f"bag: {report.bag_path} ({opts.storage}; {', '.join(f'{t} {n}' for t, n in sorted(report.recorded.items()))})")
+    log(f"summary: {summary}")
+    problems = report.problems()
+    for problem in problems:
+        log(f"error: {problem}")
+    return EXIT_OK if not problems else EXIT_GOALS_FAILED
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run ``trajectory-ensemble replay``; see the module docstring for the exit status."""
+    opts = options_from_args(args)
+    try:
+        report = replay(opts)
+    except NodeUnreachableError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return EXIT_UNREACHABLE
+    except (bags.BagError, ValueError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    return finish(report, opts)
+
+
+if __name__ == "__main__":
+    _parser = argparse.ArgumentParser(prog="trajectory-ensemble replay")
+    add_arguments(_parser)
+    sys.exit(run(_parser.parse_args()))

@@ -1,0 +1,124 @@
+"""``trajectory-ensemble demo`` (``make demo``): the node on its embedded model, the bundled bag, 8 candidates a goal.
+
+Starts the node as a child process (the node's default ``model``: ``tiny`` random weights, or the ``toy`` policy
+with its action settings: ``pusht``, chunk 8, 10 steps, guidance 1.0, 8 fps), replays the bundled toy-scene bag
+into it with a goal per scene (N=8, ``return_candidates``), prints a line per goal, writes the recorded bag, the
+plots and a summary under ``out/demo/``, and stops the node with SIGINT. For the toy policy ``toy_scenes.png``
+shows each scene with the 8 candidates and what ``mean``, ``medoid`` and ``mode`` make of them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from ..errors import TrajectoryEnsembleError
+from . import bags
+from .launcher import NodeProcess, NodeStartError, pick_domain_id, ros_env
+from .playback import ReplayOptions
+from .replay import EXIT_BAD_INPUT, EXIT_UNREACHABLE, NodeUnreachableError, finish, replay
+
+DEMO_CANDIDATES = 8
+DEMO_SEED = 0
+"""Goal ``i`` uses base seed ``DEMO_SEED + i``: the demo draws the same candidates every run."""
+EXIT_NODE_FAILED = 4
+# The tiny model's own defaults give 16 x 10 actions; chunk 8 keeps the demo's plot readable and its CPU time low.
+TINY_SETTINGS: dict[str, Any] = {"chunk_size": 8, "num_inference_steps": 10}
+
+
+def default_model() -> str:
+    """The node's default ``model`` parameter (``tiny`` if it cannot be read)."""
+    try:
+        from .params import PARAMETERS
+
+        return str(next(spec.default for spec in PARAMETERS if spec.name == "model"))
+    except (ImportError, StopIteration):
+        return "tiny"
+
+
+def toy_installed() -> bool:
+    """Whether the toy policy's weights are in the package."""
+    from ..toy import toy_pipeline_dir
+
+    return (toy_pipeline_dir() / "model_index.json").is_file()
+
+
+def node_params(model: str, device: str, candidates: int) -> dict[str, Any]:
+    """The node's parameters for the demo: the model's action settings plus candidates published.
+
+    Args:
+        model (`str`): ``tiny``, ``toy`` or a directory.
+        device (`str`): torch device (``auto``: CUDA when present).
+        candidates (`int`): Default candidate count.
+    """
+    params: dict[str, Any] = {"model": model, "device": device, "candidate_count": candidates,
+                              "publish_candidates": True}
+    if model == "toy":
+        from ..toy import ACTION_SETTINGS
+
+        params.update(ACTION_SETTINGS)
+    elif model == "tiny":
+        params.update(TINY_SETTINGS)
+    return params
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the ``demo`` flags to ``parser``."""
+    parser.add_argument("--model", default=None, help="tiny, toy or a Cosmos 3 directory (default: the node's default)")
+    parser.add_argument("--device", default="auto", help="torch device of the node (default auto)")
+    parser.add_argument("--bag", type=Path, default=bags.BUNDLED_BAG, help="bag to replay (default: the bundled one)")
+    parser.add_argument("--out", type=Path, default=Path("out/demo"), help="output folder (default out/demo)")
+    parser.add_argument("--candidates", type=int, default=DEMO_CANDIDATES, help="candidates per goal (8)")
+    parser.add_argument("--rate", type=float, default=1.0, help="playback speed factor (1.0)")
+    parser.add_argument("--storage", choices=sorted(bags.STORAGES), default="mcap", help="output bag storage (mcap)")
+    parser.add_argument("--ready-timeout", type=float, default=600.0, metavar="S",
+                        help="seconds to wait for the node to load its model (600)")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the demo; 0 when every goal succeeded with the right stamp and the node stopped cleanly."""
+    started = time.monotonic()
+    model = args.model or default_model()
+    if model == "toy" and not toy_installed():
+        print("demo: the toy policy weights are not installed (trajectory_ensemble_node/assets/toy_policy); "
+              "using model tiny (random weights) instead")
+        model = "tiny"
+    domain_id = pick_domain_id()
+    # This process's rclpy reads the domain at init; the node gets the same one through its environment.
+    os.environ["ROS_DOMAIN_ID"] = str(domain_id)
+    os.environ.setdefault("ROS_AUTOMATIC_DISCOVERY_RANGE", "LOCALHOST")
+    args.out.mkdir(parents=True, exist_ok=True)
+    params = node_params(model, args.device, args.candidates)
+    print(f"demo: model {model}, ROS_DOMAIN_ID={domain_id}, bag {args.bag}, output {args.out}/")
+    print(f"demo: starting the node ({', '.join(f'{k}={v}' for k, v in params.items())}); log {args.out}/node.log")
+    opts = ReplayOptions(bag=args.bag, rate=args.rate, out=args.out, overwrite=True, storage=args.storage,
+                         candidates=args.candidates, return_candidates=True, seed=DEMO_SEED, wait_s=30.0)
+    node = NodeProcess(params, ros_env(domain_id), log_path=args.out / "node.log", echo=sys.stdout)
+    status = 0
+    try:
+        node.start(ready_timeout_s=args.ready_timeout)
+        print(f"demo: node ready after {time.monotonic() - started:.1f} s; replaying {args.bag.name} "
+              f"({args.candidates} candidates per goal, return_candidates)")
+        report = replay(opts)
+        report.model_title = f"model {model}"
+        status = finish(report, opts)
+    except NodeStartError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return EXIT_NODE_FAILED
+    except NodeUnreachableError as error:
+        print(f"error: {error}", file=sys.stderr)
+        status = EXIT_UNREACHABLE
+    except (bags.BagError, TrajectoryEnsembleError, ValueError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        status = EXIT_BAD_INPUT
+    finally:
+        code = node.stop()
+    print(f"demo: node stopped (exit status {code}); done in {time.monotonic() - started:.1f} s")
+    if status == 0 and code != 0:
+        print(f"error: the node exited with status {code}; see {args.out}/node.log", file=sys.stderr)
+        status = EXIT_NODE_FAILED
+    return status

@@ -172,6 +172,17 @@ class GroupEngine:
                 future.cancel()
 
     @property
+    def is_background(self) -> bool:
+        """Whether a background thread drives this engine (``start()`` was called and ``stop()`` was not)."""
+        return self._thread is not None
+
+    @property
+    def is_alive(self) -> bool:
+        """Whether the background thread is running (False for a synchronous or stopped engine)."""
+        thread = self._thread
+        return thread is not None and thread.is_alive()
+
+    @property
     def num_queued(self) -> int:
         return len(self._queue)
 

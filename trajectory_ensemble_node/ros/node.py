@@ -407,11 +407,10 @@ class TrajectoryEnsembleNode(Node):
         """Publish ``/diagnostics`` now (also called by the 1 Hz timer and after every goal)."""
         with self._lock:
             last_metrics, last_error = dict(self._last_metrics), self._last_error
-        engine_thread = self.model.engine._thread
         inputs = DiagnosticsInputs(
             node_name=self.get_name(), hardware_id=self.device, model=self.params.model, notice=self.notice,
             weights_version=self.model.weights_version,
-            engine_alive=engine_thread is not None and engine_thread.is_alive(),
+            engine_alive=self.model.engine.is_alive,
             groups_running=self.model.engine.num_running, groups_queued=self.model.engine.num_queued,
             last_metrics=last_metrics, last_error=last_error, goal_counts=self.tracker.snapshot(),
             observation_ages=self.observations.ages(), max_observation_age_s=self.params.max_observation_age_s,

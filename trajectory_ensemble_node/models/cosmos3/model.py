@@ -190,7 +190,7 @@ class Cosmos3ActionModel:
             ``candidate_ids``, ``metrics``.
         """
         handle = self.submit(**kwargs)
-        if self.engine._thread is None:
+        if not self.engine.is_background:
             self.engine.run_until_idle()
         return handle.result()
 
@@ -228,7 +228,7 @@ class Cosmos3ActionModel:
             return self.adapter.bump_weights_version()
 
         future = self.engine.run_between_groups(apply)
-        if self.engine._thread is None:
+        if not self.engine.is_background:
             self.engine.run_until_idle()
         version = future.result(timeout)
         return WeightUpdateReport(weights_version=version, applied=plan.names, skipped=dict(plan.skipped))

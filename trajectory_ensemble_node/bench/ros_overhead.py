@@ -1,0 +1,290 @@
+"""``trajectory-ensemble bench --ros``: what the ROS node adds on top of the engine, measured over real DDS.
+
+The node runs in its own process on the tiny embedded model (chunk 8, N=8, ``--steps`` denoising steps, default
+10); this process publishes a camera frame at 4 Hz and is the action client.
+
+- **Node overhead** (50 goals after 3 warm-up goals): client-side goal-to-result latency (``send_goal_async`` until
+  the result arrives, i.e. goal request, acceptance, result request and result over DDS) minus the engine's own
+  ``total_ms`` from the result metrics. The node's own view (``node_overhead_ms``: its goal time minus
+  ``total_ms``) is reported beside it, so the DDS share is visible. Target: p50 <= 5 ms.
+- **Cancel to terminal** (10 goals): when feedback reports denoising step >= 2, send a cancel and time until the
+  result arrives with status CANCELED. Reported beside the per-step time (``denoise_ms / num_inference_steps`` of the
+  uncanceled goals) so "<= one step + 20 ms" can be judged per run.
+
+Writes ``--json`` (default ``out/bench/ros_overhead.json``) and prints a table. rclpy is imported only here, lazily.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+GOALS = 50
+WARMUP_GOALS = 3
+CANCEL_TRIALS = 10
+CANCEL_AT_STEP = 2
+CANDIDATES = 8
+CHUNK = 8
+DEFAULT_STEPS = 10
+IMAGE_HZ = 4.0
+"""Fresh enough for max_observation_age_s 1.0, and little CPU taken from the node on a small machine."""
+OVERHEAD_TARGET_MS = 5.0
+CANCEL_SLACK_MS = 20.0
+DEFAULT_JSON = Path("out/bench/ros_overhead.json")
+GOAL_TIMEOUT_S = 300.0
+
+
+def percentiles(values: list[float]) -> dict[str, float]:
+    """p50/p95/mean/min/max of ``values`` (ms), with n."""
+    array = np.asarray(values, dtype=np.float64)
+    return {"n": int(array.size), "p50": float(np.percentile(array, 50)), "p95": float(np.percentile(array, 95)),
+            "mean": float(array.mean()), "min": float(array.min()), "max": float(array.max())}
+
+
+class _Client:
+    """Image publisher and action client in one rclpy context, spinning on a background thread."""
+
+    def __init__(self, namespace: str = "/trajectory_ensemble") -> None:
+        import rclpy
+        from rclpy.action import ActionClient
+        from rclpy.executors import SingleThreadedExecutor
+        from sensor_msgs.msg import Image
+        from trajectory_ensemble_msgs.action import GenerateTrajectory
+
+        self.GenerateTrajectory = GenerateTrajectory
+        self.context = rclpy.Context()
+        rclpy.init(args=[], context=self.context)
+        self.node = rclpy.create_node("trajectory_ensemble_bench", context=self.context)
+        self.client = ActionClient(self.node, GenerateTrajectory, f"{namespace}/generate_trajectory")
+        self.image_pub = self.node.create_publisher(Image, f"{namespace}/observation/image", 10)
+        pixels = np.random.default_rng(0).integers(0, 255, size=(256, 256, 3), dtype=np.uint8)
+        self.image = Image(height=256, width=256, encoding="rgb8", step=256 * 3, data=pixels.tobytes())
+        self.node.create_timer(1.0 / IMAGE_HZ, self._publish_image)
+        # One thread: callbacks here are tiny, and rclpy's multi-threaded executor adds its own latency.
+        self.executor = SingleThreadedExecutor(context=self.context)
+        self.executor.add_node(self.node)
+        self.thread = threading.Thread(target=self.executor.spin, daemon=True)
+        self.thread.start()
+
+    def _publish_image(self) -> None:
+        self.image.header.stamp = self.node.get_clock().now().to_msg()
+        self.image_pub.publish(self.image)
+
+    def goal(self, seed: int) -> Any:
+        """A goal for N candidates with a fixed seed (same work every time)."""
+        return self.GenerateTrajectory.Goal(candidate_count=CANDIDATES, use_seed=True, seed=seed)
+
+    def send(self, goal: Any, feedback: Any = None) -> Any:
+        """Send ``goal``, wait for acceptance; returns the goal handle (accepted)."""
+        future = self.client.send_goal_async(goal, feedback_callback=feedback)
+        done = threading.Event()
+        future.add_done_callback(lambda _: done.set())
+        if not done.wait(GOAL_TIMEOUT_S) or not future.result().accepted:
+            raise RuntimeError("the node did not accept a goal")
+        return future.result()
+
+    @staticmethod
+    def result(handle: Any) -> Any:
+        """Wait for the result of an accepted goal (``GetResult`` response: status and result)."""
+        future = handle.get_result_async()
+        done = threading.Event()
+        future.add_done_callback(lambda _: done.set())
+        if not done.wait(GOAL_TIMEOUT_S):
+            raise RuntimeError("no result within the goal timeout")
+        return future.result()
+
+    def close(self) -> None:
+        """Stop spinning and shut the context down."""
+        import rclpy
+
+        self.executor.shutdown(timeout_sec=2.0)
+        self.node.destroy_node()
+        rclpy.try_shutdown(context=self.context)
+
+
+def _metrics(result: Any) -> dict[str, float]:
+    out = {}
+    for kv in result.metrics:
+        try:
+            out[kv.key] = float(kv.value)
+        except ValueError:
+            pass
+    return out
+
+
+def measure_overhead(client: _Client, goals: int, log: Any) -> dict[str, Any]:
+    """Goal-to-result latency minus engine ``total_ms`` over ``goals`` goals (after warm-up)."""
+    from action_msgs.msg import GoalStatus
+
+    rows = []
+    for i in range(WARMUP_GOALS + goals):
+        started = time.perf_counter()
+        handle = client.send(client.goal(seed=i))
+        accepted_ms = (time.perf_counter() - started) * 1e3
+        response = client.result(handle)
+        latency_ms = (time.perf_counter() - started) * 1e3
+        if response.status != GoalStatus.STATUS_SUCCEEDED:
+            raise RuntimeError(f"goal {i} ended with status {response.status}: {response.result.error_message}")
+        if i < WARMUP_GOALS:
+            continue
+        m = _metrics(response.result)
+        rows.append({"latency_ms": latency_ms, "accept_ms": accepted_ms, "engine_total_ms": m["total_ms"],
+                     "overhead_ms": latency_ms - m["total_ms"], "node_overhead_ms": m.get("node_overhead_ms"),
+                     "denoise_ms": m.get("denoise_ms"), "physical_forwards": m.get("physical_forwards")})
+        if (i - WARMUP_GOALS + 1) % 10 == 0:
+            log(f"  {i - WARMUP_GOALS + 1}/{goals} goals: overhead p50 so far "
+                f"{statistics.median(r['overhead_ms'] for r in rows):.2f} ms")
+    return {"goals": rows, "overhead_ms": percentiles([r["overhead_ms"] for r in rows]),
+            "latency_ms": percentiles([r["latency_ms"] for r in rows]),
+            "accept_ms": percentiles([r["accept_ms"] for r in rows]),
+            "engine_total_ms": percentiles([r["engine_total_ms"] for r in rows]),
+            "node_side_overhead_ms": percentiles([r["node_overhead_ms"] for r in rows
+                                                  if r["node_overhead_ms"] is not None] or [float("nan")]),
+            "denoise_ms": percentiles([r["denoise_ms"] for r in rows if r["denoise_ms"] is not None] or [float("nan")])}
+
+
+def measure_cancel(client: _Client, trials: int, steps: int, log: Any) -> dict[str, Any]:
+    """Cancel mid-denoising, time until the goal is CANCELED; per-step times from the feedback stream."""
+    from action_msgs.msg import GoalStatus
+
+    rows = []
+    for trial in range(trials):
+        reached = threading.Event()
+        step_times: list[tuple[int, float]] = []
+
+        def feedback(msg: Any) -> None:
+            fb = msg.feedback
+            if fb.stage == "denoising":
+                step_times.append((int(fb.step), time.perf_counter()))
+                if fb.step >= CANCEL_AT_STEP:
+                    reached.set()
+
+        handle = client.send(client.goal(seed=10_000 + trial), feedback)
+        result_future = handle.get_result_async()
+        done = threading.Event()
+        result_future.add_done_callback(lambda _: done.set())
+        if not reached.wait(GOAL_TIMEOUT_S):
+            raise RuntimeError(f"cancel trial {trial}: no denoising feedback at step {CANCEL_AT_STEP}")
+        canceled_at = time.perf_counter()
+        at_step = step_times[-1][0]
+        handle.cancel_goal_async()
+        if not done.wait(GOAL_TIMEOUT_S):
+            raise RuntimeError(f"cancel trial {trial}: no terminal state after cancel")
+        terminal_ms = (time.perf_counter() - canceled_at) * 1e3
+        status = result_future.result().status
+        intervals = [(b[1] - a[1]) * 1e3 / max(b[0] - a[0], 1) for a, b in zip(step_times, step_times[1:])
+                     if b[0] > a[0]]
+        rows.append({"cancel_to_terminal_ms": terminal_ms, "canceled_at_step": at_step, "total_steps": steps,
+                     "status": "CANCELED" if status == GoalStatus.STATUS_CANCELED else str(status),
+                     "feedback_step_ms": statistics.median(intervals) if intervals else None})
+        log(f"  cancel {trial + 1}/{trials}: at step {at_step}/{steps}, terminal after {terminal_ms:.1f} ms "
+            f"({rows[-1]['status']})")
+        time.sleep(0.2)  # let the node finish releasing the goal before the next one
+    step_ms = [r["feedback_step_ms"] for r in rows if r["feedback_step_ms"] is not None]
+    return {"trials": rows, "cancel_to_terminal_ms": percentiles([r["cancel_to_terminal_ms"] for r in rows]),
+            "feedback_step_ms": percentiles(step_ms or [float("nan")]),
+            "all_canceled": all(r["status"] == "CANCELED" for r in rows)}
+
+
+def _table(doc: dict[str, Any]) -> str:
+    o, c = doc["overhead"], doc["cancel"]
+    step = doc["step_ms"]
+    lines = [
+        f"bench --ros: tiny model, chunk {CHUNK}, N={CANDIDATES}, {doc['config']['num_inference_steps']} steps, "
+        f"device {doc['config']['device']}, {o['overhead_ms']['n']} goals / {len(c['trials'])} cancels",
+        f"{'measure':<44}{'p50':>10}{'p95':>10}{'max':>10}  target",
+        f"{'goal-to-result latency (client) [ms]':<44}" + "".join(
+            f"{o['latency_ms'][k]:>10.2f}" for k in ("p50", "p95", "max")),
+        f"{'engine total_ms [ms]':<44}" + "".join(f"{o['engine_total_ms'][k]:>10.2f}" for k in ("p50", "p95", "max")),
+        f"{'node overhead = latency - total_ms [ms]':<44}" + "".join(
+            f"{o['overhead_ms'][k]:>10.2f}" for k in ("p50", "p95", "max"))
+        + f"  p50 <= {OVERHEAD_TARGET_MS:g}: {'met' if doc['targets']['overhead_met'] else 'NOT met'}",
+        f"{'goal request to acceptance (client) [ms]':<44}" + "".join(
+            f"{o['accept_ms'][k]:>10.2f}" for k in ("p50", "p95", "max")),
+        f"{'  of which inside the node (node_overhead_ms)':<44}" + "".join(
+            f"{o['node_side_overhead_ms'][k]:>10.2f}" for k in ("p50", "p95", "max")),
+        f"{'per denoising step (denoise_ms / steps) [ms]':<44}{step['p50']:>10.2f}{step['p95']:>10.2f}"
+        f"{step['max']:>10.2f}",
+        f"{'cancel to CANCELED [ms]':<44}" + "".join(
+            f"{c['cancel_to_terminal_ms'][k]:>10.2f}" for k in ("p50", "p95", "max"))
+        + f"  <= step + {CANCEL_SLACK_MS:g} = {doc['targets']['cancel_budget_ms']:.1f}: "
+        + ("met" if doc["targets"]["cancel_met"] else "NOT met") + " (max)",
+    ]
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the measurement (``args`` are ``bench``'s: ``--json``, ``--steps``, ``--device``, ``--quiet``)."""
+    from ..ros.launcher import NodeProcess, NodeStartError, pick_domain_id, ros_env
+
+    import os
+
+    steps = int(getattr(args, "steps", None) or DEFAULT_STEPS)
+    device = str(getattr(args, "device", None) or "auto")
+    json_path = Path(getattr(args, "json", None) or DEFAULT_JSON)
+    quiet = bool(getattr(args, "quiet", False))
+
+    def log(line: str) -> None:
+        if not quiet:
+            print(line, file=sys.stderr, flush=True)
+
+    domain_id = pick_domain_id()
+    os.environ["ROS_DOMAIN_ID"] = str(domain_id)
+    os.environ.setdefault("ROS_AUTOMATIC_DISCOVERY_RANGE", "LOCALHOST")
+    params = {"model": "tiny", "device": device, "chunk_size": CHUNK, "num_inference_steps": steps,
+              "candidate_count": CANDIDATES, "goal_policy": "preempt"}
+    json_path.parent.mkdir(parents=True, exist_ok=True)
+    node = NodeProcess(params, ros_env(domain_id), log_path=json_path.with_suffix(".node.log"))
+    log(f"bench --ros: starting the node (tiny, chunk {CHUNK}, {steps} steps, device {device}, "
+        f"ROS_DOMAIN_ID={domain_id})")
+    try:
+        node.start(ready_timeout_s=600)
+    except NodeStartError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    client = None
+    started = time.time()
+    try:
+        client = _Client()
+        if not client.client.wait_for_server(timeout_sec=30):
+            print("error: node not reachable: no action server /trajectory_ensemble/generate_trajectory",
+                  file=sys.stderr)
+            return 3
+        time.sleep(0.5)  # a few frames reach the node before the first goal
+        log(f"node overhead: {WARMUP_GOALS} warm-up + {GOALS} goals")
+        overhead = measure_overhead(client, GOALS, log)
+        log(f"cancel: {CANCEL_TRIALS} goals canceled at denoising step {CANCEL_AT_STEP}")
+        cancel = measure_cancel(client, CANCEL_TRIALS, steps, log)
+    finally:
+        if client is not None:
+            client.close()
+        node.stop()
+    step_ms = percentiles([r["denoise_ms"] / steps for r in overhead["goals"] if r["denoise_ms"] is not None])
+    budget = step_ms["p50"] + CANCEL_SLACK_MS
+    doc = {
+        "what": "node overhead over engine time and cancel latency, tiny model over DDS (trajectory-ensemble bench --ros)",
+        "config": {"model": "tiny", "chunk_size": CHUNK, "candidate_count": CANDIDATES, "num_inference_steps": steps,
+                   "device": device, "goals": GOALS, "warmup_goals": WARMUP_GOALS, "cancel_trials": CANCEL_TRIALS,
+                   "cancel_at_step": CANCEL_AT_STEP, "rmw": os.environ.get("RMW_IMPLEMENTATION", "default"),
+                   "ros_domain_id": domain_id},
+        "host": {"platform": platform.platform(), "cpus": os.cpu_count(), "load_avg_1m_end": os.getloadavg()[0]},
+        "started_unix": started, "wall_s": time.time() - started,
+        "overhead": overhead, "cancel": cancel, "step_ms": step_ms,
+        "targets": {"overhead_p50_ms": OVERHEAD_TARGET_MS,
+                    "overhead_met": overhead["overhead_ms"]["p50"] <= OVERHEAD_TARGET_MS,
+                    "cancel_budget_ms": budget,
+                    "cancel_met": cancel["all_canceled"] and cancel["cancel_to_terminal_ms"]["max"] <= budget},
+    }
+    json_path.write_text(json.dumps(doc, indent=1), encoding="utf-8")
+    print(_table(doc))
+    print(f"written: {json_path}")
+    return 0

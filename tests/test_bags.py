@@ -216,3 +216,21 @@ def test_goal_outcome_summary_line() -> None:
         assert part in line, line
     failed = GoalOutcome(3, 2.25, None, "ABORTED", error_code=21, error_message="too old")
     assert "code 21 STALE_OBSERVATION: too old" in failed.summary_line(6)
+
+
+def test_bag_and_plot_modules_import_without_rclpy() -> None:
+    """Bags, plots, playback, the launcher and bench --ros import with rclpy blocked (rclpy only at run time)."""
+    import subprocess
+
+    code = (
+        "import sys\n"
+        "class B:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name.split('.')[0] == 'rclpy': raise ImportError('rclpy blocked')\n"
+        "sys.meta_path.insert(0, B())\n"
+        "import trajectory_ensemble_node.ros.bags, trajectory_ensemble_node.ros.plots\n"
+        "import trajectory_ensemble_node.ros.playback, trajectory_ensemble_node.ros.launcher\n"
+        "import trajectory_ensemble_node.bench.ros_overhead\n"
+        "assert 'rclpy' not in sys.modules\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=300)

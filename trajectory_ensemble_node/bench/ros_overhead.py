@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import sys
@@ -225,8 +226,6 @@ def _table(doc: dict[str, Any]) -> str:
 def run(args: argparse.Namespace) -> int:
     """Run the measurement (``args`` are ``bench``'s: ``--json``, ``--steps``, ``--device``, ``--quiet``)."""
     from ..ros.launcher import NodeProcess, NodeStartError, pick_domain_id, ros_env
-
-    import os
 
     steps = int(getattr(args, "steps", None) or DEFAULT_STEPS)
     device = str(getattr(args, "device", None) or "auto")

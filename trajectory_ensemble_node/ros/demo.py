@@ -40,6 +40,16 @@ def default_model() -> str:
         return "tiny"
 
 
+def model_notice(model: str) -> str:
+    """What the weights are (e.g. ``untrained demo weights``), for plot titles; the model name if unknown."""
+    try:
+        from ..models.cosmos3.loading import model_notice as notice
+
+        return str(notice(model))
+    except Exception:  # noqa: BLE001 - a title must never fail the demo
+        return model
+
+
 def toy_installed() -> bool:
     """Whether the toy policy's weights are in the package."""
     from ..toy import toy_pipeline_dir
@@ -104,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"demo: node ready after {time.monotonic() - started:.1f} s; replaying {args.bag.name} "
               f"({args.candidates} candidates per goal, return_candidates)")
         report = replay(opts)
-        report.model_title = f"model {model}"
+        report.model_title = f"model {model} ({model_notice(model)})"
         status = finish(report, opts)
     except NodeStartError as error:
         print(f"error: {error}", file=sys.stderr)

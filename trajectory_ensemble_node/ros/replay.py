@@ -321,8 +321,8 @@ def finish(report: ReplayReport, opts: ReplayOptions, log: Any = print) -> int:
 
 def run(args: argparse.Namespace) -> int:
     """Run ``trajectory-ensemble replay``; see the module docstring for the exit status."""
-    opts = options_from_args(args)
     try:
+        opts = options_from_args(args)
         report = replay(opts)
     except NodeUnreachableError as error:
         print(f"error: {error}", file=sys.stderr)

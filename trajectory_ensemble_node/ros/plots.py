@@ -198,7 +198,9 @@ def plot_toy_scenes(goals: Sequence[GoalPlot], path: str | Path, reducers: Seque
         for text in legend.get_texts():
             text.set_color("white")
     counts = ", ".join(f"{name} {n}/{len(usable)}" for name, n in collisions.items())
-    fig.suptitle((title or "toy obstacle task: candidates and reducers") + f"\ncollisions: {counts}", fontsize=11)
+    fig.suptitle((title or "toy obstacle task: candidates and reducers")
+                 + f"\nblue robot, green target, red obstacle; paths start at the robot. collisions: {counts}",
+                 fontsize=11)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

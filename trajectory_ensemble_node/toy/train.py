@@ -32,7 +32,8 @@ from ..models.cosmos3.attention import install_fanout
 from ..models.cosmos3.packing import PackItem, pack_forward, split_predictions
 from ..models.cosmos3.tiny import TinyCosmos3Config, build_pipeline
 from . import task
-from .data import ToyDataset, build_dataset
+from ..models.cosmos3.conditioning import encode_conditioning
+from .data import ToyDataset, action_condition, build_dataset
 
 TOY_CONFIG = TinyCosmos3Config(
     hidden_size=192,
@@ -58,7 +59,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--work-dir", type=Path, default=Path("out/toy_train"), help="dataset cache, log, summary")
     parser.add_argument("--scenes", type=int, default=640, help="training scene seeds 0..scenes-1")
     parser.add_argument("--mid-probability", type=float, default=0.35, help="share of seeds adding a mid-episode state")
-    parser.add_argument("--steps", type=int, default=5000, help="optimizer steps")
+    parser.add_argument("--steps", type=int, default=3000, help="optimizer steps")
     parser.add_argument("--batch", type=int, default=8, help="examples packed into one forward")
     parser.add_argument("--lr", type=float, default=1e-3, help="peak learning rate of the one-cycle schedule")
     parser.add_argument("--weight-decay", type=float, default=0.01)
@@ -152,6 +153,39 @@ def init_action_heads(pipe: Cosmos3OmniPipeline, generator: torch.Generator) -> 
             module.bias.weight.zero_()
 
 
+def normalize_latents(pipe: Cosmos3OmniPipeline, num_scenes: int = 64) -> tuple[list[float], list[float]]:
+    """Set the VAE's per-channel latent normalization (``latents_mean`` / ``latents_std``) from toy observations.
+
+    ``build_pipeline`` leaves the random VAE un-normalized (mean 0, std 1), and its raw latents have a std near 0.1
+    with large channel offsets, so moving the target changes the conditioning tokens by about 1% of their norm and
+    the policy learns to ignore them (a first run stayed unconditional for 2000 steps). Real Cosmos 3 checkpoints
+    normalize latents per channel; doing the same here makes scene differences O(1). The statistics go into the VAE
+    config, so ``_encode_video`` applies them in training and in serving alike, and the saved pipeline carries them.
+
+    Args:
+        pipe (`Cosmos3OmniPipeline`): Pipeline whose VAE normalization is still the identity.
+        num_scenes (`int`): Training scenes (seeds ``0 .. num_scenes - 1``) whose observations give the statistics.
+
+    Returns:
+        `tuple`: per-channel means and stds (``z_dim`` floats each).
+    """
+    latents = torch.cat([
+        encode_conditioning(
+            pipe, prompt=task.INSTRUCTION, negative_prompt=None,
+            action=action_condition(task.render(task.make_scene(task.TRAIN_SEED_BASE + seed))),
+            fps=task.FPS, guidance_scale=task.GUIDANCE_SCALE, device=torch.device("cpu"),
+        ).x0_vision[:, :, :1].detach()
+        for seed in range(num_scenes)
+    ])
+    mean = [float(m) for m in latents.mean(dim=(0, 2, 3, 4))]
+    std = [float(s) for s in latents.std(dim=(0, 2, 3, 4))]
+    pipe.vae.register_to_config(latents_mean=mean, latents_std=std)
+    # The pipeline caches these at construction (as from_pretrained will rebuild them from the saved config).
+    pipe._vae_latents_mean = torch.tensor(mean, dtype=pipe.vae.dtype)
+    pipe._vae_latents_inv_std = 1.0 / torch.tensor(std, dtype=pipe.vae.dtype)
+    return mean, std
+
+
 def round_vae_to_half(pipe: Cosmos3OmniPipeline) -> None:
     """Round the VAE weights through fp16 before anything is encoded, so the shipped fp16 VAE encodes exactly what
     training saw."""
@@ -194,6 +228,9 @@ def run(args: argparse.Namespace) -> int:
     pipe = build_pipeline(TOY_CONFIG, seed=args.seed)
     round_vae_to_half(pipe)
     init_action_heads(pipe, torch.Generator().manual_seed(args.seed + 1))
+    latents_mean, latents_std = normalize_latents(pipe)
+    print(f"latent normalization: mean {[round(m, 3) for m in latents_mean]}, std {[round(s, 3) for s in latents_std]}",
+          flush=True)
     dataset = build_dataset(pipe, args.scenes, mid_probability=args.mid_probability, cache_dir=work_dir,
                             log=lambda m: print(m, flush=True))
     encode_s = time.perf_counter() - started

@@ -115,3 +115,14 @@ def test_memory_case_runs_in_a_fresh_process_that_does_not_inherit_our_high_wate
     # ru_maxrss of the child equals its own VmHWM: nothing was carried over from the parent.
     assert abs(peak - hwm) <= 0.05 * hwm
     del ballast
+
+
+def test_replot_rebuilds_table_and_plot_from_the_json_alone(document, tmp_path):
+    doc, out = document
+    (source,) = out.glob("*.json")
+    copy = tmp_path / source.name
+    copy.write_text(source.read_text())
+    assert cli.run(parse("--replot", str(copy))) == 0
+    assert copy.with_suffix(".md").read_text() == next(out.glob("*.md")).read_text()
+    assert copy.with_suffix(".png").stat().st_size > 0
+    assert json.loads(copy.read_text())["headline"] == doc["headline"]

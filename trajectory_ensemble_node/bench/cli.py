@@ -94,6 +94,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      help="CPU memory subprocesses run at once, after all timing is done (default 2)")
     run.add_argument("--out", type=Path, default=Path("out/bench"), help="output directory (default out/bench)")
     run.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    run.add_argument("--replot", type=Path, default=None, metavar="JSON",
+                     help="re-render the markdown, plot and derived headline of an existing benchmark JSON, next to "
+                          "it (no measurement)")
 
 
 def resolve_settings(args: argparse.Namespace):
@@ -158,8 +161,14 @@ def run(args: argparse.Namespace) -> int:
     if args.ros:
         return _delegate("ros", args)
 
-    from .report import build_document, load_average, print_summary, write_outputs
+    from .report import build_document, headline, load_average, load_document, print_summary, write_outputs
     from .runner import Progress, run_all
+
+    if args.replot:
+        document, variants, settings = load_document(args.replot)
+        document["headline"] = headline(variants, settings)
+        print_summary(document, write_outputs(document, variants, settings, stem=args.replot.with_suffix("")))
+        return 0
 
     settings = resolve_settings(args)
     started = datetime.datetime.now(datetime.timezone.utc)

@@ -15,7 +15,8 @@ from typing import Any
 
 import torch
 
-from .runner import CaseResult, Settings, VariantResult, to_jsonable
+from .runner import CaseResult, Settings, VariantResult, to_jsonable, variant_from_json
+from .workload import PipelineSource, Workload
 
 SCHEMA = "trajectory_ensemble.bench/1"
 # design.md targets, all measured as ratios within one run.
@@ -112,6 +113,29 @@ def _peak(case: CaseResult) -> int | None:
     return memory.get("peak_rss_bytes", memory.get("peak_allocated_bytes"))
 
 
+# Below this difference of the medians the topologies are reported as a tie.
+TIE_PCT = 1.0
+
+
+def faster_topology(cases: list[CaseResult], device: torch.device) -> dict[str, Any]:
+    """Which batched topology was faster for one N, and by how much.
+
+    Decided on median CPU time on a CPU (load-independent: wall medians on a shared machine move with other work),
+    on median wall time on CUDA. ``topology`` is ``"tie"`` when the medians differ by less than ``TIE_PCT`` percent.
+    """
+    by = "wall" if device.type == "cuda" else "cpu_time"
+    values = {c.topology: (c.latency_s.median if by == "wall" else c.cpu_s.median) for c in cases}
+    ranked = sorted(values, key=values.get)
+    margin = 100.0 * (values[ranked[-1]] / values[ranked[0]] - 1.0) if len(ranked) > 1 else 0.0
+    return {
+        "topology": ranked[0] if margin >= TIE_PCT or len(ranked) == 1 else "tie",
+        "decided_by": by,
+        "margin_pct": round(margin, 2),
+        "wall_s": {c.topology: round(c.latency_s.median, 4) for c in cases},
+        "cpu_s": {c.topology: round(c.cpu_s.median, 4) for c in cases},
+    }
+
+
 def headline(variants: list[VariantResult], settings: Settings) -> dict[str, Any]:
     """The figures the acceptance criteria ask for, per dtype, with the targets they are compared against."""
     steps = settings.workload.steps
@@ -122,11 +146,7 @@ def headline(variants: list[VariantResult], settings: Settings) -> dict[str, Any
                   for t in settings.topologies}
         cpu_ratios = {t: {c.n: round(c.cpu_ratio_vs_sequential.median, 4) for c in batched if c.topology == t}
                       for t in settings.topologies}
-        winners = {}
-        for n in settings.ns:
-            by_topo = {c.topology: c.latency_s.median for c in batched if c.n == n}
-            best = min(by_topo, key=by_topo.get)
-            winners[n] = {"topology": best, "latency_s": {t: round(v, 4) for t, v in by_topo.items()}}
+        winners = {n: faster_topology([c for c in batched if c.n == n], settings.device) for n in settings.ns}
         entry: dict[str, Any] = {
             "ratio_batched_over_sequential": ratios,
             "cpu_time_ratio_batched_over_sequential": cpu_ratios,
@@ -200,18 +220,41 @@ def file_stem(settings: Settings) -> str:
     return f"{model}_{device}"
 
 
-def write_outputs(document: dict[str, Any], variants: list[VariantResult], settings: Settings) -> dict[str, Path]:
-    """Write ``<stem>.json``, ``<stem>.md`` and ``<stem>.png`` into ``settings.out``; returns their paths."""
+def write_outputs(
+    document: dict[str, Any], variants: list[VariantResult], settings: Settings, stem: Path | None = None
+) -> dict[str, Path]:
+    """Write ``<stem>.json``, ``<stem>.md`` and ``<stem>.png``; returns their paths.
+
+    Args:
+        stem (`Path`, *optional*): Path without suffix; defaults to ``settings.out / file_stem(settings)``.
+    """
     from .plot import plot
     from .table import markdown
 
     settings.out.mkdir(parents=True, exist_ok=True)
-    stem = settings.out / file_stem(settings)
+    stem = stem or settings.out / file_stem(settings)
     paths = {"json": stem.with_suffix(".json"), "markdown": stem.with_suffix(".md"), "plot": stem.with_suffix(".png")}
     paths["json"].write_text(json.dumps(document, indent=1) + "\n", encoding="utf-8")
     paths["markdown"].write_text(markdown(document, variants, settings), encoding="utf-8")
     plot(document, variants, settings, paths["plot"])
     return paths
+
+
+def load_document(path: Path) -> tuple[dict[str, Any], list[VariantResult], Settings]:
+    """Read a benchmark JSON back: the document, its variants and the settings it ran with (``--replot``)."""
+    document = json.loads(Path(path).read_text(encoding="utf-8"))
+    cfg = document["settings"]
+    model = str(cfg["model"])
+    source = PipelineSource(model_path=model) if ("/" in model or Path(model).exists()) else PipelineSource(model)
+    settings = Settings(
+        source=source, device=torch.device("cpu" if str(cfg["device"]).startswith("cpu") else cfg["device"]),
+        dtypes=tuple(cfg["dtypes"]), topologies=tuple(cfg["topologies"]), ns=tuple(cfg["ns"]), reps=int(cfg["reps"]),
+        workload=Workload(steps=cfg["steps"], chunk=cfg["chunk"], tier=cfg["tier"], guidance=cfg["guidance"],
+                          base_seed=cfg["base_seed"]),
+        memory=cfg["memory"], memory_steps=cfg["memory_steps"], memory_jobs=cfg.get("memory_jobs", 1),
+        threads=cfg["threads"], out=Path(path).parent,
+    )
+    return document, [variant_from_json(v) for v in document["variants"]], settings
 
 
 def print_summary(document: dict[str, Any], paths: dict[str, Path]) -> None:

@@ -14,7 +14,8 @@ How each figure is measured (also written into the JSON ``method`` block):
   shared with other work it measures the work itself, unaffected by how much of the machine others took at that
   moment, so the CPU-time ratio is the load-independent cross-check of the wall-time ratio. (On CUDA it is host time
   only and says little.)
-- Repetitions are interleaved (upstream calls, then every topology and N), after one untimed warm-up of each path.
+- Repetitions are interleaved (upstream calls, then every N with its topologies back to back), after one untimed
+  warm-up of each path.
 """
 
 from __future__ import annotations
@@ -246,8 +247,9 @@ def run_variant(settings: Settings, dtype: str, log: Progress) -> VariantResult:
             log(f"{dtype} rep {rep + 1}/{settings.reps}: upstream call {index + 1}/{max_n} "
                 f"{calls[-1].latency_s:.2f} s")
         upstream_reps.append(calls)
-        for topo, runner in runners.items():
-            for n in settings.ns:
+        # Topologies alternate within each N, so the two runs compared for "which topology wins" are adjacent in time.
+        for n in settings.ns:
+            for topo, runner in runners.items():
                 call = runner.call(n)
                 batched_reps[(topo, n)].append(call)
                 log(f"{dtype} rep {rep + 1}/{settings.reps}: batched {topo} N={n} {call.latency_s:.2f} s")
@@ -352,6 +354,21 @@ def run_all(settings: Settings, log: Progress | None = None) -> list[VariantResu
     if settings.threads > 0:
         torch.set_num_threads(settings.threads)
     return [run_variant(settings, dtype, log) for dtype in settings.dtypes]
+
+
+def variant_from_json(data: dict[str, Any]) -> VariantResult:
+    """Rebuild a :class:`VariantResult` from its JSON form (``to_jsonable`` output), e.g. to re-render a report."""
+    cases = []
+    for raw in data["cases"]:
+        fields = dict(raw)
+        for key in ("latency_s", "cpu_s", "encode_ms", "ratio_vs_sequential", "cpu_ratio_vs_sequential", "reduce_ms",
+                    "denoise_ms"):
+            if fields.get(key) is not None:
+                fields[key] = Stats(**{**fields[key], "samples": tuple(fields[key]["samples"])})
+        if fields.get("parity") is not None:
+            fields["parity"] = Parity(**fields["parity"])
+        cases.append(CaseResult(**fields))
+    return VariantResult(**{**data, "cases": cases})
 
 
 def to_jsonable(value: Any) -> Any:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .report import faster_topology
 from .runner import CaseResult, Settings, Stats, VariantResult
 
 MIB = 1024 * 1024
@@ -35,19 +36,19 @@ def _variant_tables(variant: VariantResult, settings: Settings) -> list[str]:
     cells = ["N", "sequential (N upstream calls)"]
     for topo in topos:
         cells += [f"batched {topo}", f"{topo} / sequential", "same, CPU time"]
-    cells.append("faster batched topology")
+    cells.append("faster batched topology (by, margin)")
     lines += _header(cells, ["--:"] + ["---"] * (len(cells) - 1))
     for n in settings.ns:
         seq = variant.case("sequential", None, n)
         row = [str(n), _s(seq.latency_s)]
-        medians = {}
         for topo in topos:
             case = variant.case("batched", topo, n)
-            medians[topo] = case.latency_s.median
             row += [_s(case.latency_s), f"**{case.ratio_vs_sequential.median:.2f}** "
                     f"[{case.ratio_vs_sequential.min:.2f}–{case.ratio_vs_sequential.max:.2f}]",
                     _s(case.cpu_ratio_vs_sequential)]
-        row.append(min(medians, key=medians.get))
+        winner = faster_topology([variant.case("batched", t, n) for t in topos], settings.device)
+        by = "CPU time" if winner["decided_by"] == "cpu_time" else "wall"
+        row.append(f"{winner['topology']} ({by}, {winner['margin_pct']:.1f}%)" if len(topos) > 1 else "–")
         lines.append(_row(row))
 
     lines += ["", f"### {variant.dtype}: work per group, conditioning encode, reduction, peak memory", ""]

@@ -60,6 +60,7 @@ class _Client:
         from rclpy.executors import SingleThreadedExecutor
         from sensor_msgs.msg import Image
         from trajectory_ensemble_msgs.action import GenerateTrajectory
+        from trajectory_ensemble_msgs.msg import ActionTrajectory
 
         self.GenerateTrajectory = GenerateTrajectory
         self.context = rclpy.Context()
@@ -67,6 +68,10 @@ class _Client:
         self.node = rclpy.create_node("trajectory_ensemble_bench", context=self.context)
         self.client = ActionClient(self.node, GenerateTrajectory, f"{namespace}/generate_trajectory")
         self.image_pub = self.node.create_publisher(Image, f"{namespace}/observation/image", 10)
+        # When ~/trajectory arrives: the node publishes it just before the goal succeeds, so the gap from here to
+        # the result shows what the result path adds after the node's own goal_ms.
+        self.trajectory_at = 0.0
+        self.node.create_subscription(ActionTrajectory, f"{namespace}/trajectory", self._on_trajectory, 10)
         pixels = np.random.default_rng(0).integers(0, 255, size=(256, 256, 3), dtype=np.uint8)
         self.image = Image(height=256, width=256, encoding="rgb8", step=256 * 3, data=pixels.tobytes())
         self.node.create_timer(1.0 / IMAGE_HZ, self._publish_image)
@@ -75,6 +80,9 @@ class _Client:
         self.executor.add_node(self.node)
         self.thread = threading.Thread(target=self.executor.spin, daemon=True)
         self.thread.start()
+
+    def _on_trajectory(self, _msg: Any) -> None:
+        self.trajectory_at = time.perf_counter()
 
     def _publish_image(self) -> None:
         self.image.header.stamp = self.node.get_clock().now().to_msg()
@@ -132,13 +140,16 @@ def measure_overhead(client: _Client, goals: int, log: Any) -> dict[str, Any]:
         handle = client.send(client.goal(seed=i))
         accepted_ms = (time.perf_counter() - started) * 1e3
         response = client.result(handle)
-        latency_ms = (time.perf_counter() - started) * 1e3
+        finished = time.perf_counter()
+        latency_ms = (finished - started) * 1e3
+        after_topic_ms = (finished - client.trajectory_at) * 1e3 if client.trajectory_at > started else None
         if response.status != GoalStatus.STATUS_SUCCEEDED:
             raise RuntimeError(f"goal {i} ended with status {response.status}: {response.result.error_message}")
         if i < WARMUP_GOALS:
             continue
         m = _metrics(response.result)
-        rows.append({"latency_ms": latency_ms, "accept_ms": accepted_ms, "engine_total_ms": m["total_ms"],
+        rows.append({"latency_ms": latency_ms, "accept_ms": accepted_ms, "result_after_topic_ms": after_topic_ms,
+                     "engine_total_ms": m["total_ms"],
                      "overhead_ms": latency_ms - m["total_ms"], "node_overhead_ms": m.get("node_overhead_ms"),
                      "denoise_ms": m.get("denoise_ms"), "physical_forwards": m.get("physical_forwards")})
         if (i - WARMUP_GOALS + 1) % 10 == 0:
@@ -147,6 +158,8 @@ def measure_overhead(client: _Client, goals: int, log: Any) -> dict[str, Any]:
     return {"goals": rows, "overhead_ms": percentiles([r["overhead_ms"] for r in rows]),
             "latency_ms": percentiles([r["latency_ms"] for r in rows]),
             "accept_ms": percentiles([r["accept_ms"] for r in rows]),
+            "result_after_topic_ms": percentiles([r["result_after_topic_ms"] for r in rows
+                                                  if r["result_after_topic_ms"] is not None] or [float("nan")]),
             "engine_total_ms": percentiles([r["engine_total_ms"] for r in rows]),
             "node_side_overhead_ms": percentiles([r["node_overhead_ms"] for r in rows
                                                   if r["node_overhead_ms"] is not None] or [float("nan")]),
@@ -213,6 +226,8 @@ def _table(doc: dict[str, Any]) -> str:
             f"{o['accept_ms'][k]:>10.2f}" for k in ("p50", "p95", "max")),
         f"{'  of which inside the node (node_overhead_ms)':<44}" + "".join(
             f"{o['node_side_overhead_ms'][k]:>10.2f}" for k in ("p50", "p95", "max")),
+        f"{'  ~/trajectory arrival to result arrival':<44}" + "".join(
+            f"{o['result_after_topic_ms'][k]:>10.2f}" for k in ("p50", "p95", "max")),
         f"{'per denoising step (denoise_ms / steps) [ms]':<44}{step['p50']:>10.2f}{step['p95']:>10.2f}"
         f"{step['max']:>10.2f}",
         f"{'cancel to CANCELED [ms]':<44}" + "".join(

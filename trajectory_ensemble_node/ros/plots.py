@@ -184,7 +184,7 @@ def plot_toy_scenes(goals: Sequence[GoalPlot], path: str | Path, reducers: Seque
                           f"{'COLLIDES' if bad else 'clear'}")
         # side() is +1 left of the start->target axis: "above" for a robot travelling right, as in every toy scene.
         above = sum(s > 0 for s in sides)
-        ax.set_title(f"{goal.label} (t={goal.stamp_s:.2f} s): {len(sides)} candidates, "
+        ax.set_title(f"{goal.label} (scene {scene.seed}, t={goal.stamp_s:.2f} s): {len(sides)} candidates, "
                      f"{above} above / {len(sides) - above} below", fontsize=9)
         ax.plot([], [], color=_CANDIDATE_COLOR, linewidth=1.0, label="candidate")
         ax.plot([], [], color=_COLLIDING_COLOR, linewidth=1.0, linestyle="--", label="candidate (collides)")

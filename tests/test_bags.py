@@ -195,7 +195,8 @@ def test_plots_written(tmp_path: Path) -> None:
     for i in range(2):
         scene = make_scene(1_000_000 + i)
         cands = np.stack([expert_path(scene, 1 if k % 2 else -1) for k in range(4)]).astype(np.float32)
-        goals.append(GoalPlot(f"goal {i + 1}", i * 1.0, 0.125, cands.mean(0), "mean", cands, True, render(scene), scene))
+        goals.append(GoalPlot(f"goal {i + 1}", i * 1.0, 0.125, cands.mean(0), "mean", cands, True, render(scene),
+                              scene))
     wide = [GoalPlot("goal 1", 0.0, 1 / 15, rng.normal(size=(16, 20)), "mean", rng.normal(size=(3, 16, 20)))]
     for path in (plot_channels(goals, tmp_path / "a.png"), plot_toy_scenes(goals, tmp_path / "b.png"),
                  plot_channels(wide, tmp_path / "c.png")):

@@ -101,8 +101,9 @@ def test_torch_cuda_pin_and_python_dependencies() -> None:
     """torch 2.13.0 from the PyTorch CUDA index; diffusers pinned as in pyproject; every dependency installed."""
     text = " ".join(rest for _, rest in _instructions())
     assert "ARG TORCH_VERSION=2.13.0" in "\n".join(f"{k} {r}" for k, r in _instructions())
-    assert re.search(r'"torch==\$\{TORCH_VERSION\}"\s+--index-url\s+"https://download\.pytorch\.org/whl/\$\{TORCH_CUDA\}"',
-                     text)
+    torch_install = (r'"torch==\$\{TORCH_VERSION\}"\s+--index-url\s+'
+                     r'"https://download\.pytorch\.org/whl/\$\{TORCH_CUDA\}"')
+    assert re.search(torch_install, text)
     assert re.search(r"ARG TORCH_CUDA=cu1\d\d", "\n".join(f"{k} {r}" for k, r in _instructions()))
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     pins = [d for d in project["dependencies"] if d.startswith("diffusers")]

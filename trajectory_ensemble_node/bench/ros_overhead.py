@@ -285,7 +285,8 @@ def run(args: argparse.Namespace) -> int:
     step_ms = percentiles([r["denoise_ms"] / steps for r in overhead["goals"] if r["denoise_ms"] is not None])
     budget = step_ms["p50"] + CANCEL_SLACK_MS
     doc = {
-        "what": "node overhead over engine time and cancel latency, tiny model over DDS (trajectory-ensemble bench --ros)",
+        "what": "node overhead over engine time and cancel latency, tiny model over DDS "
+                "(trajectory-ensemble bench --ros)",
         "config": {"model": "tiny", "chunk_size": CHUNK, "candidate_count": CANDIDATES, "num_inference_steps": steps,
                    "device": device, "goals": GOALS, "warmup_goals": WARMUP_GOALS, "cancel_trials": CANCEL_TRIALS,
                    "cancel_at_step": CANCEL_AT_STEP, "rmw": os.environ.get("RMW_IMPLEMENTATION", "default"),

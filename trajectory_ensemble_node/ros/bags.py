@@ -389,7 +389,8 @@ def _describe(info: BagInfo) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m trajectory_ensemble_node.ros.bags {make-demo-bag OUT | info BAG}``."""
-    parser = argparse.ArgumentParser(prog="python -m trajectory_ensemble_node.ros.bags", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m trajectory_ensemble_node.ros.bags",
+                                     description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     make = sub.add_parser("make-demo-bag", help="write the toy-scene demo bag (the bundled one is made by this)")
     make.add_argument("out", type=Path, help="bag folder to create (must not exist)")

@@ -312,7 +312,8 @@ class ReplayReport:
         succeeded = sum(g.status == "SUCCEEDED" for g in self.goals)
         recorded = len(self.received_stamps.get(self.trajectory_topic, []))
         if recorded != succeeded:
-            problems.append(f"recorded {recorded} message(s) on {self.trajectory_topic} for {succeeded} successful goal(s)")
+            problems.append(f"recorded {recorded} message(s) on {self.trajectory_topic} "
+                            f"for {succeeded} successful goal(s)")
         if not self.goals:
             problems.append("no goal was sent (the bag is shorter than --goal-offset after its first image)")
         return problems

@@ -184,7 +184,8 @@ def replay(opts: ReplayOptions, log: Any = print) -> ReplayReport:
     recorder: bags.BagRecorder | None = None
     try:
         session.wait_for_node(opts.wait_s)
-        recorder = bags.BagRecorder(out_bag, opts.storage, custom_data={"trajectory_ensemble.replayed_bag": str(opts.bag)})
+        recorder = bags.BagRecorder(out_bag, opts.storage,
+                                    custom_data={"trajectory_ensemble.replayed_bag": str(opts.bag)})
         schedule = goal_times(info, image_topic, opts)
         latest: dict[str, Any] = {"stamp": None, "image": None, "wall": 0.0}
         clock.start()

@@ -211,7 +211,7 @@ def replay(opts: ReplayOptions, log: Any = print) -> ReplayReport:
             recorder.write(inputs[topic][0], msgtype, t_ns, data)
             if topic == image_topic:
                 msg = bags.deserialize(data, msgtype)
-                latest.update(stamp=bags.stamp_ns(msg), image=bags.image_rgb(msg), wall=time.monotonic())
+                latest.update(stamp=bags.stamp_ns(msg), image=_plottable(msg), wall=time.monotonic())
         while len(report.goals) < len(schedule):
             send_goal(schedule[len(report.goals)])
         # The node publishes ~/trajectory before the goal succeeds, but the topic and the result travel separately.
@@ -227,6 +227,14 @@ def replay(opts: ReplayOptions, log: Any = print) -> ReplayReport:
         session.close()
     report.received_stamps = outputs.stamps()
     return report
+
+
+def _plottable(msg: Any) -> Any:
+    """The frame as RGB for the plots, or None for an encoding they cannot show (the node may still accept it)."""
+    try:
+        return bags.image_rgb(msg)
+    except (bags.BagError, ValueError):
+        return None
 
 
 class _Outputs:

@@ -102,7 +102,7 @@ def load_toy_pipeline(
     directory = Path(path) if path is not None else toy_pipeline_dir()
     if not (directory / "model_index.json").exists():
         raise FileNotFoundError(f"no toy pipeline at {directory}; run `trajectory-ensemble train-toy --out {directory}`")
-    pipe = Cosmos3OmniPipeline.from_pretrained(directory, enable_safety_checker=False, torch_dtype=dtype)
+    pipe = Cosmos3OmniPipeline.from_pretrained(directory, enable_safety_checker=False, dtype=dtype)
     pipe.to(device)
     pipe.set_progress_bar_config(disable=True)
     return pipe

@@ -26,9 +26,9 @@ from trajectory_ensemble_node.toy import (
     TOY_NOTICE,
     load_toy_pipeline,
     request_kwargs,
+    task,
     toy_pipeline_dir,
 )
-from trajectory_ensemble_node.toy import task
 
 SCENES = 24
 COUNT = 4

@@ -59,8 +59,8 @@ ACTION_SETTINGS: dict[str, Any] = {
 
 __all__ = [
     "ACTION_SETTINGS",
-    "INSTRUCTION",
     "HELDOUT_SEED_BASE",
+    "INSTRUCTION",
     "TOY_NOTICE",
     "Scene",
     "action_condition",
@@ -101,7 +101,9 @@ def load_toy_pipeline(
 
     directory = Path(path) if path is not None else toy_pipeline_dir()
     if not (directory / "model_index.json").exists():
-        raise FileNotFoundError(f"no toy pipeline at {directory}; run `trajectory-ensemble train-toy --out {directory}`")
+        raise FileNotFoundError(
+            f"no toy pipeline at {directory}; run `trajectory-ensemble train-toy --out {directory}`"
+        )
     pipe = Cosmos3OmniPipeline.from_pretrained(directory, enable_safety_checker=False, dtype=dtype)
     pipe.to(device)
     pipe.set_progress_bar_config(disable=True)

@@ -72,8 +72,15 @@ def _cache_key(num_seeds: int, mid_probability: float, pipe: Cosmos3OmniPipeline
     digest.update(np.ascontiguousarray(task.render_clip(probe, task.expert_path(probe, 1))).tobytes())
     for tensor in pipe.vae.state_dict().values():
         digest.update(tensor.detach().cpu().float().numpy().tobytes())
-    settings = dict(seeds=num_seeds, mid=mid_probability, h=task.HORIZON, prompt=task.INSTRUCTION, fps=task.FPS,
-                    latents_mean=list(pipe.vae.config.latents_mean), latents_std=list(pipe.vae.config.latents_std))
+    settings = {
+        "seeds": num_seeds,
+        "mid": mid_probability,
+        "h": task.HORIZON,
+        "prompt": task.INSTRUCTION,
+        "fps": task.FPS,
+        "latents_mean": list(pipe.vae.config.latents_mean),
+        "latents_std": list(pipe.vae.config.latents_std),
+    }
     digest.update(json.dumps(settings, sort_keys=True).encode())
     return digest.hexdigest()[:16]
 

@@ -238,7 +238,8 @@ def summarize(evaluation: dict[str, Any], ns: Sequence[int]) -> dict[str, Any]:
 DEFINITIONS = {
     "collision_rate": (
         f"share of scenes whose chunk polyline (planning position, then the {task.HORIZON} waypoints; every segment "
-        f"checked) comes within {task.COLLISION_CLEARANCE} of the obstacle disk edge (normalized units, image = [-1, 1])"
+        f"checked) comes within {task.COLLISION_CLEARANCE} of the obstacle disk edge (normalized units, "
+        "image = [-1, 1])"
     ),
     "final_error": "mean Euclidean distance from the chunk's last waypoint to the target (normalized units)",
     "mode_agreement": (

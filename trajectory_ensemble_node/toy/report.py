@@ -44,9 +44,9 @@ def markdown_table(result: dict[str, Any]) -> str:
     settings = result.get("settings", {})
     header = "| reducer | " + " | ".join(f"N={n}" for n in ns) + " |\n|---|" + "---|" * len(ns) + "\n"
     parts = [
-        f"Held-out scenes: {settings.get('scenes', '?')} (seeds {settings.get('scene_seeds', '?')}), "
+        (f"Held-out scenes: {settings.get('scenes', '?')} (seeds {settings.get('scene_seeds', '?')}), "
         f"{settings.get('num_inference_steps', '?')} denoising steps, no CFG. 95% intervals in brackets: Wilson for "
-        "rates, bootstrap over scenes for the mean error.\n",
+        "rates, bootstrap over scenes for the mean error.\n"),
         "**Collision rate** (lower is better)\n\n" + header
         + "".join(f"| {name} | " + " | ".join(_rate(quality[name][n], "collision_rate") for n in ns) + " |\n"
                   for name in names),
@@ -110,7 +110,7 @@ def write_plot(
 
     quality = result["quality"]
     names = _ordered(quality)
-    ns = [int(n) for n in next(iter(quality.values())).keys()]
+    ns = [int(n) for n in next(iter(quality.values()))]
     panels = [("collision_rate", "collision rate"), ("final_error", "final error"),
               ("mode_agreement", "mode agreement")]
     fig, axes = plt.subplots(1, 4, figsize=(20, 4.8))

@@ -29,10 +29,10 @@ import torch
 from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import Cosmos3OmniPipeline
 
 from ..models.cosmos3.attention import install_fanout
+from ..models.cosmos3.conditioning import encode_conditioning
 from ..models.cosmos3.packing import PackItem, pack_forward, split_predictions
 from ..models.cosmos3.tiny import TinyCosmos3Config, build_pipeline
 from . import task
-from ..models.cosmos3.conditioning import encode_conditioning
 from .data import ToyDataset, action_condition, build_dataset
 
 TOY_CONFIG = TinyCosmos3Config(
@@ -270,7 +270,7 @@ def run(args: argparse.Namespace) -> int:
             mean = np.mean(window, axis=0)
             window = []
             elapsed = time.perf_counter() - train_started
-            history.append(dict(step=step, loss=float(mean[0]), action=float(mean[1]), vision=float(mean[2])))
+            history.append({"step": step, "loss": float(mean[0]), "action": float(mean[1]), "vision": float(mean[2])})
             print(f"step {step}/{args.steps} loss {mean[0]:.4f} (action {mean[1]:.4f}, vision {mean[2]:.4f}) "
                   f"lr {schedule.get_last_lr()[0]:.2e} {elapsed:.0f} s", flush=True)
         if args.checkpoint_every and step % args.checkpoint_every == 0 and step < args.steps:
@@ -280,19 +280,19 @@ def run(args: argparse.Namespace) -> int:
     transformer.eval()
     size = save_pipeline(pipe, args.out, getattr(torch, args.save_dtype), ema)
     wall = time.perf_counter() - started
-    summary = dict(
-        config={k: v for k, v in TOY_CONFIG.__dict__.items() if k != "extra"},
-        args={k: str(v) for k, v in vars(args).items() if not k.startswith("_")},
-        states=dataset.num_states,
-        examples=len(dataset.actions),
-        transformer_parameters=sum(p.numel() for p in params),
-        encode_seconds=round(encode_s, 1),
-        wall_seconds=round(wall, 1),
-        final_loss=history[-1] if history else None,
-        loss_history=history,
-        saved_bytes=size,
-        torch=torch.__version__,
-    )
+    summary = {
+        "config": {k: v for k, v in TOY_CONFIG.__dict__.items() if k != "extra"},
+        "args": {k: str(v) for k, v in vars(args).items() if not k.startswith("_")},
+        "states": dataset.num_states,
+        "examples": len(dataset.actions),
+        "transformer_parameters": sum(p.numel() for p in params),
+        "encode_seconds": round(encode_s, 1),
+        "wall_seconds": round(wall, 1),
+        "final_loss": history[-1] if history else None,
+        "loss_history": history,
+        "saved_bytes": size,
+        "torch": torch.__version__,
+    }
     (work_dir / "summary.json").write_text(json.dumps(summary, indent=1))
     print(f"saved {args.out} ({size / 1e6:.2f} MB) after {wall / 60:.1f} min; final loss {history[-1]['loss']:.4f}",
           flush=True)

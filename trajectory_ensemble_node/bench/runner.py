@@ -21,6 +21,7 @@ How each figure is measured (also written into the JSON ``method`` block):
 from __future__ import annotations
 
 import concurrent.futures
+import gc
 import statistics
 import sys
 import time
@@ -211,14 +212,12 @@ def token_counts(pipe: Any, workload: Workload) -> dict[str, int]:
 def run_variant(settings: Settings, dtype: str, log: Progress) -> VariantResult:
     """Measure every case of one dtype: warm-up, interleaved timed repetitions, then memory."""
     device, workload = settings.device, settings.workload
-    torch_dtype = DTYPES[dtype]
     log(f"{dtype}: building two {settings.source.label} pipelines (upstream reference, batched model)")
-    reference_pipe = settings.source.build(torch_dtype, device)
-    model_pipe = settings.source.build(torch_dtype, device)
+    reference_pipe = settings.source.build(DTYPES[dtype], device)
+    model_pipe = settings.source.build(DTYPES[dtype], device)
     upstream = UpstreamRunner(reference_pipe, workload)
     max_n = max(settings.ns)
     runners = {topo: BatchedRunner(model_pipe, workload, topo, max_n) for topo in settings.topologies}
-    seeds = candidate_seeds(workload.base_seed, max_n)
     result = VariantResult(dtype=dtype)
     result.model = {
         "transformer_parameters": module_parameters(model_pipe.transformer),
@@ -228,13 +227,27 @@ def run_variant(settings: Settings, dtype: str, log: Progress) -> VariantResult:
     }
 
     log(f"{dtype}: warm-up (one upstream call, one batched group per topology; not timed)")
-    upstream.call(seeds[0])
+    upstream.call(workload.base_seed)
     result.upstream_grad_enabled = True in upstream.counter.grad_enabled
-    first = next(iter(runners.values()))
-    result.engine_grad_enabled = probe_grad_mode(first)
+    result.engine_grad_enabled = probe_grad_mode(next(iter(runners.values())))
     for runner in runners.values():
         runner.call(min(2, max_n))
 
+    upstream_reps, batched_reps = _repetitions(settings, dtype, upstream, runners, log)
+    result.upstream_deterministic = all(
+        torch.equal(rep[i].action, upstream_reps[-1][i].action) for rep in upstream_reps for i in range(max_n)
+    )
+    result.cases = _cases(settings, dtype, upstream_reps, batched_reps)
+    if settings.memory != "skip":
+        measure_memory(settings, dtype, result, upstream, runners, log)
+    return result
+
+
+def _repetitions(
+    settings: Settings, dtype: str, upstream: UpstreamRunner, runners: dict[str, BatchedRunner], log: Progress
+) -> tuple[list[list[UpstreamCall]], dict[tuple[str, int], list[BatchedCall]]]:
+    """The timed repetitions: per repetition, one upstream call per seed, then every N with every topology."""
+    seeds = candidate_seeds(settings.workload.base_seed, max(settings.ns))
     upstream_reps: list[list[UpstreamCall]] = []
     batched_reps: dict[tuple[str, int], list[BatchedCall]] = {
         (t, n): [] for t in settings.topologies for n in settings.ns
@@ -244,7 +257,7 @@ def run_variant(settings: Settings, dtype: str, log: Progress) -> VariantResult:
         calls = []
         for index, seed in enumerate(seeds):
             calls.append(upstream.call(seed))
-            log(f"{dtype} rep {rep + 1}/{settings.reps}: upstream call {index + 1}/{max_n} "
+            log(f"{dtype} rep {rep + 1}/{settings.reps}: upstream call {index + 1}/{len(seeds)} "
                 f"{calls[-1].latency_s:.2f} s")
         upstream_reps.append(calls)
         # Topologies alternate within each N, so the two runs compared for "which topology wins" are adjacent in time.
@@ -257,14 +270,22 @@ def run_variant(settings: Settings, dtype: str, log: Progress) -> VariantResult:
             per_rep = log.elapsed_s - rep_started
             log(f"{dtype}: one repetition takes {per_rep:.0f} s; about {per_rep * (settings.reps - 1):.0f} s to go "
                 "before memory")
+    return upstream_reps, batched_reps
 
-    result.upstream_deterministic = all(
-        torch.equal(rep[i].action, upstream_reps[-1][i].action) for rep in upstream_reps for i in range(max_n)
-    )
+
+def _cases(
+    settings: Settings,
+    dtype: str,
+    upstream_reps: list[list[UpstreamCall]],
+    batched_reps: dict[tuple[str, int], list[BatchedCall]],
+) -> list[CaseResult]:
+    """Every (path, topology, N) figure from the raw repetitions; parity uses the last repetition."""
+    cases = []
     for n in settings.ns:
+        # Sequential for N, per repetition: the sum of that repetition's first N upstream calls.
         sums = [sum(c.latency_s for c in rep[:n]) for rep in upstream_reps]
         cpu_sums = [sum(c.cpu_s for c in rep[:n]) for rep in upstream_reps]
-        result.cases.append(CaseResult(
+        cases.append(CaseResult(
             dtype=dtype, path="sequential", topology=None, n=n,
             latency_s=Stats.of(sums),
             cpu_s=Stats.of(cpu_sums),
@@ -275,7 +296,7 @@ def run_variant(settings: Settings, dtype: str, log: Progress) -> VariantResult:
         for topo in settings.topologies:
             calls = batched_reps[(topo, n)]
             metrics = [c.result.metrics for c in calls]
-            result.cases.append(CaseResult(
+            cases.append(CaseResult(
                 dtype=dtype, path="batched", topology=topo, n=n,
                 latency_s=Stats.of([c.latency_s for c in calls]),
                 cpu_s=Stats.of([c.cpu_s for c in calls]),
@@ -287,11 +308,7 @@ def run_variant(settings: Settings, dtype: str, log: Progress) -> VariantResult:
                 denoise_ms=Stats.of([m["denoise_ms"] for m in metrics]),
                 parity=parity([c.result.candidates for c in calls], reference),
             ))
-
-    if settings.memory != "skip":
-        measure_memory(settings, dtype, result, upstream, runners, log)
-    del upstream, runners, reference_pipe, model_pipe
-    return result
+    return cases
 
 
 def measure_memory(
@@ -353,7 +370,14 @@ def run_all(settings: Settings, log: Progress | None = None) -> list[VariantResu
     log = log or Progress()
     if settings.threads > 0:
         torch.set_num_threads(settings.threads)
-    return [run_variant(settings, dtype, log) for dtype in settings.dtypes]
+    results = []
+    for dtype in settings.dtypes:
+        results.append(run_variant(settings, dtype, log))
+        # The next dtype builds its own two pipelines; give this one's memory back first.
+        gc.collect()
+        if settings.device.type == "cuda":
+            torch.cuda.empty_cache()
+    return results
 
 
 def variant_from_json(data: dict[str, Any]) -> VariantResult:

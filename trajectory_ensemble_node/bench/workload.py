@@ -232,8 +232,10 @@ class BatchedRunner:
         self.workload = workload
         self.cfg_mode = cfg_mode
         capacity = max(16, int(max_count))
+        # CPU generators, like the upstream reference's `torch.Generator()`: on CUDA the default (execution-device
+        # generators) would draw different noise, and parity with the reference would be meaningless.
         self.model = Cosmos3ActionModel(
-            pipe, cfg_mode=cfg_mode, max_batch_candidates=capacity, max_candidates=capacity
+            pipe, cfg_mode=cfg_mode, max_batch_candidates=capacity, max_candidates=capacity, generator_device="cpu"
         )
         self.device = self.model.device
 

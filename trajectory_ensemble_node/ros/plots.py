@@ -98,8 +98,8 @@ def plot_channels(goals: Sequence[GoalPlot], path: str | Path, title: str = "") 
         ax = axes[c, 0]
         for g, goal in enumerate(goals):
             color = colors(g % 10)
-            # Row k is the action k*dt after the observation it was planned from.
-            t = goal.stamp_s + np.arange(goal.reduced.shape[0]) * goal.dt
+            # Row k applies (k + 1) * dt after the observation, as the node's ~/joint_trajectory times it.
+            t = goal.stamp_s + (np.arange(goal.reduced.shape[0]) + 1) * goal.dt
             if goal.candidates is not None:
                 for candidate in goal.candidates:
                     ax.plot(t, candidate[:, c], color=color, alpha=0.3, linewidth=0.8)
@@ -108,7 +108,7 @@ def plot_channels(goals: Sequence[GoalPlot], path: str | Path, title: str = "") 
         ax.set_ylabel(f"{names[c]}{unit}", fontsize=8)
         ax.tick_params(labelsize=7)
         ax.grid(alpha=0.25)
-    axes[-1, 0].set_xlabel("bag time (s): each chunk starts at its observation stamp (dotted)")
+    axes[-1, 0].set_xlabel("bag time (s): row k of a chunk at its observation stamp (dotted) + (k+1) dt")
     handles = [plt.Line2D([], [], color="0.3", linewidth=2.2, marker="o", markersize=3, label="reduced trajectory"),
                plt.Line2D([], [], color="0.3", alpha=0.4, linewidth=0.8, label="candidates")]
     handles += [plt.Line2D([], [], color=colors(g % 10), linewidth=4,

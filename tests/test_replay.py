@@ -183,23 +183,25 @@ def test_replay_into_real_node(tmp_path: Path, ros_env: dict[str, str]) -> None:
     expected = _expected_stamps(frames)
     params = {"model": "tiny", "device": "cpu", "chunk_size": 8, "num_inference_steps": 2, "candidate_count": 2,
               "max_observation_age_s": 30.0}
-    with NodeProcess(params, ros_env, log_path=tmp_path / "node.log") as node:
+    # Its own namespace: no other node of this test session can answer these goals.
+    with NodeProcess(params, ros_env, log_path=tmp_path / "node.log", namespace="/replay_test") as node:
         node.start(ready_timeout_s=300)
         proc = subprocess.run(
             [sys.executable, "-m", "trajectory_ensemble_node.cli", "replay", str(tmp_path / "in"),
              "--out", str(tmp_path / "out"), "--goal-every", str(GOAL_EVERY_S), "--goal-offset", str(GOAL_OFFSET_S),
-             "--candidates", "3", "--return-candidates", "--rate", "2", "--wait", "30"],
+             "--candidates", "3", "--return-candidates", "--rate", "2", "--wait", "30",
+             "--node-namespace", "/replay_test/trajectory_ensemble"],
             env=ros_env, capture_output=True, text=True, timeout=600,
         )
-        assert proc.returncode == 0, proc.stdout + proc.stderr + node.tail()
-    assert node.proc is not None and node.proc.returncode == 0, node.tail()
+        assert proc.returncode == 0, f"replay exit status {proc.returncode}:\n{proc.stdout}{proc.stderr}{node.tail()}"
+    assert node.proc is not None and node.proc.returncode == 0, f"node exit status {node.proc.returncode}:\n{node.tail()}"
     summary_lines = [line for line in proc.stdout.splitlines() if line.startswith("goal ")]
     assert len(summary_lines) == len(expected) and all(" ok " in line for line in summary_lines), proc.stdout
     out_bag = tmp_path / "out" / "bag"
-    trajectories = bags.read_messages(out_bag, "/trajectory_ensemble/trajectory")
+    trajectories = bags.read_messages(out_bag, "/replay_test/trajectory_ensemble/trajectory")
     assert [bags.stamp_ns(m) for _, m in trajectories] == expected
     assert all(m.candidate_count == 3 and m.horizon == 8 and m.action_dim == 10 for _, m in trajectories)
-    candidates = bags.read_messages(out_bag, "/trajectory_ensemble/candidates")
+    candidates = bags.read_messages(out_bag, "/replay_test/trajectory_ensemble/candidates")
     assert [bags.stamp_ns(m) for _, m in candidates] == expected
     assert bags.candidates_array(candidates[0][1]).shape == (3, 8, 10)
     assert (tmp_path / "out" / "trajectories.png").stat().st_size > 10_000

@@ -71,11 +71,13 @@ class NodeProcess:
         env (`Mapping[str, str]`): The child's environment (see :func:`ros_env`).
         log_path (`Path`, *optional*): File that receives everything the node prints.
         echo (`TextIO`, *optional*): Stream that also receives the node's startup lines (until ready).
+        namespace (`str`): Push the node into this namespace (``-r __ns:=``); "" = the root.
     """
 
     def __init__(self, params: Mapping[str, Any], env: Mapping[str, str], log_path: Path | None = None,
-                 echo: TextIO | None = None) -> None:
+                 echo: TextIO | None = None, namespace: str = "") -> None:
         self.params = dict(params)
+        self.namespace = namespace
         self.env = dict(env)
         self.log_path = log_path
         self.echo = echo
@@ -90,6 +92,8 @@ class NodeProcess:
         args = [sys.executable, "-m", "trajectory_ensemble_node.cli", "serve", "--ros-args"]
         for name, value in self.params.items():
             args += ["-p", format_param(name, value)]
+        if self.namespace:
+            args += ["-r", f"__ns:={self.namespace}"]
         return args
 
     def start(self, ready_timeout_s: float = 300.0) -> None:

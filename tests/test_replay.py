@@ -194,7 +194,8 @@ def test_replay_into_real_node(tmp_path: Path, ros_env: dict[str, str]) -> None:
             env=ros_env, capture_output=True, text=True, timeout=600,
         )
         assert proc.returncode == 0, f"replay exit status {proc.returncode}:\n{proc.stdout}{proc.stderr}{node.tail()}"
-    assert node.proc is not None and node.proc.returncode == 0, f"node exit status {node.proc.returncode}:\n{node.tail()}"
+    assert node.proc is not None
+    assert node.proc.returncode == 0, f"node exit status {node.proc.returncode}:\n{node.tail()}"
     summary_lines = [line for line in proc.stdout.splitlines() if line.startswith("goal ")]
     assert len(summary_lines) == len(expected) and all(" ok " in line for line in summary_lines), proc.stdout
     out_bag = tmp_path / "out" / "bag"

@@ -243,3 +243,20 @@ def test_work_between_groups_waits_for_running_groups(pipe):
     assert running.result() and queued.result()
     # The update ran after the running group's last step and before the queued group was admitted.
     assert order.index("update") > order.index(f"denoising:{STEPS}")
+
+
+def test_serving_builds_no_autograd_graph(pipe):
+    # Parameters require grad (as after from_pretrained); the engine must still run without recording a graph.
+    assert any(p.requires_grad for p in pipe.transformer.parameters())
+    model = Cosmos3ActionModel(pipe)
+    seen: list[bool] = []
+    real_step = model.adapter.step
+
+    def spying_step(state):
+        seen.append(state.vision.requires_grad or state.action.requires_grad or torch.is_grad_enabled())
+        return real_step(state)
+
+    model.adapter.step = spying_step
+    result = model.generate(**request_kwargs(2))
+    assert seen and not any(seen)
+    assert not result.action.requires_grad and not result.candidates.requires_grad

@@ -206,6 +206,12 @@ class GroupEngine:
 
     def _iterate(self) -> bool:
         """One engine iteration. Returns False when there was nothing to do."""
+        # Serving never needs gradients; without this every step would extend one autograd graph per group, and
+        # memory would grow with the step count.
+        with torch.no_grad():
+            return self._iterate_unguarded()
+
+    def _iterate_unguarded(self) -> bool:
         self._reap_queued_cancels()
         if self._updates and not self._running:
             fn, future = self._updates.popleft()

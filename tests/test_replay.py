@@ -26,7 +26,8 @@ CAMERA_EPOCH_NS = 1_600_000_000 * 1_000_000_000
 """Header stamps come from another clock than the log times, so a test can tell the two apart."""
 LOG_START_NS = 1_700_000_000 * 1_000_000_000
 GOAL_EVERY_S = 0.5
-GOAL_OFFSET_S = 0.1
+GOAL_OFFSET_S = 0.2
+"""Goals fall 0.2 s after a frame and 0.05 s before the next: well clear of both at rate 1 (see replay.SETTLE_S)."""
 
 
 def _write_bag(path: Path, frames: int = 6, size: int = 256) -> list[tuple[int, int]]:
@@ -189,7 +190,7 @@ def test_replay_into_real_node(tmp_path: Path, ros_env: dict[str, str]) -> None:
         proc = subprocess.run(
             [sys.executable, "-m", "trajectory_ensemble_node.cli", "replay", str(tmp_path / "in"),
              "--out", str(tmp_path / "out"), "--goal-every", str(GOAL_EVERY_S), "--goal-offset", str(GOAL_OFFSET_S),
-             "--candidates", "3", "--return-candidates", "--rate", "2", "--wait", "30",
+             "--candidates", "3", "--return-candidates", "--rate", "1", "--wait", "30",
              "--node-namespace", "/replay_test/trajectory_ensemble"],
             env=ros_env, capture_output=True, text=True, timeout=600,
         )

@@ -140,9 +140,13 @@ class PlaybackClock:
         wall = self._paused_at if self._paused_at is not None else time.monotonic()
         return self.start_ns + int((wall - self._wall0) * self.rate * 1e9)
 
+    def delay_until(self, bag_ns: int) -> float:
+        """Wall seconds until bag time ``bag_ns`` (<= 0 when it has passed)."""
+        return (bag_ns - self.now_ns()) / 1e9 / self.rate
+
     def wait_until(self, bag_ns: int) -> None:
         """Sleep until bag time ``bag_ns`` (returns at once if it has passed)."""
-        delay = (bag_ns - self.now_ns()) / 1e9 / self.rate
+        delay = self.delay_until(bag_ns)
         if delay > 0:
             time.sleep(delay)
 

@@ -35,8 +35,9 @@ EXIT_OK = 0
 EXIT_GOALS_FAILED = 1
 EXIT_BAD_INPUT = 2
 EXIT_UNREACHABLE = 3
-SETTLE_S = 0.05
-"""A goal waits at least this long (wall time) after the last image: the frame then reached the node before it."""
+SETTLE_S = 0.1
+"""A goal waits at least this long (wall time) after the last image, so the node has taken that frame in before the
+goal arrives: frames and goals travel on separate DDS readers, and a loaded node may handle them out of order."""
 DRAIN_S = 2.0
 """How long to wait after the last goal for its ``~/trajectory`` message to arrive."""
 
@@ -46,14 +47,18 @@ class NodeUnreachableError(TrajectoryEnsembleError, ConnectionError):
 
 
 class _RosSession:
-    """The replay's rclpy side: input publishers, the action client, raw output subscriptions, a spinning thread."""
+    """The replay's rclpy side: input publishers, the action client and raw output subscriptions.
+
+    Everything is spun from the calling thread (:meth:`spin_for`, :meth:`_wait`), never from a background thread:
+    rclpy 9's ``ActionClient.send_goal_async`` registers the future it returns only after sending the request, so
+    an executor thread that processes a fast goal response in between completes a future nobody holds and the
+    returned one never completes (seen here as a goal "timing out" while the node served it).
+    """
 
     def __init__(self, opts: ReplayOptions, inputs: dict[str, tuple[str, str]], on_output: Any) -> None:
-        import threading
-
         import rclpy
         from rclpy.action import ActionClient
-        from rclpy.executors import MultiThreadedExecutor
+        from rclpy.executors import SingleThreadedExecutor
         from rclpy.qos import QoSProfile
         from sensor_msgs.msg import Image, JointState
         from std_msgs.msg import String
@@ -79,21 +84,21 @@ class _RosSession:
             # raw=True hands over the CDR bytes as received: recorded exactly as ros2 bag record would.
             self.node.create_subscription(cls, topic, lambda data, t=topic, m=msgtype: on_output(t, m, data),
                                           QoSProfile(depth=50), raw=True)
-        self.executor = MultiThreadedExecutor(num_threads=2, context=self.context)
+        self.executor = SingleThreadedExecutor(context=self.context)
         self.executor.add_node(self.node)
-        self._thread = threading.Thread(target=self._spin, name="replay-spin", daemon=True)
-        self._thread.start()
 
-    def _spin(self) -> None:
-        import rclpy
+    def spin_for(self, seconds: float) -> None:
+        """Serve callbacks (recorded outputs) for ``seconds`` of wall time; at least one pass when <= 0."""
+        deadline = time.monotonic() + max(seconds, 0.0)
+        while True:
+            self.executor.spin_once(timeout_sec=max(0.0, min(deadline - time.monotonic(), 0.05)))
+            if time.monotonic() >= deadline:
+                return
 
-        try:
-            self.executor.spin()
-        except Exception as error:  # noqa: BLE001 - reported below unless the context is shutting down
-            if rclpy.ok(context=self.context):
-                # A dead spin thread would only show as goal timeouts; say why it died.
-                print(f"error: replay executor stopped: {type(error).__name__}: {error}", file=sys.stderr)
-                raise
+    def _wait(self, future: Any, timeout_s: float) -> bool:
+        """Spin until ``future`` is done or ``timeout_s`` passes; True when done."""
+        self.executor.spin_until_future_complete(future, timeout_sec=timeout_s)
+        return future.done()
 
     def wait_for_node(self, timeout_s: float) -> None:
         """Wait for the action server, then (briefly) for the node's subscriptions and publishers to match."""
@@ -109,7 +114,7 @@ class _RosSession:
                 self.node.count_publishers(t) > 0 for t in self.output_topics[:1]
             ):
                 return
-            time.sleep(0.05)
+            self.spin_for(0.05)
 
     def publish(self, bag_topic: str, data: bytes) -> None:
         """Publish one message of ``bag_topic`` as its CDR bytes."""
@@ -117,8 +122,6 @@ class _RosSession:
 
     def run_goal(self, opts: ReplayOptions, index: int) -> tuple[str, Any, float]:
         """Send goal ``index`` and wait for its result: ``(status name, result or None, latency ms)``."""
-        import threading
-
         from action_msgs.msg import GoalStatus
 
         names = {v: k[len("STATUS_"):] for k, v in vars(GoalStatus).items() if k.startswith("STATUS_")}
@@ -126,33 +129,29 @@ class _RosSession:
                                             reducer=opts.reducer, return_candidates=opts.return_candidates)
         if opts.seed is not None:
             goal.use_seed, goal.seed = True, int(opts.seed) + index
-        done = threading.Event()
         started = time.perf_counter()
         sent = self.client.send_goal_async(goal)
-        sent.add_done_callback(lambda _: done.set())
-        if not done.wait(opts.goal_timeout_s):
+        if not self._wait(sent, opts.goal_timeout_s):
             return "TIMEOUT", None, (time.perf_counter() - started) * 1e3
         handle = sent.result()
         if not handle.accepted:
             return "REJECTED", None, (time.perf_counter() - started) * 1e3
-        done.clear()
         result_future = handle.get_result_async()
-        result_future.add_done_callback(lambda _: done.set())
-        if not done.wait(opts.goal_timeout_s):
+        if not self._wait(result_future, opts.goal_timeout_s):
             handle.cancel_goal_async()
+            self.spin_for(0.5)
             return "TIMEOUT", None, (time.perf_counter() - started) * 1e3
         latency_ms = (time.perf_counter() - started) * 1e3
         response = result_future.result()
         return names.get(response.status, str(response.status)), response.result, latency_ms
 
     def close(self) -> None:
-        """Stop spinning and shut the context down."""
+        """Shut the executor and the context down."""
         import rclpy
 
         self.executor.shutdown(timeout_sec=2.0)
         self.node.destroy_node()
         rclpy.try_shutdown(context=self.context)
-        self._thread.join(timeout=2.0)
 
 
 def replay(opts: ReplayOptions, log: Any = print) -> ReplayReport:
@@ -191,8 +190,8 @@ def replay(opts: ReplayOptions, log: Any = print) -> ReplayReport:
         clock.start()
 
         def send_goal(t_ns: int) -> None:
-            clock.wait_until(t_ns)
-            time.sleep(max(0.0, SETTLE_S - (time.monotonic() - latest["wall"])))
+            session.spin_for(clock.delay_until(t_ns))
+            session.spin_for(SETTLE_S - (time.monotonic() - latest["wall"]))
             clock.pause()
             status, result, latency_ms = session.run_goal(opts, len(report.goals))
             clock.resume()
@@ -206,7 +205,7 @@ def replay(opts: ReplayOptions, log: Any = print) -> ReplayReport:
             while schedule[len(report.goals):] and schedule[len(report.goals)] < t_ns:
                 send_goal(schedule[len(report.goals)])
                 outputs.flush(recorder)
-            clock.wait_until(t_ns)
+            session.spin_for(clock.delay_until(t_ns))
             session.publish(topic, data)
             recorder.write(inputs[topic][0], msgtype, t_ns, data)
             if topic == image_topic:
@@ -218,7 +217,7 @@ def replay(opts: ReplayOptions, log: Any = print) -> ReplayReport:
         deadline = time.monotonic() + DRAIN_S
         expected = sum(g.status == "SUCCEEDED" for g in report.goals)
         while time.monotonic() < deadline and outputs.count(report.trajectory_topic) < expected:
-            time.sleep(0.05)
+            session.spin_for(0.05)
         outputs.flush(recorder)
     finally:
         if recorder is not None:
@@ -238,9 +237,10 @@ def _plottable(msg: Any) -> Any:
 
 
 class _Outputs:
-    """The node's outputs as they arrive on the spin thread, written to the bag later by the main thread.
+    """The node's outputs as they arrive, queued and written to the bag between the replay's own writes.
 
-    rosbags' sqlite3 writer may only be used from the thread that opened it, so callbacks only queue.
+    Callbacks only queue: the bag is written in one place, in the order the replay chooses (rosbags' sqlite3 writer
+    must also stay on the thread that opened it).
     """
 
     def __init__(self, clock: PlaybackClock) -> None:

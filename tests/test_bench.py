@@ -49,10 +49,15 @@ def test_delegated_modes_dispatch_or_say_what_is_missing(monkeypatch, capsys, fl
 
     seen = []
     fake = types.ModuleType(module)
-    fake.run = lambda a: seen.append((a.scenes, a.scene_seed, a.json)) or 0
+    fake.run = lambda a: seen.append(a) or 0
     monkeypatch.setitem(sys.modules, module, fake)
     assert cli.run(args) == 0
-    assert seen == [(3, 7, Path("q.json"))]
+    (passed,) = seen
+    assert (passed.scenes, passed.scene_seed, passed.json) == (3, 7, Path("q.json"))
+    # Knobs the user did not set stay out, so the module's own defaults apply.
+    assert not hasattr(passed, "steps") and not hasattr(passed, "threads") and not hasattr(passed, "ns")
+    assert cli.run(parse(flag, "--steps", "6", "--ns", "2,1")) == 0
+    assert (seen[-1].steps, seen[-1].ns) == (6, "1,2")
 
 
 @pytest.fixture(scope="module")

@@ -141,6 +141,22 @@ def resolve_settings(args: argparse.Namespace):
     )
 
 
+def delegated_args(args: argparse.Namespace) -> argparse.Namespace:
+    """The namespace a delegated mode gets: its own flags, plus only the shared knobs the user actually set.
+
+    The main benchmark's unset knobs are ``None`` (device-dependent defaults) or tuples (``--ns``); passed through,
+    they would override the delegated module's own ``getattr(args, name, default)`` fallbacks with values of the
+    wrong type. So unset knobs are left out, and ``--ns`` travels as the comma-separated string it was typed as.
+    """
+    out = argparse.Namespace(scenes=args.scenes, scene_seed=args.scene_seed, json=args.json, quiet=args.quiet)
+    for name in ("config", "model", "device", "dtype", "steps", "threads"):
+        if getattr(args, name, None) is not None:
+            setattr(out, name, getattr(args, name))
+    if tuple(args.ns) != DEFAULT_NS:
+        out.ns = ",".join(str(n) for n in args.ns)
+    return out
+
+
 def _delegate(flag: str, args: argparse.Namespace) -> int:
     module_name = DELEGATED[flag]
     try:
@@ -151,7 +167,7 @@ def _delegate(flag: str, args: argparse.Namespace) -> int:
             raise
         print(f"error: `bench --{flag}` needs {module_name}, which is not in this checkout yet.", file=sys.stderr)
         return 2
-    return int(module.run(args) or 0)
+    return int(module.run(delegated_args(args)) or 0)
 
 
 def run(args: argparse.Namespace) -> int:

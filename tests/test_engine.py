@@ -117,11 +117,11 @@ def test_retry_after_injected_failure_gives_the_clean_candidates(pipe):
     real_forward = model.adapter.forward
     calls = {"n": 0}
 
-    def flaky(slices):
+    def flaky(slices, should_abort=None):
         calls["n"] += 1
         if calls["n"] == 2:
             raise RuntimeError("injected slice failure")
-        return real_forward(slices)
+        return real_forward(slices, should_abort)
 
     model.adapter.forward = flaky
     retried = model.generate(**request_kwargs(3, 3.0))
@@ -134,10 +134,10 @@ def test_failed_slice_fails_the_whole_group_without_reducing(pipe, reduce_spy):
     model = Cosmos3ActionModel(pipe, max_batch_candidates=2)  # 5 candidates -> 3 microbatches per step
     real_forward = model.adapter.forward
 
-    def failing(slices):
+    def failing(slices, should_abort=None):
         if any(s.start == 2 for s in slices):
             raise RuntimeError("slice 2-4 exploded")
-        return real_forward(slices)
+        return real_forward(slices, should_abort)
 
     model.adapter.forward = failing
     handle = model.submit(**request_kwargs(5))
@@ -260,3 +260,52 @@ def test_serving_builds_no_autograd_graph(pipe):
     result = model.generate(**request_kwargs(2))
     assert seen and not any(seen)
     assert not result.action.requires_grad and not result.candidates.requires_grad
+
+
+def test_a_cancel_during_a_forward_stops_it_within_a_layer(pipe, reduce_spy):
+    model = Cosmos3ActionModel(pipe)
+    layers_run: list[int] = []
+    holder: dict = {}
+    processor = model.adapter.processor
+    real_call = type(processor).__call__
+
+    def counting_call(self, attn, *args):
+        layers_run.append(1)
+        if len(layers_run) == 1:  # first layer of the first forward: the client cancels now
+            holder["handle"].cancel()
+        return real_call(self, attn, *args)
+
+    type(processor).__call__ = counting_call
+    try:
+        holder["handle"] = model.submit(**request_kwargs(3))
+        model.run_until_idle()
+    finally:
+        type(processor).__call__ = real_call
+    with pytest.raises(GroupCanceledError):
+        holder["handle"].result()
+    # The processor checks before computing each layer, so the forward stopped right there: not one full forward
+    # (the tiny transformer has 2 layers), no step, no reduce.
+    assert len(layers_run) == 1
+    assert reduce_spy == []
+
+
+def test_a_cancel_mid_forward_does_not_abort_other_groups_in_it(pipe):
+    model = Cosmos3ActionModel(pipe, max_batch_candidates=8)
+    alone = model.generate(**request_kwargs(2, seed=8))
+    canceled_after: list[int] = []
+    holder: dict = {}
+
+    def on_progress(event):
+        if event.stage == "denoising" and event.step == 1:
+            holder["victim"].cancel()
+            canceled_after.append(event.step)
+
+    holder["victim"] = model.submit(**request_kwargs(2, seed=9, on_progress=on_progress))
+    survivor = model.submit(**request_kwargs(2, seed=8))
+    model.run_until_idle()
+    with pytest.raises(GroupCanceledError):
+        holder["victim"].result()
+    result = survivor.result()
+    assert canceled_after == [1]
+    for i in range(2):
+        assert within_rule(result.candidates[i], alone.candidates[i])

@@ -461,7 +461,7 @@ def test_serve_passes_the_params_file_and_ros_args_through(tmp_path):
 
 def test_fault_injector_fires_once_then_the_adapter_is_back_to_normal():
     output = SimpleNamespace(candidates=torch.zeros(2, 3))
-    adapter = SimpleNamespace(forward=lambda slices: 1, finish=lambda state: output)
+    adapter = SimpleNamespace(forward=lambda slices, should_abort=None: 1, finish=lambda state: output)
     faults = FaultInjector(adapter)
     faults.arm("engine_exception")
     with pytest.raises(RuntimeError, match="injected"):

@@ -36,7 +36,7 @@ from ..errors import (
     TrajectoryEnsembleError,
 )
 from ..metrics import now_ms, peak_memory_bytes
-from ..models.base import CandidateModelAdapter, CandidateOutput, Slice
+from ..models.base import CandidateModelAdapter, CandidateOutput, ForwardAborted, Slice
 from ..seeding import make_generators
 from .reduction import reduce_candidates
 from .request import EngineConfig, GroupHandle, GroupRequest, ProgressEvent
@@ -305,9 +305,16 @@ class GroupEngine:
             if not slices:
                 continue
             runs = {id(s.state): by_state[id(s.state)] for s in slices}
+
+            def everyone_canceled(runs=runs) -> bool:
+                return all(r.handle.cancel_requested is not None for r in runs.values())
+
             started = now_ms()
             try:
-                forwards = int(self.adapter.forward(slices))
+                forwards = int(self.adapter.forward(slices, should_abort=everyone_canceled))
+            except ForwardAborted:
+                # Every group in this forward was canceled mid-forward; they are reaped below, nothing failed.
+                continue
             except BaseException as exc:  # noqa: BLE001 - fails exactly the groups in this forward
                 for key in runs:
                     failed[key] = exc
@@ -323,7 +330,9 @@ class GroupEngine:
                 self._running.remove(run)
                 self._release(run)
                 self._retry_or_fail(run, error)
-                continue
+        # Cancels that arrived during the forwards end now, without taking the step.
+        self._reap_running_cancels()
+        for run in list(self._running):
             started = now_ms()
             try:
                 self.adapter.step(run.state)

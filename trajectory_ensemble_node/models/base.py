@@ -8,7 +8,7 @@ and post-processing its candidate actions. The framework holds no model tensor n
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -65,6 +65,15 @@ class Slice:
         return self.stop - self.start
 
 
+class ForwardAborted(Exception):
+    """Raised by an adapter's ``forward`` when its ``should_abort`` callback turned true mid-forward.
+
+    Control flow between adapter and engine, never a failure: every group in that forward was canceled, so the rest of
+    the forward would be wasted. Adapters check it at a fine grain (e.g. per transformer layer) so a cancel lands in a
+    fraction of a step.
+    """
+
+
 @dataclass
 class CandidateOutput:
     """What an adapter hands back when a group finishes.
@@ -91,10 +100,12 @@ class CandidateModelAdapter(Protocol):
         """Encode (or reuse) the payload's candidate-invariant conditioning; draw each candidate's noise."""
         ...
 
-    def forward(self, slices: Sequence[Slice]) -> int:
+    def forward(self, slices: Sequence[Slice], should_abort: Callable[[], bool] | None = None) -> int:
         """Run the model over ``slices`` (possibly of several groups) and store their velocities.
 
-        Returns the number of physical model forwards it took (1 when everything fits one forward).
+        ``should_abort`` turns true when every group in the forward has been canceled; the adapter may then raise
+        :class:`ForwardAborted` at any point (without storing anything). Returns the number of physical model
+        forwards it took (1 when everything fits one forward).
         """
         ...
 

@@ -67,13 +67,13 @@ class FaultInjector:
                 return fault
             return None
 
-    def _faulty_forward(self, slices: Sequence[Any]) -> int:
+    def _faulty_forward(self, slices: Sequence[Any], should_abort: Any = None) -> int:
         fault = self._take("engine_exception", "out_of_memory")
         if fault == "engine_exception":
             raise RuntimeError("injected fault: engine_exception")
         if fault == "out_of_memory":
             raise torch.OutOfMemoryError("injected fault: CUDA out of memory")
-        return self._forward(slices)
+        return self._forward(slices, should_abort)
 
     def _faulty_finish(self, state: Any) -> Any:
         output = self._finish(state)

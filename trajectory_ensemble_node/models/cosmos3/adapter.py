@@ -8,7 +8,7 @@ then applies CFG and its scheduler, exactly as the upstream loop does for one sa
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -188,8 +188,11 @@ class Cosmos3Adapter:
         )
         return state
 
-    def forward(self, slices: Sequence[Slice]) -> int:
-        """Run the slices' blocks; returns the number of transformer forwards (1, or 2 with separate CFG)."""
+    def forward(self, slices: Sequence[Slice], should_abort: Callable[[], bool] | None = None) -> int:
+        """Run the slices' blocks; returns the number of transformer forwards (1, or 2 with separate CFG).
+
+        ``should_abort`` is checked at every attention layer (see ``FanoutAttnProcessor.use_layout``).
+        """
         dtype = self.model_dtype
         passes: tuple[list[PackItem], list[PackItem]] = ([], [])
         targets: tuple[list[tuple[Cosmos3GroupState, int, int, int]], ...] = ([], [])
@@ -205,15 +208,18 @@ class Cosmos3Adapter:
         ran = 0
         for items, item_targets in zip(passes, targets):
             if items:
-                self._run_pass(items, item_targets)
+                self._run_pass(items, item_targets, should_abort)
                 ran += 1
         return ran
 
     def _run_pass(
-        self, items: list[PackItem], targets: list[tuple[Cosmos3GroupState, int, int, int]]
+        self,
+        items: list[PackItem],
+        targets: list[tuple[Cosmos3GroupState, int, int, int]],
+        should_abort: Callable[[], bool] | None,
     ) -> None:
         packed = pack_forward(items, self.device)
-        with self.processor.use_layout(packed.layout):
+        with self.processor.use_layout(packed.layout, should_abort):
             preds_vision, _, preds_action = self.transformer(**packed.kwargs, return_dict=False)
         for (state, branch_index, start, stop), pred_v, pred_a in zip(
             targets, split_predictions(packed, preds_vision), split_predictions(packed, preds_action)

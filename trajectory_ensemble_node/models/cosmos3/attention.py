@@ -20,12 +20,14 @@ pipeline call on the same transformer is unaffected.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
 from diffusers.models.attention_dispatch import dispatch_attention_fn
 from diffusers.models.transformers.transformer_cosmos3 import Cosmos3AttnProcessor, Cosmos3OmniTransformer
+
+from ..base import ForwardAborted
 
 
 @dataclass(frozen=True)
@@ -78,17 +80,27 @@ class FanoutAttnProcessor:
 
     def __init__(self) -> None:
         self._layout: AttentionLayout | None = None
+        self._should_abort: Callable[[], bool] | None = None
         self._stock = Cosmos3AttnProcessor()
 
     @contextlib.contextmanager
-    def use_layout(self, layout: AttentionLayout) -> Iterator[None]:
-        """Install ``layout`` for the forwards run inside the ``with`` block."""
-        previous = self._layout
-        self._layout = layout
+    def use_layout(
+        self, layout: AttentionLayout, should_abort: Callable[[], bool] | None = None
+    ) -> Iterator[None]:
+        """Install ``layout`` for the forwards run inside the ``with`` block.
+
+        Args:
+            layout (`AttentionLayout`): Which keys each query may see.
+            should_abort (`Callable[[], bool]`, *optional*): Checked once per layer; when it returns True the forward
+                stops with :class:`~trajectory_ensemble_node.models.base.ForwardAborted` (all its groups were
+                canceled), so a cancel lands within one layer instead of one denoising step.
+        """
+        previous = self._layout, self._should_abort
+        self._layout, self._should_abort = layout, should_abort
         try:
             yield
         finally:
-            self._layout = previous
+            self._layout, self._should_abort = previous
 
     def __call__(
         self,
@@ -98,6 +110,8 @@ class FanoutAttnProcessor:
         rotary_emb: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
     ) -> tuple[torch.Tensor, torch.Tensor]:
         layout = self._layout
+        if self._should_abort is not None and self._should_abort():
+            raise ForwardAborted("every group in this forward was canceled")
         fused = hasattr(attn, "to_qkv")
         if layout is None:
             if not fused:

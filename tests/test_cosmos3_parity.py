@@ -173,3 +173,23 @@ def test_save_pretrained_then_from_pretrained_local_dir(tmp_path):
     for i, seed in enumerate(result.seeds):
         assert within_rule(result.candidates[i], upstream_action(seed, guidance_scale=3.0))
     assert torch.equal(run(model, 1, 3.0).candidates[0], upstream_action(BASE_SEED, guidance_scale=3.0))
+
+
+def test_prefix_cache_is_bitwise_neutral_and_drops_the_prefix_after_step_one():
+    cached = Cosmos3ActionModel(fresh_pipe(), max_batch_candidates=8, prefix_cache=True)
+    uncached = Cosmos3ActionModel(fresh_pipe(), max_batch_candidates=8, prefix_cache=False)
+    text_tokens: list[int] = []
+    hook = cached.pipe.transformer.register_forward_pre_hook(
+        lambda module, args, kwargs: text_tokens.append(kwargs["input_ids"].numel()), with_kwargs=True
+    )
+    try:
+        with_cache = run(cached, 3, 3.0)
+    finally:
+        hook.remove()
+    without_cache = run(uncached, 3, 3.0)
+
+    assert torch.equal(with_cache.candidates, without_cache.candidates)
+    # One fused CFG forward per step: the cond and uncond prefixes are in the first one only.
+    assert len(text_tokens) == STEPS
+    assert text_tokens[0] > 0 and text_tokens[1:] == [0] * (STEPS - 1)
+    assert len(cached.adapter.prefix_cache) == 0, "a finished group must not leave prefixes cached"

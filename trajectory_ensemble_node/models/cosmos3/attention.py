@@ -13,6 +13,10 @@ each query sees:
 Blocks of one branch are equal-length and contiguous, so each run of them becomes ONE batched attention call with
 the prefix keys broadcast over the batch (no copy of the prefix activations through the MLPs).
 
+The text pathway never sees a generation token, so a prefix's per-layer keys and values are the same at every
+denoising step: :class:`PrefixKVCache` keeps them after the first step, and later forwards leave the prefix out of
+the sequence altogether. The values are the ones a recomputation would give, so results do not change by a bit.
+
 With no layout installed the processor computes exactly what the stock processor computes, so an upstream
 pipeline call on the same transformer is unaffected.
 """
@@ -20,7 +24,7 @@ pipeline call on the same transformer is unaffected.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -31,10 +35,25 @@ from ..base import ForwardAborted
 
 
 @dataclass(frozen=True)
+class PrefixSlot:
+    """One text prefix of a packed forward.
+
+    Args:
+        key (`int`): Identity of the prefix (for :class:`PrefixKVCache`).
+        und_range (`tuple[int, int]`, *optional*): ``[start, end)`` in the understanding part of this forward, or
+            ``None`` when the prefix is served from the cache and not in the sequence.
+    """
+
+    key: int
+    und_range: tuple[int, int] | None
+
+
+@dataclass(frozen=True)
 class GenRun:
     """``count`` contiguous generation blocks of ``length`` tokens that all attend to prefix ``prefix``.
 
-    ``start`` is the offset of the first block inside the generation part of the sequence.
+    ``prefix`` indexes :attr:`AttentionLayout.prefixes`; ``start`` is the offset of the first block inside the
+    generation part of the sequence.
     """
 
     prefix: int
@@ -48,12 +67,60 @@ class AttentionLayout:
     """Which keys each query may see in one packed forward.
 
     Args:
-        und_segments (`tuple[tuple[int, int], ...]`): ``[start, end)`` of each prefix in the understanding part.
+        prefixes (`tuple[PrefixSlot, ...]`): Every prefix the generation blocks attend to.
         gen_runs (`tuple[GenRun, ...]`): The generation blocks, in sequence order, covering the generation part.
     """
 
-    und_segments: tuple[tuple[int, int], ...]
+    prefixes: tuple[PrefixSlot, ...]
     gen_runs: tuple[GenRun, ...]
+
+    @property
+    def computed(self) -> tuple[PrefixSlot, ...]:
+        """The prefixes present in this forward's sequence (the others come from the cache)."""
+        return tuple(slot for slot in self.prefixes if slot.und_range is not None)
+
+
+class PrefixKVCache:
+    """Per-layer keys/values of text prefixes, kept while their group runs.
+
+    Entries are written layer by layer during a forward and only become usable once :meth:`commit` marks the forward
+    complete, so a forward aborted half-way never leaves a half-filled prefix behind.
+    """
+
+    def __init__(self) -> None:
+        self._entries: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
+        self._complete: set[int] = set()
+
+    def is_complete(self, key: int) -> bool:
+        return key in self._complete
+
+    def store(self, key: int, attn: torch.nn.Module, keys: torch.Tensor, values: torch.Tensor) -> None:
+        # Cloned: a view would keep the whole packed forward's activations alive.
+        self._entries[(key, id(attn))] = (keys.clone(), values.clone())
+
+    def get(self, key: int, attn: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
+        return self._entries[(key, id(attn))]
+
+    def commit(self, keys: Iterable[int]) -> None:
+        self._complete.update(keys)
+
+    def drop(self, keys: Iterable[int]) -> None:
+        keys = set(keys)
+        self._complete -= keys
+        for entry in [e for e in self._entries if e[0] in keys]:
+            del self._entries[entry]
+
+    def clear(self) -> None:
+        self._entries.clear()
+        self._complete.clear()
+
+    def __len__(self) -> int:
+        return len(self._complete)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
 def _project(attn, seq: torch.Tensor, fused_name: str, parts: tuple[str, str, str]):
@@ -61,11 +128,6 @@ def _project(attn, seq: torch.Tensor, fused_name: str, parts: tuple[str, str, st
     if fused is not None:
         return fused(seq).split(list(fused.shard_sizes), dim=-1)
     return tuple(getattr(attn, part)(seq) for part in parts)
-
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
 class FanoutAttnProcessor:
@@ -81,11 +143,15 @@ class FanoutAttnProcessor:
     def __init__(self) -> None:
         self._layout: AttentionLayout | None = None
         self._should_abort: Callable[[], bool] | None = None
+        self._cache: PrefixKVCache | None = None
         self._stock = Cosmos3AttnProcessor()
 
     @contextlib.contextmanager
     def use_layout(
-        self, layout: AttentionLayout, should_abort: Callable[[], bool] | None = None
+        self,
+        layout: AttentionLayout,
+        should_abort: Callable[[], bool] | None = None,
+        cache: PrefixKVCache | None = None,
     ) -> Iterator[None]:
         """Install ``layout`` for the forwards run inside the ``with`` block.
 
@@ -94,13 +160,15 @@ class FanoutAttnProcessor:
             should_abort (`Callable[[], bool]`, *optional*): Checked once per layer; when it returns True the forward
                 stops with :class:`~trajectory_ensemble_node.models.base.ForwardAborted` (all its groups were
                 canceled), so a cancel lands within one layer instead of one denoising step.
+            cache (`PrefixKVCache`, *optional*): Receives the keys/values of the prefixes computed in this forward and
+                serves those the layout marks as cached.
         """
-        previous = self._layout, self._should_abort
-        self._layout, self._should_abort = layout, should_abort
+        previous = self._layout, self._should_abort, self._cache
+        self._layout, self._should_abort, self._cache = layout, should_abort, cache
         try:
             yield
         finally:
-            self._layout, self._should_abort = previous
+            self._layout, self._should_abort, self._cache = previous
 
     def __call__(
         self,
@@ -109,79 +177,93 @@ class FanoutAttnProcessor:
         gen_seq: torch.Tensor,
         rotary_emb: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        layout = self._layout
+        layout, cache = self._layout, self._cache
         if self._should_abort is not None and self._should_abort():
             raise ForwardAborted("every group in this forward was canceled")
-        fused = hasattr(attn, "to_qkv")
         if layout is None:
-            if not fused:
+            if not hasattr(attn, "to_qkv"):
                 self._stock._attention_backend = self._attention_backend
                 self._stock._parallel_config = self._parallel_config
                 return self._stock(attn, und_seq, gen_seq, rotary_emb)
             # A plain upstream call on a fused transformer: one prefix, one block — the stock attention pattern.
             layout = AttentionLayout(
-                und_segments=((0, und_seq.shape[0]),),
+                prefixes=(PrefixSlot(key=-1, und_range=(0, und_seq.shape[0])),),
                 gen_runs=(GenRun(prefix=0, start=0, count=1, length=gen_seq.shape[0]),),
             )
         if self._parallel_config is not None:
             raise NotImplementedError("Candidate fan-out does not support context parallelism.")
 
         heads, kv_heads, head_dim = attn.num_attention_heads, attn.num_key_value_heads, attn.head_dim
-        # Projections, norms and rotary: the same ops in the same order as the stock processor, token-wise, so each
-        # token's q/k/v are bit-identical to a single run's (unless q/k/v are fused, see ``weights.fuse_qkv_projections``).
-        q_und, k_und, v_und = _project(attn, und_seq, "to_qkv", ("to_q", "to_k", "to_v"))
-        q_gen, k_gen, v_gen = _project(attn, gen_seq, "add_qkv", ("add_q_proj", "add_k_proj", "add_v_proj"))
-        q_und, q_gen = q_und.reshape(-1, heads, head_dim), q_gen.reshape(-1, heads, head_dim)
-        k_und, k_gen = k_und.reshape(-1, kv_heads, head_dim), k_gen.reshape(-1, kv_heads, head_dim)
-        v_und, v_gen = v_und.reshape(-1, kv_heads, head_dim), v_gen.reshape(-1, kv_heads, head_dim)
-
-        q_und = attn.norm_q(q_und)
-        k_und = attn.norm_k(k_und)
-        k_und_for_gen = attn.k_norm_und_for_gen(k_und) if attn.k_norm_und_for_gen is not None else k_und
-        q_gen = attn.norm_added_q(q_gen)
-        k_gen = attn.norm_added_k(k_gen)
-
         cos_und, sin_und, cos_gen, sin_gen = rotary_emb
-        cos_und = cos_und.unsqueeze(1)
-        sin_und = sin_und.unsqueeze(1)
-        q_und = q_und * cos_und + _rotate_half(q_und) * sin_und
-        k_und = k_und * cos_und + _rotate_half(k_und) * sin_und
-        k_und_for_gen = k_und_for_gen * cos_und + _rotate_half(k_und_for_gen) * sin_und
+        computed = layout.computed
+
+        # Text pathway, only for the prefixes in this forward. Projections, norms and rotary are the same ops in the
+        # same order as the stock processor, token-wise, so each token's q/k/v are bit-identical to a single run's
+        # (unless q/k/v are fused, see ``weights.fuse_qkv_projections``).
+        k_und_for_gen = v_und = None
+        causal_parts = []
+        if computed:
+            q_und, k_und, v_und = _project(attn, und_seq, "to_qkv", ("to_q", "to_k", "to_v"))
+            q_und = attn.norm_q(q_und.reshape(-1, heads, head_dim))
+            k_und = attn.norm_k(k_und.reshape(-1, kv_heads, head_dim))
+            v_und = v_und.reshape(-1, kv_heads, head_dim)
+            k_und_for_gen = attn.k_norm_und_for_gen(k_und) if attn.k_norm_und_for_gen is not None else k_und
+            cos_und = cos_und.unsqueeze(1)
+            sin_und = sin_und.unsqueeze(1)
+            q_und = q_und * cos_und + _rotate_half(q_und) * sin_und
+            k_und = k_und * cos_und + _rotate_half(k_und) * sin_und
+            k_und_for_gen = k_und_for_gen * cos_und + _rotate_half(k_und_for_gen) * sin_und
+            for slot in computed:
+                start, end = slot.und_range
+                out = dispatch_attention_fn(
+                    q_und[start:end].unsqueeze(0),
+                    k_und[start:end].unsqueeze(0),
+                    v_und[start:end].unsqueeze(0),
+                    is_causal=True,
+                    enable_gqa=True,
+                    backend=self._attention_backend,
+                )
+                causal_parts.append(out.squeeze(0).flatten(-2, -1))
+                if cache is not None:
+                    cache.store(slot.key, attn, k_und_for_gen[start:end], v_und[start:end])
+        if not causal_parts:
+            causal_out = und_seq.new_zeros((und_seq.shape[0], heads * head_dim))
+        elif len(causal_parts) == 1:
+            causal_out = causal_parts[0]
+        else:
+            causal_out = torch.cat(causal_parts, dim=0)
+
+        q_gen, k_gen, v_gen = _project(attn, gen_seq, "add_qkv", ("add_q_proj", "add_k_proj", "add_v_proj"))
+        q_gen = attn.norm_added_q(q_gen.reshape(-1, heads, head_dim))
+        k_gen = attn.norm_added_k(k_gen.reshape(-1, kv_heads, head_dim))
+        v_gen = v_gen.reshape(-1, kv_heads, head_dim)
         cos_gen = cos_gen.unsqueeze(1)
         sin_gen = sin_gen.unsqueeze(1)
         q_gen = q_gen * cos_gen + _rotate_half(q_gen) * sin_gen
         k_gen = k_gen * cos_gen + _rotate_half(k_gen) * sin_gen
 
-        causal_parts = []
-        for start, end in layout.und_segments:
-            out = dispatch_attention_fn(
-                q_und[start:end].unsqueeze(0),
-                k_und[start:end].unsqueeze(0),
-                v_und[start:end].unsqueeze(0),
-                is_causal=True,
-                enable_gqa=True,
-                backend=self._attention_backend,
-            )
-            causal_parts.append(out.squeeze(0).flatten(-2, -1))
-        causal_out = causal_parts[0] if len(causal_parts) == 1 else torch.cat(causal_parts, dim=0)
-
         full_parts = []
         for run in layout.gen_runs:
-            p_start, p_end = layout.und_segments[run.prefix]
-            prefix_len = p_end - p_start
+            slot = layout.prefixes[run.prefix]
+            if slot.und_range is not None:
+                p_start, p_end = slot.und_range
+                prefix_k, prefix_v = k_und_for_gen[p_start:p_end], v_und[p_start:p_end]
+            else:
+                prefix_k, prefix_v = cache.get(slot.key, attn)
+            prefix_len = prefix_k.shape[0]
             stop = run.start + run.count * run.length
             q = q_gen[run.start : stop].view(run.count, run.length, heads, head_dim)
             # The prefix keys/values are broadcast over the run's blocks (an expand, not a copy of activations).
             k = torch.cat(
                 [
-                    k_und_for_gen[p_start:p_end].unsqueeze(0).expand(run.count, prefix_len, kv_heads, head_dim),
+                    prefix_k.unsqueeze(0).expand(run.count, prefix_len, kv_heads, head_dim),
                     k_gen[run.start : stop].view(run.count, run.length, kv_heads, head_dim),
                 ],
                 dim=1,
             )
             v = torch.cat(
                 [
-                    v_und[p_start:p_end].unsqueeze(0).expand(run.count, prefix_len, kv_heads, head_dim),
+                    prefix_v.unsqueeze(0).expand(run.count, prefix_len, kv_heads, head_dim),
                     v_gen[run.start : stop].view(run.count, run.length, kv_heads, head_dim),
                 ],
                 dim=1,

@@ -59,6 +59,8 @@ class Cosmos3ActionModel:
             :class:`Cosmos3Adapter`).
         fuse_qkv (`bool`): Fuse each attention's q/k/v projections into one GEMM (faster; within the equivalence
             rule but not bitwise). Weight updates named after the unfused projections are routed by shard id.
+        prefix_cache (`bool`): Compute each text prefix's per-layer keys/values once per group instead of once per
+            step (bitwise-neutral; off only to measure what it saves).
     """
 
     def __init__(
@@ -73,11 +75,12 @@ class Cosmos3ActionModel:
         generator_device: str | torch.device | None = None,
         cfg_mode: str = "auto",
         fuse_qkv: bool = False,
+        prefix_cache: bool = True,
     ) -> None:
         self.pipe = pipe
         if fuse_qkv:
             fuse_qkv_projections(pipe.transformer)
-        self.adapter = Cosmos3Adapter(pipe, cfg_mode=cfg_mode)
+        self.adapter = Cosmos3Adapter(pipe, cfg_mode=cfg_mode, prefix_cache=prefix_cache)
         if generator_device is not None:
             self.adapter.generator_device = torch.device(generator_device)
         self.max_candidates = int(max_candidates)

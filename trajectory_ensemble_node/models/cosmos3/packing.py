@@ -17,13 +17,13 @@ The training path (``toy`` policy) packs through :func:`pack_forward` too, so th
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from .attention import AttentionLayout, GenRun
+from .attention import AttentionLayout, GenRun, PrefixSlot
 
 
 @dataclass(frozen=True)
@@ -125,7 +125,11 @@ class PackedForward:
     counts: tuple[int, ...]
 
 
-def pack_forward(items: Sequence[PackItem], device: torch.device) -> PackedForward:
+def pack_forward(
+    items: Sequence[PackItem],
+    device: torch.device,
+    cached: Callable[[int], bool] | None = None,
+) -> PackedForward:
     """Pack ``items`` into one joint sequence for ``Cosmos3OmniTransformer.forward``.
 
     Prefixes shared by several items (the same ``PrefixSegment`` object, e.g. microbatch slices of one group) are
@@ -134,6 +138,8 @@ def pack_forward(items: Sequence[PackItem], device: torch.device) -> PackedForwa
     Args:
         items (`Sequence[PackItem]`): The blocks to run; their order is the order of the unpacked predictions.
         device (`torch.device`): Device of the index tensors.
+        cached (`Callable[[int], bool]`, *optional*): Whether a prefix (by ``id``) has its keys/values in the
+            :class:`~.attention.PrefixKVCache`; those prefixes are left out of the sequence.
 
     Returns:
         `PackedForward`: ``kwargs`` for ``transformer(**kwargs, return_dict=False)``, the attention layout, and the
@@ -149,14 +155,19 @@ def pack_forward(items: Sequence[PackItem], device: torch.device) -> PackedForwa
             prefix_index[key] = len(prefixes)
             prefixes.append(item.branch.prefix)
 
-    und_segments: list[tuple[int, int]] = []
+    slots: list[PrefixSlot] = []
+    computed: list[PrefixSegment] = []
     cursor = 0
     for prefix in prefixes:
-        und_segments.append((cursor, cursor + prefix.length))
+        if cached is not None and cached(id(prefix)):
+            slots.append(PrefixSlot(key=id(prefix), und_range=None))
+            continue
+        slots.append(PrefixSlot(key=id(prefix), und_range=(cursor, cursor + prefix.length)))
+        computed.append(prefix)
         cursor += prefix.length
     und_len = cursor
 
-    position_parts = [prefix.mrope_ids for prefix in prefixes]
+    position_parts = [prefix.mrope_ids for prefix in computed]
     vision_tokens: list[torch.Tensor] = []
     vision_shapes: list[tuple[int, int, int]] = []
     vision_seq: list[torch.Tensor] = []
@@ -203,7 +214,8 @@ def pack_forward(items: Sequence[PackItem], device: torch.device) -> PackedForwa
                 position_parts.append(template.action_mrope_ids)
             cursor += template.length
 
-    input_ids = torch.cat([prefix.input_ids for prefix in prefixes])
+    input_ids = (torch.cat([prefix.input_ids for prefix in computed]) if computed
+                 else torch.zeros(0, dtype=torch.long, device=device))
     kwargs: dict[str, Any] = {
         "input_ids": input_ids,
         "text_indexes": torch.arange(und_len, dtype=torch.long, device=device),
@@ -227,7 +239,7 @@ def pack_forward(items: Sequence[PackItem], device: torch.device) -> PackedForwa
             action_noisy_frame_indexes=action_noisy,
             action_domain_ids=action_domains,
         )
-    layout = AttentionLayout(und_segments=tuple(und_segments), gen_runs=tuple(runs))
+    layout = AttentionLayout(prefixes=tuple(slots), gen_runs=tuple(runs))
     return PackedForward(kwargs=kwargs, layout=layout, counts=tuple(item.count for item in items))
 
 

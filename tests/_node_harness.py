@@ -58,10 +58,10 @@ class NodeProcess:
         log_path (`Path`): Where its stdout and stderr go.
     """
 
-    def __init__(self, params_file: Path, env: Mapping[str, str], log_path: Path) -> None:
+    def __init__(self, params_file: Path, env: Mapping[str, str], log_path: Path, step_delay_s: float = 0.0) -> None:
         self.log_path = log_path
         self._log = open(log_path, "wb")  # noqa: SIM115 - closed in stop()
-        env = {**env, "TRAJECTORY_ENSEMBLE_TESTING": "1"}
+        env = {**env, "TRAJECTORY_ENSEMBLE_TESTING": "1", "TRAJECTORY_ENSEMBLE_TEST_STEP_DELAY_S": str(step_delay_s)}
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "trajectory_ensemble_node.cli", "serve", "--params-file", str(params_file)],
             env=env, stdout=self._log, stderr=subprocess.STDOUT,
@@ -336,7 +336,8 @@ def os_environ() -> dict[str, str]:
 
 
 def serve_node(tmp: Path, domain_id: int, overrides: Mapping[str, Any],
-               image_topics: Iterable[str] = (f"{NS}/observation/image",)) -> Iterable[tuple[NodeProcess, RosClient]]:
+               image_topics: Iterable[str] = (f"{NS}/observation/image",),
+               step_delay_s: float = 0.0) -> Iterable[tuple[NodeProcess, RosClient]]:
     """Generator behind the module fixtures: start the node with ``overrides``, connect a client, clean up.
 
     Args:
@@ -344,11 +345,13 @@ def serve_node(tmp: Path, domain_id: int, overrides: Mapping[str, Any],
         domain_id (`int`): The session's ROS_DOMAIN_ID.
         overrides (`Mapping[str, Any]`): Parameters on top of :data:`BASE_PARAMS`.
         image_topics (`Iterable[str]`): Topics the client publishes images on.
+        step_delay_s (`float`): Sleep before every physical forward (test-only pacing, see ``ros/faults.py``), so
+            a cancel, preemption or shutdown lands mid-group however fast the machine is.
     """
     from conftest import ros_subprocess_env
 
     params_file = write_params(tmp / "params.yaml", overrides)
-    node = NodeProcess(params_file, ros_subprocess_env(domain_id), tmp / "node.log")
+    node = NodeProcess(params_file, ros_subprocess_env(domain_id), tmp / "node.log", step_delay_s)
     client: RosClient | None = None
     try:
         node.wait_ready()

@@ -1,7 +1,8 @@
 """The node over real DDS: goal policy (preempt), client cancel, reducer/action-space checks, shutdown.
 
-One node process serves the module: tiny model, ``pusht`` (width 2), chunk 8, and enough steps (12) that a cancel or
-a preemption lands while the group is denoising. The last test stops the node with a goal running.
+One node process serves the module: tiny model, ``pusht`` (width 2), chunk 8, 12 steps, each paced to take at least
+0.25 s (test-only step delay), so a cancel, a preemption or the shutdown lands while the group is denoising on any
+machine. The last test stops the node with a goal running.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from trajectory_ensemble_node.errors import ErrorCode  # noqa: E402
 pytestmark = [pytest.mark.ros, pytest.mark.slow]
 
 STEPS = 12
+STEP_DELAY_S = 0.25
 stamps = Stamps(2000)
 
 
@@ -28,7 +30,8 @@ stamps = Stamps(2000)
 def served(tmp_path_factory, ros_domain_id):
     tmp = tmp_path_factory.mktemp("node_policy")
     yield from serve_node(tmp, ros_domain_id, {"domain_name": "pusht", "num_inference_steps": STEPS,
-                                               "candidate_count": 2, "max_observation_age_s": 120.0})
+                                               "candidate_count": 2, "max_observation_age_s": 120.0},
+                         step_delay_s=STEP_DELAY_S)
 
 
 @pytest.fixture

@@ -13,11 +13,18 @@ The faults are raised where real ones would be, inside the engine's calls into t
 - ``out_of_memory``: the next physical forward raises ``torch.OutOfMemoryError`` (engine:
   ``GroupOutOfMemoryError``);
 - ``nan_candidates``: the next finished group's candidates are NaN (reducer: ``NonFiniteCandidatesError``).
+
+``TRAJECTORY_ENSEMBLE_TEST_STEP_DELAY_S`` (read only in testing mode) paces every physical forward by sleeping that
+long before it, like a slow device. Tests that must land a cancel, a preemption or a shutdown while a group is
+denoising would otherwise race the tiny model, which finishes a whole group in tens of milliseconds on a fast CI
+machine.
 """
 
 from __future__ import annotations
 
+import os
 import threading
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -25,15 +32,28 @@ import torch
 
 from .params import FAULTS
 
+STEP_DELAY_ENV = "TRAJECTORY_ENSEMBLE_TEST_STEP_DELAY_S"
+
 
 class FaultInjector:
     """Wraps an adapter's ``forward`` and ``finish`` (on the instance) to fire one armed fault.
 
     Args:
         adapter (`Any`): The model adapter the engine calls (e.g. ``Cosmos3Adapter``).
+        step_delay_s (`float`, *optional*): Seconds to sleep before every physical forward; defaults to
+            :data:`STEP_DELAY_ENV` from the environment (``0`` when unset).
     """
 
-    def __init__(self, adapter: Any) -> None:
+    def __init__(self, adapter: Any, step_delay_s: float | None = None) -> None:
+        if step_delay_s is None:
+            raw = os.environ.get(STEP_DELAY_ENV, "0") or "0"
+            try:
+                step_delay_s = float(raw)
+            except ValueError:
+                raise ValueError(f"{STEP_DELAY_ENV} must be a number of seconds, got {raw!r}") from None
+        if step_delay_s < 0:
+            raise ValueError(f"{STEP_DELAY_ENV} must be >= 0, got {step_delay_s!r}")
+        self.step_delay_s = step_delay_s
         self._adapter = adapter
         self._lock = threading.Lock()
         self._armed: str | None = None
@@ -73,6 +93,8 @@ class FaultInjector:
             raise RuntimeError("injected fault: engine_exception")
         if fault == "out_of_memory":
             raise torch.OutOfMemoryError("injected fault: CUDA out of memory")
+        if self.step_delay_s:
+            time.sleep(self.step_delay_s)
         return self._forward(slices, should_abort)
 
     def _faulty_finish(self, state: Any) -> Any:

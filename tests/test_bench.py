@@ -29,7 +29,7 @@ def test_defaults_follow_the_spec_and_the_device():
     args = parse()
     assert args.ns == (1, 2, 4, 8, 10) and args.reps == 5 and args.chunk == 16 and args.tier == 256
     assert args.out == Path("out/bench") and args.guidance > 1.0
-    assert (args.scenes, args.scene_seed, args.json) == (50, 1000, None)
+    assert (args.scenes, args.scene_seed, args.json) == (50, 0, None)
     settings = cli.resolve_settings(parse("--device", "cpu"))
     assert settings.source.config == "bench" and settings.dtypes == ("fp32",)
     assert settings.workload.steps == cli.CPU_STEPS and settings.threads == 1

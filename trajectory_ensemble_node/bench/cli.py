@@ -62,8 +62,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     exclusive.add_argument("--ros", action="store_true",
                            help="node overhead over engine time (trajectory_ensemble_node.bench.ros_overhead)")
     modes.add_argument("--scenes", type=int, default=50, help="--quality: number of toy scenes (default 50)")
-    modes.add_argument("--scene-seed", type=int, default=1000, help="--quality: seed of the first scene (default 1000)")
-    modes.add_argument("--json", type=Path, default=None, help="--quality: write its results to this JSON file")
+    modes.add_argument("--scene-seed", type=int, default=0,
+                       help="--quality: offset of the first held-out scene (default 0)")
+    modes.add_argument("--json", type=Path, default=None, help="--quality: write its results to this JSON file "
+                       "(default bench/results/quality-toy.json)")
 
     what = parser.add_argument_group("model")
     what.add_argument("--config", choices=("tiny", "bench", "large"), default=None,

@@ -40,6 +40,7 @@ from .report import write_markdown, write_plot
 DEFAULT_NS = (1, 2, 4, 8, 10)
 SECOND_CHUNK_SEED_OFFSET = 500_000
 """Second-chunk base seeds are offset so they never coincide with a first chunk's."""
+DEFAULT_JSON = Path("bench/results/quality-toy.json")
 BOOTSTRAP_SAMPLES = 2000
 Z95 = 1.959963984540054
 
@@ -48,7 +49,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Register the quality-bench options (``bench --quality`` passes ``scenes``, ``scene_seed`` and ``json``)."""
     parser.add_argument("--scenes", type=int, default=50, help="held-out scenes")
     parser.add_argument("--scene-seed", type=int, default=0, help="first held-out scene offset")
-    parser.add_argument("--json", type=Path, default=Path("bench/results/quality-toy.json"), help="JSON output")
+    parser.add_argument("--json", type=Path, default=DEFAULT_JSON, help="JSON output")
     add_quality_options(parser)
 
 
@@ -284,7 +285,7 @@ def run(args: argparse.Namespace) -> int:
         "path": "Cosmos3ActionModel.generate (batched candidates, one forward per step per group)",
     }
     result["definitions"] = DEFINITIONS
-    out: Path = args.json
+    out: Path = args.json or DEFAULT_JSON
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1))
     write_markdown(result, out.with_suffix(".md"))

@@ -30,8 +30,13 @@ GOAL_TIMEOUT_S = 120.0
 
 # The small configuration the node tests share (overridden per module).
 BASE_PARAMS: dict[str, Any] = {
+    # The random tiny model with the settings the node tests were written for (the node's own defaults are the toy
+    # policy's: pusht, chunk 8, reducer mode).
     "model": "tiny",
     "device": "cpu",
+    "domain_name": "droid_lerobot",
+    "instruction": "reach the target",
+    "reducer": "mean",
     "chunk_size": 8,
     "num_inference_steps": 3,
     "candidate_count": 3,

@@ -25,6 +25,8 @@ pytestmark = pytest.mark.launch_testing
 TEST_PARAMETERS = {
     "model": "tiny",
     "device": "cpu",
+    "domain_name": "droid_lerobot",
+    "reducer": "mean",
     "chunk_size": 8,
     "num_inference_steps": 3,
     "candidate_count": 2,

@@ -191,13 +191,20 @@ def test_serve_yaml_declares_exactly_the_node_parameters_with_the_same_defaults(
     for spec in params.PARAMETERS:
         assert raw[spec.name] == spec.default, spec.name
     validated = params.validate(raw)
-    assert validated.joint_names == () and validated.image_topics == () and validated.action_dim == 10
+    assert validated.joint_names == () and validated.image_topics == ()
+    # The default is the bundled toy policy with the settings it was trained for, and a reducer that keeps one of
+    # its two behaviours.
+    from trajectory_ensemble_node.toy import ACTION_SETTINGS, INSTRUCTION
+
+    assert validated.model == "toy" and validated.action_dim == 2 and validated.reducer == "mode"
+    assert validated.instruction == INSTRUCTION
+    assert all(getattr(validated, name) == value for name, value in ACTION_SETTINGS.items())
 
 
 def test_bad_parameters_are_all_reported_by_name():
     with pytest.raises(params.ParameterError) as info:
         params.validate({"goal_policy": "drop", "fps": 0, "joint_names": ["a", "b"], "modle": "x", "chunk_size": "8",
-                         "enable_weight_updates": True}, env={})
+                         "enable_weight_updates": True, "domain_name": "droid_lerobot"}, env={})
     text = str(info.value)
     for expected in ("goal_policy: 'drop'", "fps: must be > 0", "modle: unknown parameter", "chunk_size: expected",
                      "joint_names: 2 names ['a', 'b'] but domain_name 'droid_lerobot' has action width 10",
@@ -207,7 +214,8 @@ def test_bad_parameters_are_all_reported_by_name():
         params.validate({"reducer": "pose_gripper", "domain_name": "pusht"}, env={})
     with pytest.raises(params.ParameterError, match="reducer: 'nope' is not a reducer"):
         params.validate({"reducer": "nope"}, env={})
-    assert params.validate({"fps": 15, "joint_names": [f"j{i}" for i in range(10)]}, env={}).fps == 15.0
+    assert params.validate({"fps": 15, "joint_names": [f"j{i}" for i in range(10)], "domain_name": "droid_lerobot"},
+                           env={}).fps == 15.0
 
 
 def test_fault_injection_is_refused_outside_tests():
@@ -223,7 +231,8 @@ def test_fault_injection_is_refused_outside_tests():
 
 
 def node_params(**overrides) -> params.NodeParams:
-    return params.validate({"candidate_count": 4, "max_candidates": 8, **overrides}, env={})
+    return params.validate({"candidate_count": 4, "max_candidates": 8, "domain_name": "droid_lerobot",
+                            "reducer": "mean", **overrides}, env={})
 
 
 VALID = ("mean", "median", "medoid", "trimmed_mean", "pose_gripper", "mode")

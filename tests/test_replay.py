@@ -182,8 +182,8 @@ def test_replay_into_real_node(tmp_path: Path, ros_env: dict[str, str]) -> None:
 
     frames = _write_bag(tmp_path / "in")
     expected = _expected_stamps(frames)
-    params = {"model": "tiny", "device": "cpu", "chunk_size": 8, "num_inference_steps": 2, "candidate_count": 2,
-              "max_observation_age_s": 30.0}
+    params = {"model": "tiny", "device": "cpu", "domain_name": "droid_lerobot", "chunk_size": 8,
+              "num_inference_steps": 2, "candidate_count": 2, "max_observation_age_s": 30.0}
     # Its own namespace: no other node of this test session can answer these goals.
     with NodeProcess(params, ros_env, log_path=tmp_path / "node.log", namespace="/replay_test") as node:
         node.start(ready_timeout_s=300)

@@ -160,7 +160,7 @@ def test_config_holds_every_parameter() -> None:
     assert list(data) == [CONFIG_KEY]
     params = data[CONFIG_KEY]["ros__parameters"]
     assert set(params) == PARAMETER_NAMES
-    assert params["model"] == "tiny" and params["device"] == "auto"
+    assert params["model"] == "toy" and params["device"] == "auto"
     assert params["candidate_count"] <= params["max_candidates"]
     # ROS 2 cannot type an empty list, so "unset" string lists hold one empty string.
     assert params["joint_names"] == [""] and params["image_topics"] == [""]

@@ -260,8 +260,10 @@ def run(args: argparse.Namespace) -> int:
     domain_id = pick_domain_id()
     os.environ["ROS_DOMAIN_ID"] = str(domain_id)
     os.environ.setdefault("ROS_AUTOMATIC_DISCOVERY_RANGE", "LOCALHOST")
-    params = {"model": "tiny", "device": device, "chunk_size": CHUNK, "num_inference_steps": steps,
-              "candidate_count": CANDIDATES, "goal_policy": "preempt"}
+    # droid_lerobot (width 10) and mean, as in the first measurements, not the toy defaults.
+    params = {"model": "tiny", "device": device, "domain_name": "droid_lerobot", "reducer": "mean",
+              "chunk_size": CHUNK, "num_inference_steps": steps, "candidate_count": CANDIDATES,
+              "goal_policy": "preempt"}
     json_path.parent.mkdir(parents=True, exist_ok=True)
     node = NodeProcess(params, ros_env(domain_id), log_path=json_path.with_suffix(".node.log"))
     log(f"bench --ros: starting the node (tiny, chunk {CHUNK}, {steps} steps, device {device}, "

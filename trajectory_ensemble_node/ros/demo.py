@@ -1,7 +1,7 @@
 """``trajectory-ensemble demo`` (``make demo``): the node on its embedded model, the bundled bag, 8 candidates a goal.
 
-Starts the node as a child process (the node's default ``model``: ``tiny`` random weights, or the ``toy`` policy
-with its action settings: ``pusht``, chunk 8, 10 steps, guidance 1.0, 8 fps), replays the bundled toy-scene bag
+Starts the node as a child process (the node's default ``model``: the ``toy`` policy with its action settings,
+``pusht``, chunk 8, 10 steps, guidance 1.0, 8 fps; ``--model tiny`` for random weights), replays the bundled toy-scene bag
 into it with a goal per scene (N=8, ``return_candidates``), prints a line per goal, writes the recorded bag, the
 plots and a summary under ``out/demo/``, and stops the node with SIGINT. For the toy policy ``toy_scenes.png``
 shows each scene with the 8 candidates and what ``mean``, ``medoid`` and ``mode`` make of them.
@@ -26,12 +26,13 @@ DEMO_CANDIDATES = 8
 DEMO_SEED = 0
 """Goal ``i`` uses base seed ``DEMO_SEED + i``: the demo draws the same candidates every run."""
 EXIT_NODE_FAILED = 4
-# The tiny model's own defaults give 16 x 10 actions; chunk 8 keeps the demo's plot readable and its CPU time low.
-TINY_SETTINGS: dict[str, Any] = {"chunk_size": 8, "num_inference_steps": 10}
+# The random tiny model on a 10-wide arm layout, chunk 8 so the plot stays readable and the CPU time low.
+TINY_SETTINGS: dict[str, Any] = {"domain_name": "droid_lerobot", "reducer": "mean", "chunk_size": 8,
+                                 "num_inference_steps": 10}
 
 
 def default_model() -> str:
-    """The node's default ``model`` parameter (``tiny`` if it cannot be read)."""
+    """The node's default ``model`` parameter (``toy``; ``tiny`` if it cannot be read)."""
     try:
         from .params import PARAMETERS
 

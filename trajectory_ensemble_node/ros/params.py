@@ -63,23 +63,23 @@ class ParamSpec:
 
 
 PARAMETERS: tuple[ParamSpec, ...] = (
-    ParamSpec("model", "tiny", "tiny (embedded random model), toy (bundled toy policy) or a local Cosmos 3 "
+    ParamSpec("model", "toy", "toy (bundled toy policy, the default), tiny (embedded random model) or a local Cosmos 3 "
               "diffusers directory", "tiny, toy or an existing directory"),
     ParamSpec("device", "auto", "torch device", "auto, cpu, cuda or cuda:N"),
     ParamSpec("dtype", "float32", "transformer compute dtype", ", ".join(DTYPE_NAMES)),
     ParamSpec("seed", 0, "seed of the random weights of model: tiny", ">= 0"),
-    ParamSpec("instruction", "reach the target", "instruction used when a goal and ~/instruction leave it empty"),
-    ParamSpec("domain_name", "droid_lerobot", "embodiment the model is conditioned on; sets the action width",
+    ParamSpec("instruction", "move the blue robot to the green target without touching the red obstacle", "instruction used when a goal and ~/instruction leave it empty"),
+    ParamSpec("domain_name", "pusht", "embodiment the model is conditioned on; sets the action width",
               "a Cosmos 3 domain with a fixed action width"),
-    ParamSpec("chunk_size", 16, "actions per trajectory", ">= 1"),
+    ParamSpec("chunk_size", 8, "actions per trajectory", ">= 1"),
     ParamSpec("resolution_tier", 256, "conditioning resolution tier", "256, 480, 704 or 720"),
     ParamSpec("view_point", "ego_view", "camera view point the model is told about (concat_view for tiled cameras)",
               ", ".join(_ACTION_VIEWPOINT_TEMPLATES)),
-    ParamSpec("fps", 15.0, "frame rate of the action chunk; dt = 1 / fps", "> 0"),
+    ParamSpec("fps", 8.0, "frame rate of the action chunk; dt = 1 / fps", "> 0"),
     ParamSpec("num_inference_steps", 10, "denoising steps per trajectory", ">= 1"),
     ParamSpec("guidance_scale", 1.0, "classifier-free guidance scale; 1.0 disables the unconditional branch", "> 0"),
     ParamSpec("candidate_count", 8, "candidates per goal when the goal says 0", "1 .. max_candidates"),
-    ParamSpec("reducer", "mean", "reducer when the goal leaves it empty", "a reducer valid for the action space"),
+    ParamSpec("reducer", "mode", "reducer when the goal leaves it empty", "a reducer valid for the action space"),
     ParamSpec("max_candidates", 32, "goals asking for more candidates are aborted before any model work", ">= 1"),
     ParamSpec("max_batch_candidates", 16, "most candidates in one batch; larger groups run as lockstep microbatches",
               ">= 1"),

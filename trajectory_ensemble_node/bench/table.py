@@ -110,8 +110,9 @@ def markdown(document: dict[str, Any], variants: list[VariantResult], settings: 
             f"{model['vae_parameters'] / 1e6:.2f}M; text prefix {prefix} tokens (shared by the group), generation "
             f"block {tokens.get('generation_block')} tokens per candidate per CFG branch"
             + (f"; memory baseline after build {base_rss / MIB:.0f} MiB" if base_rss else "")
-            + (f"; the engine runs forwards with autograd {'ON' if variant.engine_grad_enabled else 'off'} unless "
-               "the caller disables it (the bench does)" if variant.engine_grad_enabled is not None else "")
+            + (f"; autograd in the engine's forwards when the caller leaves it on: "
+               f"{'ON (serving would build a graph)' if variant.engine_grad_enabled else 'off'}"
+               if variant.engine_grad_enabled is not None else "")
             + "."
         )
     lines.append("")

@@ -1,13 +1,13 @@
 """The shipped toy policy: loadable as a plain diffusers pipeline, small, and bimodal in the way ensembling cares about.
 
 The direction asserted here is the reason the toy exists: on a task with two equally good detours, averaging
-candidates from both modes (``mean``) runs into the obstacle, while ``mode`` stays nearer one detour. The assertions
+candidates from both modes (``mean``) runs into the obstacle, while ``mode`` stays on one detour. The assertions
 are on aggregated counts and mean clearances over two dozen held-out scenes, with margins below what the shipped
-weights showed on four disjoint scene/seed sets (offsets 1000..4000, base seeds 77..80: mean 23-24 vs mode 18-20
-collisions of 24; mean clearance -0.11..-0.14 vs mode -0.05..-0.07), not on one lucky draw.
+weights showed on four disjoint scene/seed sets (offsets 1000..4000, base seeds 77..80, N=4: mean 20-22 vs mode 5-8
+collisions of 24; mean clearance -0.08..-0.10 vs mode +0.05..+0.08), not on one lucky draw.
 
-What is NOT asserted, because the shipped weights do not achieve it: a low absolute collision rate. Single candidates
-still clip the obstacle in about half of the held-out scenes (see bench/results/quality-toy.md).
+What is NOT asserted, because the shipped weights do not achieve it: single candidates colliding in at most 10% of
+held-out scenes (they collide in about 28%; see bench/results/quality-toy.md).
 """
 
 from __future__ import annotations
@@ -92,8 +92,8 @@ def test_policy_is_bimodal_and_mean_collides_more_than_mode(draws):
     # Two equally good detours: with 4 candidates a 50/50 policy splits in 7 of 8 scenes; require two thirds.
     assert both_sides >= 2 * SCENES // 3, f"only {both_sides}/{SCENES} scenes had candidates on both sides"
     # The averaged trajectory runs between the modes, into the obstacle; the largest cluster keeps further out.
-    assert collisions["mean"] >= 0.8 * SCENES, collisions
-    assert collisions["mean"] >= collisions["mode"] + 3, collisions
+    assert collisions["mean"] >= 0.7 * SCENES, collisions
+    assert collisions["mean"] >= collisions["mode"] + 8, collisions
     assert clearance["mean"] < clearance["mode"] - 0.03, clearance
 
 

@@ -78,6 +78,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--save-dtype", choices=("float16", "float32"), default="float16")
     parser.add_argument("--sigma-shift", type=float, default=5.0,
                         help="half of each batch's sigmas are shifted by this toward high noise (1 = none)")
+    parser.add_argument("--init", type=Path, default=None,
+                        help="continue from this pipeline directory (e.g. the shipped weights) instead of a fresh one")
     parser.add_argument("--layers", type=int, default=TOY_CONFIG.num_layers, help="transformer depth (experiments)")
     parser.add_argument("--hidden", type=int, default=TOY_CONFIG.hidden_size, help="transformer width (experiments)")
     parser.add_argument("--mlp", type=int, default=TOY_CONFIG.intermediate_size, help="MLP width (experiments)")
@@ -240,12 +242,20 @@ def run(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     config = dataclasses.replace(TOY_CONFIG, num_layers=args.layers, hidden_size=args.hidden,
                                  intermediate_size=args.mlp, num_heads=args.heads, num_kv_heads=args.kv_heads)
-    pipe = build_pipeline(config, seed=args.seed)
-    round_vae_to_half(pipe)
-    init_action_heads(pipe, torch.Generator().manual_seed(args.seed + 1))
-    latents_mean, latents_std = normalize_latents(pipe)
-    print(f"latent normalization: mean {[round(m, 3) for m in latents_mean]}, std {[round(s, 3) for s in latents_std]}",
-          flush=True)
+    if args.init is not None:
+        # Continue from a saved pipeline: its VAE (already fp16-rounded) and latent normalization come with it.
+        from . import load_toy_pipeline
+
+        pipe = load_toy_pipeline(path=args.init)
+        pipe.scheduler = type(pipe.scheduler).from_config(pipe.scheduler.config, flow_shift=config.flow_shift)
+        print(f"initialized from {args.init}", flush=True)
+    else:
+        pipe = build_pipeline(config, seed=args.seed)
+        round_vae_to_half(pipe)
+        init_action_heads(pipe, torch.Generator().manual_seed(args.seed + 1))
+        latents_mean, latents_std = normalize_latents(pipe)
+        print(f"latent normalization: mean {[round(m, 3) for m in latents_mean]}, "
+              f"std {[round(s, 3) for s in latents_std]}", flush=True)
     dataset = build_dataset(pipe, args.scenes, mid_probability=args.mid_probability, cache_dir=work_dir,
                             log=lambda m: print(m, flush=True))
     encode_s = time.perf_counter() - started

@@ -126,7 +126,9 @@ def write_plot(
             high = np.array([e[f"{key}_ci95"][1] for e in entries])
             # Small horizontal offsets keep overlapping intervals readable.
             xs = np.array(present, dtype=float) + (offset - len(names) / 2) * 0.08
-            axis.errorbar(xs, values, yerr=[values - low, high - values], marker="o", capsize=3,
+            # Wilson bounds at a rate of exactly 0 or 1 can cross it by a rounding error; matplotlib refuses that.
+            yerr = np.clip([values - low, high - values], 0.0, None)
+            axis.errorbar(xs, values, yerr=yerr, marker="o", capsize=3,
                           color=COLORS.get(name), label=name, linewidth=2 if name in ("mean", "mode") else 1)
         axis.set_xticks(ns)
         axis.set_xlabel("N candidates")

@@ -50,12 +50,10 @@ def _linux_vm_hwm() -> int | None:
 
 
 def peak_memory_bytes(device: torch.device | str) -> int:
-    """Peak memory since the last :func:`reset_peak_memory`: CUDA max allocated on a GPU, the RSS high-water mark
-    on CPU.
+    """Peak memory so far: CUDA max allocated on a GPU, the RSS high-water mark on CPU.
 
     On CPU this is process-wide (weights, other groups and Python included), so it bounds a group's peak from
-    above. On Linux it is ``VmHWM``, which :func:`reset_peak_memory` resets; elsewhere ``ru_maxrss``, which never
-    decreases.
+    above. On Linux it is ``VmHWM``; elsewhere ``ru_maxrss``.
     """
     device = torch.device(device)
     if device.type == "cuda" and torch.cuda.is_available():
@@ -69,14 +67,7 @@ def peak_memory_bytes(device: torch.device | str) -> int:
 
 
 def reset_peak_memory(device: torch.device | str) -> None:
-    """Reset the peak counter: CUDA's on a GPU; on Linux CPU the RSS high-water mark (``/proc/self/clear_refs``)."""
+    """Reset the CUDA peak counter (no-op on CPU, where the RSS high-water mark is not reset)."""
     device = torch.device(device)
     if device.type == "cuda" and torch.cuda.is_available():
         torch.cuda.reset_peak_memory_stats(device)
-        return
-    if sys.platform.startswith("linux"):
-        try:
-            with open("/proc/self/clear_refs", "w", encoding="ascii") as clear_refs:
-                clear_refs.write("5")  # 5 = reset the peak RSS to the current RSS (proc(5))
-        except OSError:
-            pass  # Some sandboxes forbid it; the peak then only grows, still an upper bound.

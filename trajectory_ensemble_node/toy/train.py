@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import dataclasses
 import json
 import math
 import time
@@ -80,11 +79,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="half of each batch's sigmas are shifted by this toward high noise (1 = none)")
     parser.add_argument("--init", type=Path, default=None,
                         help="continue from this pipeline directory (e.g. the shipped weights) instead of a fresh one")
-    parser.add_argument("--layers", type=int, default=TOY_CONFIG.num_layers, help="transformer depth (experiments)")
-    parser.add_argument("--hidden", type=int, default=TOY_CONFIG.hidden_size, help="transformer width (experiments)")
-    parser.add_argument("--mlp", type=int, default=TOY_CONFIG.intermediate_size, help="MLP width (experiments)")
-    parser.add_argument("--heads", type=int, default=TOY_CONFIG.num_heads, help="query heads (experiments)")
-    parser.add_argument("--kv-heads", type=int, default=TOY_CONFIG.num_kv_heads, help="key/value heads (experiments)")
 
 
 def sample_sigmas(count: int, generator: torch.Generator, shift: float) -> torch.Tensor:
@@ -240,8 +234,7 @@ def run(args: argparse.Namespace) -> int:
     work_dir: Path = args.work_dir
     work_dir.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    config = dataclasses.replace(TOY_CONFIG, num_layers=args.layers, hidden_size=args.hidden,
-                                 intermediate_size=args.mlp, num_heads=args.heads, num_kv_heads=args.kv_heads)
+    config = TOY_CONFIG
     if args.init is not None:
         # Continue from a saved pipeline: its VAE (already fp16-rounded) and latent normalization come with it.
         from . import load_toy_pipeline

@@ -339,6 +339,53 @@ def test_queue_policy_waits_for_a_slot_and_reject_policy_refuses():
     assert "shutting down" in closing.should_reject()
 
 
+def test_try_admit_runs_or_preempts_at_once_and_never_queues_a_goal():
+    # The accept callback starts a goal with try_admit: it must never block the executor thread.
+    preempting = goals.GoalTracker("preempt", 1)
+    first, second = preempting.register("A"), preempting.register("B")
+    assert preempting.try_admit(first) is True
+    handle = FakeHandle()
+    first.attach(handle)
+    assert preempting.try_admit(second) is True
+    assert handle.cancels == [("preempted", "preempted by B")] and preempting.num_running == 1
+    queueing = goals.GoalTracker("queue", 1)
+    running, later = queueing.register("A"), queueing.register("B")
+    assert queueing.try_admit(running) is True
+    assert queueing.try_admit(later) is False
+    assert queueing.num_waiting == 0 and queueing.num_running == 1  # not queued by the attempt
+    rejecting = goals.GoalTracker("reject", 1)
+    assert rejecting.try_admit(rejecting.register("A")) is True
+    with pytest.raises(goals.GoalRejectedError, match="goal_policy is reject"):
+        rejecting.try_admit(rejecting.register("B"))
+    canceled = goals.GoalTracker("preempt", 1).register("C")
+    canceled.request_cancel()
+    with pytest.raises(GroupCanceledError):
+        goals.GoalTracker("preempt", 1).try_admit(canceled)
+
+
+def test_deferred_work_runs_after_its_delay_in_order_coalesces_by_key_and_drains_on_stop():
+    import time
+
+    from trajectory_ensemble_node.ros.deferred import Deferred
+
+    ran: list[tuple[str, float]] = []
+    deferred = Deferred(0.05, "test-deferred")
+    asked = time.monotonic()
+    deferred.call(lambda: ran.append(("log", time.monotonic())))
+    deferred.call(lambda: ran.append(("diagnostics", time.monotonic())), key="diagnostics")
+    deferred.call(lambda: ran.append(("diagnostics", time.monotonic())), key="diagnostics")  # coalesced
+    deferred.call(lambda: 1 / 0)  # swallowed: later work still runs
+    deferred.call(ran.append, ("last", 0.0))
+    RosWait.until(lambda: len(ran) == 3)
+    assert [name for name, _ in ran] == ["log", "diagnostics", "last"]
+    assert ran[0][1] - asked >= 0.045  # not before its delay: the result goes out first
+    deferred.call(lambda: ran.append(("pending at stop", 0.0)))
+    deferred.stop()
+    assert ran[-1][0] == "pending at stop"
+    deferred.call(lambda: ran.append(("after stop", 0.0)))
+    assert ran[-1][0] == "pending at stop"
+
+
 class RosWait:
     @staticmethod
     def until(predicate, timeout: float = 5.0) -> None:

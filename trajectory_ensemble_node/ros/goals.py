@@ -154,6 +154,12 @@ class GoalRecord:
     goal_id: str
     accepted: float = field(default_factory=time.monotonic)
     events: queue.Queue = field(default_factory=queue.Queue)
+    plan: GoalPlan | None = None
+    """Set once the goal validated (the error paths report its ``base_seed``)."""
+    observation: Any = None
+    """The observation the submitted group runs on (its stamp goes on the published trajectory)."""
+    start_error: BaseException | None = None
+    """Why starting the goal in the accept callback failed; the execute callback ends the goal with it."""
     handle: GroupHandle | None = None
     preempted_by: str | None = None
     cancel_requested: bool = False
@@ -287,6 +293,20 @@ class GoalTracker:
             GoalRejectedError: ``reject`` policy and no slot is free (a race past :meth:`should_reject`).
             EngineShutdownError: the node is shutting down.
         """
+        return bool(self._admit(record, block=True))
+
+    def try_admit(self, record: GoalRecord) -> bool:
+        """Admit ``record`` if the goal policy lets it run now (preempting as :meth:`admit` would), never waiting.
+
+        Returns:
+            `bool`: False when the ``queue`` policy would make it wait; call :meth:`admit` later for that.
+
+        Raises:
+            The same errors as :meth:`admit`.
+        """
+        return self._admit(record, block=False) is not None
+
+    def _admit(self, record: GoalRecord, block: bool) -> bool | None:
         waited = False
         with self._cond:
             while True:
@@ -314,6 +334,8 @@ class GoalTracker:
                     continue
                 if self.policy == "reject":
                     raise GoalRejectedError(f"{len(self._running)} goal(s) running and goal_policy is reject")
+                if not block:
+                    return None
                 if record not in self._waiting:
                     self._waiting.append(record)
                 waited = True

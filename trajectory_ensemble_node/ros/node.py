@@ -2,8 +2,10 @@
 
 Data flow: subscriptions fill the :class:`~.observations.ObservationBuffer`; a ``GenerateTrajectory`` goal is
 validated into a plan (:mod:`.goals`), built into one candidate group on the observation, admitted by the goal
-policy and submitted to the engine, which runs every group on its own background thread. The goal's executor thread
-relays per-step feedback, and on success publishes ``~/trajectory`` (and ``~/candidates``, ``~/joint_trajectory``)
+policy and submitted to the engine, which runs every group on its own background thread. All of that happens in the
+action server's accept callback when the goal can run at once (else in the execute callback, once admitted), so the
+engine is denoising before the executor gets round to the execute callback. The goal's executor thread relays
+per-step feedback, and on success publishes ``~/trajectory`` (and ``~/candidates``, ``~/joint_trajectory``)
 before the goal succeeds. Every path ends the goal in a terminal state with an ``error_code``
 (:class:`~trajectory_ensemble_node.errors.ErrorCode`).
 
@@ -54,6 +56,7 @@ from .conversions import (
     metrics_key_values,
     trajectory_msg,
 )
+from .deferred import Deferred
 from .diagnostics import DiagnosticsInputs, build_diagnostics
 from .faults import FaultInjector
 from .goals import GoalPlan, GoalRecord, GoalTracker, goal_id_str, plan_goal
@@ -62,6 +65,8 @@ from .weight_updates import DISABLED_MESSAGE, resolve_update_path
 
 NODE_NAME = "trajectory_ensemble"
 DIAGNOSTICS_PERIOD_S = 1.0
+AFTER_RESULT_S = 0.02
+"""A goal's log line and ``/diagnostics`` update come this long after its end, so they never delay its result."""
 # Codes that mean "the engine failed", which the diagnostics report as a WARN until the next success.
 _ENGINE_FAILURE_CODES = {ErrorCode.ENGINE_FAILURE, ErrorCode.OUT_OF_MEMORY, ErrorCode.NON_FINITE_CANDIDATES,
                          ErrorCode.ROLLOUT_FAILURE}
@@ -135,6 +140,7 @@ class TrajectoryEnsembleNode(Node):
         )
         self.create_service(UpdateWeights, "~/update_weights", self._on_update_weights, callback_group=self._cb)
         self.create_timer(DIAGNOSTICS_PERIOD_S, self.publish_diagnostics, callback_group=self._cb)
+        self.after_result = Deferred(AFTER_RESULT_S, "after-result")
         self._startup(
             f"ready: action {self.resolve_topic_name('~/generate_trajectory')}, images {image_topics}, "
             f"{p.domain_name} (width {p.action_dim}), chunk {p.chunk_size}, {p.num_inference_steps} steps, "
@@ -223,7 +229,14 @@ class TrajectoryEnsembleNode(Node):
 
     def _on_accepted(self, goal_handle: ServerGoalHandle) -> None:
         # Registered before execution starts, so a cancel that arrives at once finds the goal.
-        self.tracker.register(goal_id_str(goal_handle.goal_id))
+        record = self.tracker.register(goal_id_str(goal_handle.goal_id))
+        # Start the group here rather than in the execute callback: the executor hands that callback to a pool
+        # thread one spin later (about a millisecond on a small CPU), time the engine can already spend denoising.
+        # Whatever fails is kept for the execute callback, which ends the goal with it.
+        try:
+            self._start(goal_handle, record, block=False)
+        except Exception as error:  # noqa: BLE001 - reported by _execute, never lost
+            record.start_error = error
         goal_handle.execute()
 
     def _on_cancel(self, goal_handle: ServerGoalHandle) -> CancelResponse:
@@ -233,40 +246,62 @@ class TrajectoryEnsembleNode(Node):
         self.tracker.wake()
         return CancelResponse.ACCEPT
 
+    def _start(self, goal_handle: ServerGoalHandle, record: GoalRecord, *, block: bool) -> bool:
+        """Validate the goal, build its group on the latest observation, admit it and submit it to the engine.
+
+        Args:
+            goal_handle (`ServerGoalHandle`): The accepted goal.
+            record (`GoalRecord`): Its record; gets ``plan``, ``observation`` and the group handle.
+            block (`bool`): Wait for a slot (``queue`` policy); with False, return False instead of waiting.
+
+        Returns:
+            `bool`: True when the group was submitted.
+        """
+        goal_id = record.goal_id
+        if record.plan is None:
+            record.plan = plan_goal(goal_handle.request, self.params, default_instruction=self.default_instruction(),
+                                    valid_reducers=self.model.adapter.valid_reducers())
+        # Everything that can refuse the goal runs before admission, so a bad goal never preempts a good one.
+        observation, request = self._build(goal_id, record.plan, record)
+        if not block:
+            if not self.tracker.try_admit(record):
+                return False
+        elif self.tracker.admit(record):
+            # It waited in the queue: serve the observation as it is now, not as it was when the goal came.
+            observation, request = self._build(goal_id, record.plan, record)
+        record.observation = observation
+        record.attach(self.model.engine.submit(request))
+        return True
+
     def _execute(self, goal_handle: ServerGoalHandle) -> GenerateTrajectory.Result:
         goal_id = goal_id_str(goal_handle.goal_id)
         record = self.tracker.find(goal_id) or self.tracker.register(goal_id)
         # goal_ms counts from acceptance, so executor scheduling delays show up in node_overhead_ms.
         started = record.accepted
-        plan: GoalPlan | None = None
         try:
-            plan = plan_goal(goal_handle.request, self.params, default_instruction=self.default_instruction(),
-                             valid_reducers=self.model.adapter.valid_reducers())
-            # Everything that can refuse the goal runs before admission, so a bad goal never preempts a good one.
-            observation, request = self._build(goal_id, plan, record)
-            if self.tracker.admit(record):
-                # It waited in the queue: serve the observation as it is now, not as it was when the goal came.
-                observation, request = self._build(goal_id, plan, record)
-            handle = self.model.engine.submit(request)
-            record.attach(handle)
-            self._relay_feedback(goal_handle, record, plan)
-            result = handle.result(timeout=0)
+            if record.start_error is not None:
+                raise record.start_error
+            if record.handle is None:
+                self._start(goal_handle, record, block=True)
+            assert record.handle is not None and record.plan is not None
+            self._relay_feedback(goal_handle, record, record.plan)
+            result = record.handle.result(timeout=0)
             stop = record.claim_success()
             if stop is not None:
                 raise stop  # preempted or canceled after the last step: never publish it
-            return self._succeed(goal_handle, goal_id, plan, observation, result, started)
+            return self._succeed(goal_handle, goal_id, record.plan, record.observation, result, started)
         except GroupCanceledError as error:
             if not isinstance(error, GroupPreemptedError) and record.cancel_requested:
-                return self._canceled(goal_handle, goal_id, plan, error)
-            return self._abort(goal_handle, goal_id, plan, error)
+                return self._canceled(goal_handle, goal_id, record.plan, error)
+            return self._abort(goal_handle, goal_id, record.plan, error)
         except TrajectoryEnsembleError as error:
-            return self._abort(goal_handle, goal_id, plan, error)
+            return self._abort(goal_handle, goal_id, record.plan, error)
         except Exception as error:  # noqa: BLE001 - whatever happens, the goal must reach a terminal state
             self.get_logger().error(f"goal {goal_id}: unexpected {type(error).__name__}: {error}")
-            return self._abort(goal_handle, goal_id, plan, error)
+            return self._abort(goal_handle, goal_id, record.plan, error)
         finally:
             self.tracker.release(record)
-            self.publish_diagnostics()
+            self.after_result.call(self.publish_diagnostics, key="diagnostics")
 
     def _build(self, goal_id: str, plan: GoalPlan, record: GoalRecord) -> tuple[Observation, GroupRequest]:
         p = self.params
@@ -334,7 +369,8 @@ class TrajectoryEnsembleNode(Node):
             self._last_metrics, self._last_error = metrics, None
         goal_handle.succeed()
         self.tracker.count("succeeded")
-        self.get_logger().info(
+        self.after_result.call(
+            self.get_logger().info,
             f"goal {goal_id}: {result.size}x {result.spec.reducer} -> {trajectory.horizon}x{trajectory.action_dim} "
             f"in {goal_ms:.0f} ms (engine {float(metrics.get('total_ms') or 0.0):.0f} ms)"
         )
@@ -357,7 +393,7 @@ class TrajectoryEnsembleNode(Node):
         else:
             goal_handle.abort()
         self.tracker.count("canceled")
-        self.get_logger().info(f"goal {goal_id} canceled")
+        self.after_result.call(self.get_logger().info, f"goal {goal_id} canceled")
         return self._result(plan, ErrorCode.CANCELED, str(error))
 
     def _abort(self, goal_handle: ServerGoalHandle, goal_id: str, plan: GoalPlan | None,
@@ -370,7 +406,8 @@ class TrajectoryEnsembleNode(Node):
         if code in _ENGINE_FAILURE_CODES:
             with self._lock:
                 self._last_error = f"{ErrorCode(code).name}: {message}"
-        self.get_logger().warning(f"goal {goal_id} aborted ({ErrorCode(code).name}): {message}")
+        self.after_result.call(self.get_logger().warning,
+                               f"goal {goal_id} aborted ({ErrorCode(code).name}): {message}")
         return self._result(plan, code, message)
 
     # --- update_weights --------------------------------------------------------------------------------------------
@@ -404,7 +441,7 @@ class TrajectoryEnsembleNode(Node):
     # --- diagnostics and shutdown ----------------------------------------------------------------------------------
 
     def publish_diagnostics(self) -> None:
-        """Publish ``/diagnostics`` now (also called by the 1 Hz timer and after every goal)."""
+        """Publish ``/diagnostics`` now (the 1 Hz timer; and :data:`AFTER_RESULT_S` after every goal)."""
         with self._lock:
             last_metrics, last_error = dict(self._last_metrics), self._last_error
         inputs = DiagnosticsInputs(
@@ -468,6 +505,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         while time.monotonic() < linger:
             executor.spin_once(timeout_sec=0.05)
     finally:
+        node.after_result.stop()
         executor.shutdown(timeout_sec=2.0)
         node.destroy_node()
         rclpy.try_shutdown()

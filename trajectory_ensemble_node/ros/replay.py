@@ -40,6 +40,9 @@ SETTLE_S = 0.1
 goal arrives: frames and goals travel on separate DDS readers, and a loaded node may handle them out of order."""
 DRAIN_S = 2.0
 """How long to wait after the last goal for its ``~/trajectory`` message to arrive."""
+OUTPUT_WAIT_S = 0.5
+"""How long a succeeded goal keeps the bag clock paused for its ``~/trajectory`` (wall time), so the output is
+logged at the goal's bag time even when the message arrives after the result."""
 
 
 class NodeUnreachableError(TrajectoryEnsembleError, ConnectionError):
@@ -194,6 +197,11 @@ def replay(opts: ReplayOptions, log: Any = print) -> ReplayReport:
             session.spin_for(SETTLE_S - (time.monotonic() - latest["wall"]))
             clock.pause()
             status, result, latency_ms = session.run_goal(opts, len(report.goals))
+            # The topic and the result travel separately; the bag clock waits for both.
+            expected = sum(g.status == "SUCCEEDED" for g in report.goals) + (status == "SUCCEEDED")
+            deadline = time.monotonic() + OUTPUT_WAIT_S
+            while outputs.count(report.trajectory_topic) < expected and time.monotonic() < deadline:
+                session.spin_for(0.005)
             clock.resume()
             outcome = GoalOutcome.from_result(len(report.goals) + 1, (t_ns - info.start_ns) / 1e9, latest["stamp"],
                                               status, result, latency_ms, image=latest["image"],

@@ -231,7 +231,7 @@ def test_bag_and_plot_modules_import_without_rclpy() -> None:
         "sys.meta_path.insert(0, B())\n"
         "import trajectory_ensemble_node.ros.bags, trajectory_ensemble_node.ros.plots\n"
         "import trajectory_ensemble_node.ros.playback, trajectory_ensemble_node.ros.launcher\n"
-        "import trajectory_ensemble_node.bench.ros_overhead\n"
+        "import trajectory_ensemble_node.bench.ros_overhead, trajectory_ensemble_node.bench.ros_floor\n"
         "assert 'rclpy' not in sys.modules\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=300)

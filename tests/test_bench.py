@@ -131,3 +131,31 @@ def test_replot_rebuilds_table_and_plot_from_the_json_alone(document, tmp_path):
     assert copy.with_suffix(".md").read_text() == next(out.glob("*.md")).read_text()
     assert copy.with_suffix(".png").stat().st_size > 0
     assert json.loads(copy.read_text())["headline"] == doc["headline"]
+
+
+@pytest.mark.ros
+def test_ros_floor_server_answers_the_bench_client_with_its_work_time(ros_env):
+    """The floor under bench --ros: a real server process, the bench's own client, total_ms = the work it did."""
+    import subprocess
+
+    from trajectory_ensemble_node.bench import ros_overhead
+    from trajectory_ensemble_node.bench.ros_floor import FLOOR_NAMESPACE
+
+    server = subprocess.Popen([sys.executable, "-m", "trajectory_ensemble_node.bench.ros_floor", "--work-ms", "40"],
+                              env=ros_env, stdout=subprocess.DEVNULL, start_new_session=True)
+    client = None
+    try:
+        client = ros_overhead._Client(floor_namespace=FLOOR_NAMESPACE)
+        assert client.spin_until(client.floor.server_is_ready, 60), "the floor server never came up"
+        rows = [ros_overhead._timed_goal(client, seed=i, floor=True) for i in range(3)]
+    finally:
+        if client is not None:
+            client.close()
+        server.terminate()
+        server.wait(timeout=30)
+    for row in rows:
+        assert 40.0 <= row["engine_total_ms"] < 1000.0  # the work it reports, not a made-up figure
+        assert row["latency_ms"] > row["engine_total_ms"]
+        assert 0.0 < row["overhead_ms"] < 1000.0 and row["accept_ms"] < row["latency_ms"]
+    assert client.executor_name in ("EventsExecutor", "SingleThreadedExecutor")
+    assert server.returncode == 0  # SIGTERM ends it cleanly

@@ -66,6 +66,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="--quality: offset of the first held-out scene (default 0)")
     modes.add_argument("--json", type=Path, default=None, help="--quality: write its results to this JSON file "
                        "(default bench/results/quality-toy.json)")
+    modes.add_argument("--client-executor", choices=("events", "single"), default="events",
+                       help="--ros: the client's rclpy executor, the C++ EventsExecutor (default) or the Python "
+                            "SingleThreadedExecutor; its cost is inside the measured latency")
 
     what = parser.add_argument_group("model")
     what.add_argument("--config", choices=("tiny", "bench", "large"), default=None,
@@ -150,7 +153,8 @@ def delegated_args(args: argparse.Namespace) -> argparse.Namespace:
     they would override the delegated module's own ``getattr(args, name, default)`` fallbacks with values of the
     wrong type. So unset knobs are left out, and ``--ns`` travels as the comma-separated string it was typed as.
     """
-    out = argparse.Namespace(scenes=args.scenes, scene_seed=args.scene_seed, json=args.json, quiet=args.quiet)
+    out = argparse.Namespace(scenes=args.scenes, scene_seed=args.scene_seed, json=args.json, quiet=args.quiet,
+                             client_executor=args.client_executor)
     for name in ("config", "model", "device", "dtype", "steps", "threads"):
         if getattr(args, name, None) is not None:
             setattr(out, name, getattr(args, name))

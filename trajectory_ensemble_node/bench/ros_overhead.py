@@ -1,12 +1,17 @@
 """``trajectory-ensemble bench --ros``: what the ROS node adds on top of the engine, measured over real DDS.
 
 The node runs in its own process on the tiny embedded model (chunk 8, N=8, ``--steps`` denoising steps, default
-10); this process publishes a camera frame at 4 Hz and is the action client.
+10); this process publishes a camera frame at 4 Hz and is the action client (on rclpy's C++ ``EventsExecutor``;
+``--client-executor single`` puts it on the Python ``SingleThreadedExecutor``, which a Python client may well use).
 
-- **Node overhead** (50 goals after 3 warm-up goals): client-side goal-to-result latency (``send_goal_async`` until
+- **Node overhead** (50 goals after warm-up): client-side goal-to-result latency (``send_goal_async`` until
   the result arrives, i.e. goal request, acceptance, result request and result over DDS) minus the engine's own
   ``total_ms`` from the result metrics. The node's own view (``node_overhead_ms``: its goal time minus
   ``total_ms``) is reported beside it, so the DDS share is visible. Target: p50 <= 5 ms.
+- **The floor under it**: each measured goal is followed by one to a do-nothing rclpy action server
+  (:mod:`.ros_floor`: same action type and executor, work as long as the engine's, started on acceptance), timed by
+  the same client. Its overhead is what rclpy and DDS alone cost per goal on this machine; the paired difference is
+  what the node adds above that.
 - **Cancel to terminal** (10 goals): when feedback reports denoising step >= 2, send a cancel and time until the
   result arrives with status CANCELED. Reported beside the per-step time (``denoise_ms / num_inference_steps`` of the
   uncanceled goals) so "<= one step + 20 ms" can be judged per run.
@@ -20,13 +25,17 @@ import argparse
 import json
 import os
 import platform
+import signal
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from .ros_floor import FLOOR_NAMESPACE
 
 GOALS = 50
 WARMUP_GOALS = 3
@@ -50,6 +59,25 @@ def percentiles(values: list[float]) -> dict[str, float]:
             "mean": float(array.mean()), "min": float(array.min()), "max": float(array.max())}
 
 
+def _client_executor(context: Any, kind: str = "events") -> tuple[Any, str]:
+    """The client's executor: rclpy's C++ ``EventsExecutor`` (``events``, where this rclpy has it) or the Python
+    ``SingleThreadedExecutor`` (``single``).
+
+    The client's own executor is inside the measured latency; the Python wait-set executor costs the client most of
+    a millisecond more per goal on a small CPU, which is the client's overhead, not the node's.
+    """
+    if kind == "events":
+        try:
+            from rclpy.experimental import EventsExecutor
+        except ImportError:
+            pass
+        else:
+            return EventsExecutor(context=context), "EventsExecutor"
+    from rclpy.executors import SingleThreadedExecutor
+
+    return SingleThreadedExecutor(context=context), "SingleThreadedExecutor"
+
+
 class _Client:
     """Image publisher and action client in one rclpy context, spun from the calling thread.
 
@@ -57,10 +85,10 @@ class _Client:
     so an executor thread that handles a fast response in between leaves that future pending forever.
     """
 
-    def __init__(self, namespace: str = "/trajectory_ensemble") -> None:
+    def __init__(self, namespace: str = "/trajectory_ensemble", floor_namespace: str | None = None,
+                 executor: str = "events") -> None:
         import rclpy
         from rclpy.action import ActionClient
-        from rclpy.executors import SingleThreadedExecutor
         from sensor_msgs.msg import Image
         from trajectory_ensemble_msgs.action import GenerateTrajectory
         from trajectory_ensemble_msgs.msg import ActionTrajectory
@@ -70,6 +98,8 @@ class _Client:
         rclpy.init(args=[], context=self.context)
         self.node = rclpy.create_node("trajectory_ensemble_bench", context=self.context)
         self.client = ActionClient(self.node, GenerateTrajectory, f"{namespace}/generate_trajectory")
+        self.floor = (ActionClient(self.node, GenerateTrajectory, f"{floor_namespace}/generate_trajectory")
+                      if floor_namespace else None)
         self.image_pub = self.node.create_publisher(Image, f"{namespace}/observation/image", 10)
         # When ~/trajectory arrives: the node publishes it just before the goal succeeds, so the gap from here to
         # the result shows what the result path adds after the node's own goal_ms.
@@ -78,7 +108,7 @@ class _Client:
         pixels = np.random.default_rng(0).integers(0, 255, size=(256, 256, 3), dtype=np.uint8)
         self.image = Image(height=256, width=256, encoding="rgb8", step=256 * 3, data=pixels.tobytes())
         self.node.create_timer(1.0 / IMAGE_HZ, self._publish_image)
-        self.executor = SingleThreadedExecutor(context=self.context)
+        self.executor, self.executor_name = _client_executor(self.context, executor)
         self.executor.add_node(self.node)
 
     def _on_trajectory(self, _msg: Any) -> None:
@@ -99,9 +129,11 @@ class _Client:
             self.executor.spin_once(timeout_sec=0.05)
         return bool(done())
 
-    def send(self, goal: Any, feedback: Any = None) -> Any:
-        """Send ``goal``, wait for acceptance; returns the goal handle (accepted)."""
-        future = self.client.send_goal_async(goal, feedback_callback=feedback)
+    def send(self, goal: Any, feedback: Any = None, *, floor: bool = False) -> Any:
+        """Send ``goal`` (to the floor server with ``floor``), wait for acceptance; returns the accepted handle."""
+        client = self.floor if floor else self.client
+        assert client is not None, "no floor server configured"
+        future = client.send_goal_async(goal, feedback_callback=feedback)
         if not self.spin_until(future.done) or not future.result().accepted:
             raise RuntimeError("the node did not accept a goal")
         return future.result()
@@ -132,42 +164,70 @@ def _metrics(result: Any) -> dict[str, float]:
     return out
 
 
-def measure_overhead(client: _Client, goals: int, log: Any) -> dict[str, Any]:
-    """Goal-to-result latency minus engine ``total_ms`` over ``goals`` goals (after warm-up)."""
+def _timed_goal(client: _Client, seed: int, *, floor: bool) -> dict[str, Any]:
+    """One goal, start to result, as the client sees it; raises unless it succeeded."""
     from action_msgs.msg import GoalStatus
 
-    rows = []
-    for i in range(WARMUP_GOALS + goals):
-        started = time.perf_counter()
-        handle = client.send(client.goal(seed=i))
-        accepted_ms = (time.perf_counter() - started) * 1e3
-        response = client.result(handle)
-        finished = time.perf_counter()
-        latency_ms = (finished - started) * 1e3
+    started = time.perf_counter()
+    handle = client.send(client.goal(seed=seed), floor=floor)
+    accepted_ms = (time.perf_counter() - started) * 1e3
+    response = client.result(handle)
+    finished = time.perf_counter()
+    if response.status != GoalStatus.STATUS_SUCCEEDED:
+        raise RuntimeError(f"{'floor ' if floor else ''}goal {seed} ended with status {response.status}: "
+                           f"{response.result.error_message}")
+    latency_ms = (finished - started) * 1e3
+    m = _metrics(response.result)
+    row: dict[str, Any] = {"latency_ms": latency_ms, "accept_ms": accepted_ms, "engine_total_ms": m["total_ms"],
+                           "overhead_ms": latency_ms - m["total_ms"]}
+    if not floor:
         # Only this goal's message counts: it cannot come before acceptance (a late one of the previous goal can).
         own_topic = started + accepted_ms / 1e3 < client.trajectory_at <= finished
-        after_topic_ms = (finished - client.trajectory_at) * 1e3 if own_topic else None
-        if response.status != GoalStatus.STATUS_SUCCEEDED:
-            raise RuntimeError(f"goal {i} ended with status {response.status}: {response.result.error_message}")
+        row.update({"result_after_topic_ms": (finished - client.trajectory_at) * 1e3 if own_topic else None,
+                    "node_overhead_ms": m.get("node_overhead_ms"), "denoise_ms": m.get("denoise_ms"),
+                    "physical_forwards": m.get("physical_forwards")})
+    return row
+
+
+def _finite(values: list[Any]) -> list[float]:
+    return [float(v) for v in values if v is not None] or [float("nan")]
+
+
+def measure_overhead(client: _Client, goals: int, log: Any, *, floor: bool = False) -> dict[str, Any]:
+    """Goal-to-result latency minus engine ``total_ms`` over ``goals`` goals (after warm-up).
+
+    With ``floor``, each node goal is followed by one goal to the floor server (:mod:`.ros_floor`), so both see the
+    machine in the same state; their overhead is reported as ``floor``.
+    """
+    rows, floor_rows = [], []
+    for i in range(WARMUP_GOALS + goals):
+        row = _timed_goal(client, seed=i, floor=False)
+        floor_row = _timed_goal(client, seed=i, floor=True) if floor else None
         if i < WARMUP_GOALS:
             continue
-        m = _metrics(response.result)
-        rows.append({"latency_ms": latency_ms, "accept_ms": accepted_ms, "result_after_topic_ms": after_topic_ms,
-                     "engine_total_ms": m["total_ms"],
-                     "overhead_ms": latency_ms - m["total_ms"], "node_overhead_ms": m.get("node_overhead_ms"),
-                     "denoise_ms": m.get("denoise_ms"), "physical_forwards": m.get("physical_forwards")})
+        rows.append(row)
+        if floor_row is not None:
+            floor_rows.append(floor_row)
         if (i - WARMUP_GOALS + 1) % 10 == 0:
             log(f"  {i - WARMUP_GOALS + 1}/{goals} goals: overhead p50 so far "
-                f"{statistics.median(r['overhead_ms'] for r in rows):.2f} ms")
-    return {"goals": rows, "overhead_ms": percentiles([r["overhead_ms"] for r in rows]),
-            "latency_ms": percentiles([r["latency_ms"] for r in rows]),
-            "accept_ms": percentiles([r["accept_ms"] for r in rows]),
-            "result_after_topic_ms": percentiles([r["result_after_topic_ms"] for r in rows
-                                                  if r["result_after_topic_ms"] is not None] or [float("nan")]),
-            "engine_total_ms": percentiles([r["engine_total_ms"] for r in rows]),
-            "node_side_overhead_ms": percentiles([r["node_overhead_ms"] for r in rows
-                                                  if r["node_overhead_ms"] is not None] or [float("nan")]),
-            "denoise_ms": percentiles([r["denoise_ms"] for r in rows if r["denoise_ms"] is not None] or [float("nan")])}
+                f"{statistics.median(r['overhead_ms'] for r in rows):.2f} ms"
+                + (f" (floor {statistics.median(r['overhead_ms'] for r in floor_rows):.2f} ms)" if floor_rows else ""))
+    out: dict[str, Any] = {
+        "goals": rows, "overhead_ms": percentiles([r["overhead_ms"] for r in rows]),
+        "latency_ms": percentiles([r["latency_ms"] for r in rows]),
+        "accept_ms": percentiles([r["accept_ms"] for r in rows]),
+        "result_after_topic_ms": percentiles(_finite([r["result_after_topic_ms"] for r in rows])),
+        "engine_total_ms": percentiles([r["engine_total_ms"] for r in rows]),
+        "node_side_overhead_ms": percentiles(_finite([r["node_overhead_ms"] for r in rows])),
+        "denoise_ms": percentiles(_finite([r["denoise_ms"] for r in rows])),
+    }
+    if floor_rows:
+        out["floor"] = {"goals": floor_rows, "overhead_ms": percentiles([r["overhead_ms"] for r in floor_rows]),
+                        "accept_ms": percentiles([r["accept_ms"] for r in floor_rows]),
+                        "work_ms": percentiles([r["engine_total_ms"] for r in floor_rows])}
+        # Paired by position: goal k to the node and goal k to the floor ran back to back.
+        out["above_floor_ms"] = percentiles([r["overhead_ms"] - f["overhead_ms"] for r, f in zip(rows, floor_rows)])
+    return out
 
 
 def measure_cancel(client: _Client, trials: int, steps: int, log: Any) -> dict[str, Any]:
@@ -232,6 +292,10 @@ def _table(doc: dict[str, Any]) -> str:
             f"{o['node_side_overhead_ms'][k]:>10.2f}" for k in ("p50", "p95", "max")),
         f"{'  ~/trajectory arrival to result arrival':<44}" + "".join(
             f"{o['result_after_topic_ms'][k]:>10.2f}" for k in ("p50", "p95", "max")),
+        *([f"{'floor: do-nothing rclpy server, same client':<44}" + "".join(
+            f"{o['floor']['overhead_ms'][k]:>10.2f}" for k in ("p50", "p95", "max")),
+           f"{'node overhead above the floor (paired) [ms]':<44}" + "".join(
+            f"{o['above_floor_ms'][k]:>10.2f}" for k in ("p50", "p95", "max"))] if "floor" in o else []),
         f"{'per denoising step (denoise_ms / steps) [ms]':<44}{step['p50']:>10.2f}{step['p95']:>10.2f}"
         f"{step['max']:>10.2f}",
         f"{'cancel to CANCELED [ms]':<44}" + "".join(
@@ -245,7 +309,8 @@ def _table(doc: dict[str, Any]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run the measurement (``args`` are ``bench``'s: ``--json``, ``--steps``, ``--device``, ``--quiet``)."""
+    """Run the measurement (``args`` are ``bench``'s: ``--json``, ``--steps``, ``--device``, ``--client-executor``,
+    ``--quiet``)."""
     from ..ros.launcher import NodeProcess, NodeStartError, pick_domain_id, ros_env
 
     steps = int(getattr(args, "steps", None) or DEFAULT_STEPS)
@@ -274,21 +339,44 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 2
     client = None
+    floor_server: subprocess.Popen[bytes] | None = None
+    client_executor = "none"
     started = time.time()
     try:
-        client = _Client()
+        client = _Client(floor_namespace=FLOOR_NAMESPACE, executor=str(getattr(args, "client_executor", "events")))
+        client_executor = client.executor_name
         if not client.client.wait_for_server(timeout_sec=30):
             print("error: node not reachable: no action server /trajectory_ensemble/generate_trajectory",
                   file=sys.stderr)
             return 3
         client.spin_until(lambda: False, 0.5)  # a few frames reach the node before the first goal
-        log(f"node overhead: {WARMUP_GOALS} warm-up + {GOALS} goals")
-        overhead = measure_overhead(client, GOALS, log)
+        # The floor server's goals take as long as the node's engine does here, so both idle the same way.
+        work_ms = statistics.median(_timed_goal(client, seed=i, floor=False)["engine_total_ms"]
+                                    for i in range(WARMUP_GOALS))
+        floor_server = subprocess.Popen([sys.executable, "-m", "trajectory_ensemble_node.bench.ros_floor",
+                                         "--work-ms", f"{work_ms:.1f}"], env=ros_env(domain_id),
+                                        stdout=subprocess.DEVNULL, start_new_session=True)
+        floor = client.floor
+        assert floor is not None
+        # Spinning, not wait_for_server(): the camera timer must keep the node's observation fresh meanwhile.
+        if not client.spin_until(floor.server_is_ready, 60):
+            print(f"error: the floor server ({FLOOR_NAMESPACE}) did not come up", file=sys.stderr)
+            return 3
+        log(f"node overhead: {WARMUP_GOALS} warm-up + {GOALS} goals, each followed by one to the floor server "
+            f"({work_ms:.0f} ms of work per goal)")
+        overhead = measure_overhead(client, GOALS, log, floor=True)
+        overhead["floor"]["work_ms_requested"] = work_ms
         log(f"cancel: {CANCEL_TRIALS} goals canceled at denoising step {CANCEL_AT_STEP}")
         cancel = measure_cancel(client, CANCEL_TRIALS, steps, log)
     finally:
         if client is not None:
             client.close()
+        if floor_server is not None:
+            floor_server.send_signal(signal.SIGINT)
+            try:
+                floor_server.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                floor_server.kill()
         node.stop()
     step_ms = percentiles([r["denoise_ms"] / steps for r in overhead["goals"] if r["denoise_ms"] is not None])
     budget = step_ms["p50"] + CANCEL_SLACK_MS
@@ -298,6 +386,7 @@ def run(args: argparse.Namespace) -> int:
         "config": {"model": "tiny", "chunk_size": CHUNK, "candidate_count": CANDIDATES, "num_inference_steps": steps,
                    "device": device, "goals": GOALS, "warmup_goals": WARMUP_GOALS, "cancel_trials": CANCEL_TRIALS,
                    "cancel_at_step": CANCEL_AT_STEP, "rmw": os.environ.get("RMW_IMPLEMENTATION", "default"),
+                   "client_executor": client_executor,
                    "ros_domain_id": domain_id},
         "host": {"platform": platform.platform(), "cpus": os.cpu_count(), "load_avg_1m_end": os.getloadavg()[0]},
         "started_unix": started, "wall_s": time.time() - started,

@@ -103,7 +103,8 @@ class Cosmos3Adapter:
         uses_state=False,
     )
 
-    def __init__(self, pipe: Cosmos3OmniPipeline, *, cfg_mode: str = "auto", prefix_cache: bool = True) -> None:
+    def __init__(self, pipe: Cosmos3OmniPipeline, *, cfg_mode: str = "auto", prefix_cache: bool = True,
+                 prefix_retain: int = 8) -> None:
         if cfg_mode not in CFG_MODES:
             raise InvalidSpecError(f"cfg_mode must be one of {list(CFG_MODES)}, got {cfg_mode!r}.")
         if getattr(pipe.transformer, "_cp_shard_fn", None) is not None:
@@ -115,8 +116,9 @@ class Cosmos3Adapter:
         self.generator_device: torch.device | str = self.device
         self.cfg_mode = cfg_mode
         # The text pathway never sees generation tokens, so each prefix's per-layer keys/values are computed at a
-        # group's first step and reused for every later step (identical values, so bitwise-neutral).
-        self.prefix_cache = PrefixKVCache() if prefix_cache else None
+        # group's first step and reused for every later step, and by later groups with the same instruction
+        # (identical values, so bitwise-neutral).
+        self.prefix_cache = PrefixKVCache(retain=prefix_retain) if prefix_cache else None
         self._weights_version = 0
 
     # --- declared properties ----------------------------------------------------------------------------------------
@@ -225,11 +227,18 @@ class Cosmos3Adapter:
         should_abort: Callable[[], bool] | None,
     ) -> None:
         cache = self.prefix_cache
+        prefixes = {id(item.branch.prefix): item.branch.prefix for item in items}  # insertion order = packing order
+        if cache is not None:
+            pending = [(key, prefix.content_key) for key, prefix in prefixes.items() if not cache.is_complete(key)]
+            if pending:
+                cache.adopt(pending)
         packed = pack_forward(items, self.device, cached=cache.is_complete if cache is not None else None)
         with self.processor.use_layout(packed.layout, should_abort, cache):
             preds_vision, _, preds_action = self.transformer(**packed.kwargs, return_dict=False)
         if cache is not None:
-            cache.commit(slot.key for slot in packed.layout.computed)
+            computed = packed.layout.computed
+            cache.commit(slot.key for slot in computed)
+            cache.retain_forward([(slot.key, prefixes[slot.key].content_key) for slot in computed])
         for (state, branch_index, start, stop), pred_v, pred_a in zip(
             targets, split_predictions(packed, preds_vision), split_predictions(packed, preds_action)
         ):

@@ -15,7 +15,9 @@ the prefix keys broadcast over the batch (no copy of the prefix activations thro
 
 The text pathway never sees a generation token, so a prefix's per-layer keys and values are the same at every
 denoising step: :class:`PrefixKVCache` keeps them after the first step, and later forwards leave the prefix out of
-the sequence altogether. The values are the ones a recomputation would give, so results do not change by a bit.
+the sequence altogether. It also retains them for later groups with the same instruction, reused only where the
+later forward would have computed the same prefixes together. The values are the ones a recomputation would give,
+so results do not change by a bit.
 
 With no layout installed the processor computes exactly what the stock processor computes, so an upstream
 pipeline call on the same transformer is unaffected.
@@ -24,7 +26,8 @@ pipeline call on the same transformer is unaffected.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterable, Iterator
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -81,15 +84,32 @@ class AttentionLayout:
 
 
 class PrefixKVCache:
-    """Per-layer keys/values of text prefixes, kept while their group runs.
+    """Per-layer keys/values of text prefixes: kept while their group runs, and retained for later groups.
 
     Entries are written layer by layer during a forward and only become usable once :meth:`commit` marks the forward
     complete, so a forward aborted half-way never leaves a half-filled prefix behind.
+
+    A robot sends the same instruction goal after goal, so the prefixes of a finished forward are also retained
+    (up to ``retain`` of them, least recently used out), keyed by their content and by the *composition* of the
+    forward that computed them: the contents of every prefix computed together, in order, which is what the text
+    pathway's GEMMs saw. A later group adopts them (:meth:`adopt`) only when its own forward would compute exactly
+    that composition, so what it gets is bit for bit what it would have computed.
+
+    Args:
+        retain (`int`): Prefixes kept across groups; 0 keeps them only while their group runs.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, retain: int = 8) -> None:
+        if retain < 0:
+            raise ValueError(f"retain must be >= 0, got {retain!r}.")
+        self.retain = retain
+        self.adopted = 0
+        """Prefixes served from an earlier group's forward so far (their text pathway was not run again)."""
         self._entries: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
         self._complete: set[int] = set()
+        self._retained: OrderedDict[tuple[tuple[bytes, ...], int], dict[int, tuple[torch.Tensor, torch.Tensor]]] = (
+            OrderedDict()
+        )
 
     def is_complete(self, key: int) -> bool:
         return key in self._complete
@@ -104,15 +124,63 @@ class PrefixKVCache:
     def commit(self, keys: Iterable[int]) -> None:
         self._complete.update(keys)
 
+    def retain_forward(self, computed: Sequence[tuple[int, bytes]]) -> None:
+        """Retain the prefixes a complete forward computed, for later groups.
+
+        Args:
+            computed (`Sequence[tuple[int, bytes]]`): ``(key, content)`` of each prefix computed in the forward, in
+                sequence order (``content``: :attr:`~.packing.PrefixSegment.content_key`).
+        """
+        if self.retain == 0 or not computed:
+            return
+        composition = tuple(content for _, content in computed)
+        for position, (key, _) in enumerate(computed):
+            layers = {attn_id: kv for (k, attn_id), kv in self._entries.items() if k == key}
+            self._retained[(composition, position)] = layers
+            self._retained.move_to_end((composition, position))
+        while len(self._retained) > self.retain:
+            self._retained.popitem(last=False)
+
+    def adopt(self, pending: Sequence[tuple[int, bytes]]) -> bool:
+        """Serve a forward's prefixes from an earlier forward that computed exactly the same composition.
+
+        Args:
+            pending (`Sequence[tuple[int, bytes]]`): ``(key, content)`` of the prefixes this forward would compute,
+                in the order it would compute them.
+
+        Returns:
+            `bool`: True when all of them were adopted (they are complete now and will not be computed); False
+            changes nothing.
+        """
+        composition = tuple(content for _, content in pending)
+        found = [self._retained.get((composition, position)) for position in range(len(pending))]
+        if not pending or any(layers is None for layers in found):
+            return False
+        for position, ((key, _), layers) in enumerate(zip(pending, found)):
+            for attn_id, kv in layers.items():  # type: ignore[union-attr]
+                self._entries[(key, attn_id)] = kv
+            self._complete.add(key)
+            self._retained.move_to_end((composition, position))
+        self.adopted += len(pending)
+        return True
+
     def drop(self, keys: Iterable[int]) -> None:
+        """Forget a finished group's prefixes (retained copies of them stay)."""
         keys = set(keys)
         self._complete -= keys
         for entry in [e for e in self._entries if e[0] in keys]:
             del self._entries[entry]
 
     def clear(self) -> None:
+        """Forget everything, retained prefixes included (new weights make them stale)."""
         self._entries.clear()
         self._complete.clear()
+        self._retained.clear()
+
+    @property
+    def retained(self) -> int:
+        """Prefixes retained for later groups."""
+        return len(self._retained)
 
     def __len__(self) -> int:
         return len(self._complete)

@@ -61,6 +61,10 @@ class Cosmos3ActionModel:
             rule but not bitwise). Weight updates named after the unfused projections are routed by shard id.
         prefix_cache (`bool`): Compute each text prefix's per-layer keys/values once per group instead of once per
             step (bitwise-neutral; off only to measure what it saves).
+        prefix_retain (`int`): Text prefixes whose keys/values are kept after their group for later groups with the
+            same instruction (least recently used out; 0 = none). They are reused only where the later forward would
+            compute the same prefixes together, so bitwise-neutral too; each costs ``2 x layers x tokens x kv_dim``
+            values of memory.
     """
 
     def __init__(
@@ -76,11 +80,12 @@ class Cosmos3ActionModel:
         cfg_mode: str = "auto",
         fuse_qkv: bool = False,
         prefix_cache: bool = True,
+        prefix_retain: int = 8,
     ) -> None:
         self.pipe = pipe
         if fuse_qkv:
             fuse_qkv_projections(pipe.transformer)
-        self.adapter = Cosmos3Adapter(pipe, cfg_mode=cfg_mode, prefix_cache=prefix_cache)
+        self.adapter = Cosmos3Adapter(pipe, cfg_mode=cfg_mode, prefix_cache=prefix_cache, prefix_retain=prefix_retain)
         if generator_device is not None:
             self.adapter.generator_device = torch.device(generator_device)
         self.max_candidates = int(max_candidates)

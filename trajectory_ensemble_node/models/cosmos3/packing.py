@@ -17,6 +17,8 @@ The training path (``toy`` policy) packs through :func:`pack_forward` too, so th
 
 from __future__ import annotations
 
+import functools
+import hashlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -43,6 +45,15 @@ class PrefixSegment:
     @property
     def length(self) -> int:
         return int(self.input_ids.shape[0])
+
+    @functools.cached_property
+    def content_key(self) -> bytes:
+        """Digest of everything the text pathway reads from this prefix (token ids and their positions)."""
+        digest = hashlib.sha256()
+        for tensor in (self.input_ids, self.mrope_ids):
+            digest.update(f"{tuple(tensor.shape)}{tensor.dtype};".encode())
+            digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+        return digest.digest()
 
 
 @dataclass(frozen=True)

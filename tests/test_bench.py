@@ -109,6 +109,23 @@ def test_forward_counts_parity_and_ratios(document):
     assert variant["upstream_deterministic"] and variant["upstream_grad_enabled"] is False
 
 
+def test_cold_instruction_recomputes_the_text_warm_reuses_it_and_both_stay_bitwise(document):
+    from trajectory_ensemble_node.bench.workload import BatchedRunner
+
+    assert parse().prompt_cache == "cold" and document[0]["settings"]["prompt_cache"] == "cold"
+    results = {}
+    for mode in ("cold", "warm"):
+        workload = Workload(steps=STEPS, chunk=CHUNK, tier=256, guidance=3.0, prompt_cache=mode)
+        pipe = PipelineSource("tiny").build(torch.float32, torch.device("cpu"))
+        runner = BatchedRunner(pipe, workload, "separate", max_count=1)
+        calls = [runner.call(1) for _ in range(3)]
+        results[mode] = (runner.model.adapter.prefix_cache.adopted, [c.result.candidates for c in calls])
+    assert results["cold"][0] == 0  # a new instruction every group: the text runs every time
+    assert results["warm"][0] == 2 * 2  # groups 2 and 3 reuse both CFG branches' prefixes
+    for cold, warm in zip(results["cold"][1], results["warm"][1]):
+        assert torch.equal(cold, warm)
+
+
 def test_memory_case_runs_in_a_fresh_process_that_does_not_inherit_our_high_water_mark():
     # Grow this process's RSS well past what the tiny child needs, so an inherited ru_maxrss would show.
     ballast = torch.ones(300 * 2**20 // 4)

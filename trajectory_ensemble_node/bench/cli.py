@@ -86,6 +86,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     run.add_argument("--tier", type=int, default=256, help="resolution tier of the conditioning canvas (256)")
     run.add_argument("--guidance", type=float, default=3.0, help="CFG scale, > 1 runs two branches (3.0)")
     run.add_argument("--reps", type=int, default=5, help="timed repetitions after one warm-up (default 5)")
+    run.add_argument("--prompt-cache", choices=("cold", "warm"), default="cold",
+                     help="cold: each batched group has a new instruction; warm: the same one as the group before, "
+                          "so the text prefixes retained from it are reused (default cold; see README)")
     run.add_argument("--ns", type=_int_list, default=DEFAULT_NS, help="candidate counts N (default 1,2,4,8,10)")
     run.add_argument("--topologies", type=_names(CFG_TOPOLOGIES), default=CFG_TOPOLOGIES,
                      help="batched CFG topologies (default fused,separate)")
@@ -126,7 +129,8 @@ def resolve_settings(args: argparse.Namespace):
             raise SystemExit(f"error: {name} must be >= 1, got {value}")
     if args.reps < 5:
         print(f"warning: --reps {args.reps} < 5: the figures are indicative only", file=sys.stderr)
-    workload = Workload(steps=steps, chunk=args.chunk, tier=args.tier, guidance=args.guidance)
+    workload = Workload(steps=steps, chunk=args.chunk, tier=args.tier, guidance=args.guidance,
+                        prompt_cache=args.prompt_cache)
     return Settings(
         source=PipelineSource(config=config, model_path=args.model),
         device=device,

@@ -92,7 +92,8 @@ def markdown(document: dict[str, Any], variants: list[VariantResult], settings: 
         "",
         f"- Run: {document['created_utc']}, wall time {document['wall_time_s'] / 60:.1f} min; "
         f"{workload.steps} steps, chunk {workload.chunk}, tier {workload.tier}, guidance {workload.guidance}, "
-        f"N in {list(settings.ns)}, {settings.reps} timed reps after one warm-up; peak memory from runs of "
+        f"N in {list(settings.ns)}, instruction {getattr(workload, 'prompt_cache', 'cold')} (see README), "
+        f"{settings.reps} timed reps after one warm-up; peak memory from runs of "
         f"{settings.memory_steps} step(s).",
         f"- Machine: {machine['cpu_model']}, {machine['logical_cores']} cores, {ram}, {gpu}; torch threads "
         f"{machine['torch_threads']}; load average (1 min) {(machine.get('load_average_start') or ['?'])[0]} at "

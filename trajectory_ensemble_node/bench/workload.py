@@ -87,6 +87,10 @@ class Workload:
         tier (`int`): Resolution tier of the conditioning canvas.
         guidance (`float`): Classifier-free guidance scale; ``> 1`` runs two branches per step.
         base_seed (`int`): Candidate ``i`` uses ``candidate_seeds(base_seed, N)[i]``.
+        prompt_cache (`str`): ``"cold"``: every batched group comes with a new instruction (the prefixes retained
+            from earlier groups are forgotten before each call); ``"warm"``: the same instruction as the group
+            before, as when a robot sends one instruction goal after goal (they are reused). Upstream has no such
+            cache and recomputes the text every call either way.
     """
 
     steps: int
@@ -94,6 +98,7 @@ class Workload:
     tier: int
     guidance: float
     base_seed: int = BASE_SEED
+    prompt_cache: str = "cold"
     image: np.ndarray = field(default_factory=observation, repr=False, compare=False)
 
     def action(self) -> CosmosActionCondition:
@@ -256,6 +261,9 @@ class BatchedRunner:
             grad (`bool`): Leave autograd as the engine leaves it (only for :func:`probe_grad_mode`).
         """
         workload = self.workload
+        cache = self.model.adapter.prefix_cache
+        if workload.prompt_cache == "cold" and cache is not None:
+            cache.clear()  # between groups: only what earlier groups retained goes
         synchronize(self.device)
         started, cpu_started = time.perf_counter(), time.process_time()
         with contextlib.nullcontext() if grad else torch.no_grad():

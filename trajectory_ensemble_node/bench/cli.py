@@ -187,7 +187,15 @@ def run(args: argparse.Namespace) -> int:
     if args.ros:
         return _delegate("ros", args)
 
-    from .report import build_document, headline, load_average, load_document, print_summary, write_outputs
+    from .report import (
+        build_document,
+        headline,
+        load_average,
+        load_document,
+        print_summary,
+        versions,
+        write_outputs,
+    )
     from .runner import Progress, run_all
 
     if args.replot:
@@ -199,9 +207,12 @@ def run(args: argparse.Namespace) -> int:
     settings = resolve_settings(args)
     started = datetime.datetime.now(datetime.timezone.utc)
     load_start = load_average()
+    # At the start: the code may be committed or edited while a long run goes on.
+    code_versions = versions()
     log = Progress(quiet=args.quiet)
     variants = run_all(settings, log)
     document = build_document(variants, settings, started=started, wall_s=log.elapsed_s, load_start=load_start,
+                              code_versions=code_versions,
                               argv=["trajectory-ensemble", "bench", *sys.argv[2:]] if sys.argv[1:2] == ["bench"]
                               else sys.argv)
     paths = write_outputs(document, variants, settings)

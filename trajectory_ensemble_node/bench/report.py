@@ -182,9 +182,9 @@ def headline(variants: list[VariantResult], settings: Settings) -> dict[str, Any
 
 def build_document(
     variants: list[VariantResult], settings: Settings, *, started: datetime.datetime, wall_s: float,
-    load_start: list[float] | None, argv: list[str],
+    load_start: list[float] | None, argv: list[str], code_versions: dict[str, str | None] | None = None,
 ) -> dict[str, Any]:
-    """The whole JSON document."""
+    """The whole JSON document (``code_versions``: :func:`versions` taken when the run started)."""
     machine = machine_info(settings.device)
     machine["load_average_start"] = load_start
     machine["load_average_end"] = load_average()
@@ -204,7 +204,7 @@ def build_document(
             "threads": settings.threads,
         },
         "machine": machine,
-        "versions": versions(),
+        "versions": code_versions or versions(),
         "method": {**METHOD, "memory": sorted({v.memory_method for v in variants if v.memory_method})},
         "headline": headline(variants, settings),
         "variants": [to_jsonable(v) for v in variants],

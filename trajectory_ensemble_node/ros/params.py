@@ -83,6 +83,8 @@ PARAMETERS: tuple[ParamSpec, ...] = (
     ParamSpec("max_candidates", 32, "goals asking for more candidates are aborted before any model work", ">= 1"),
     ParamSpec("max_batch_candidates", 16, "most candidates in one batch; larger groups run as lockstep microbatches",
               ">= 1"),
+    ParamSpec("prefix_retain", 8, "text prefixes whose per-layer keys/values are kept for later goals with the same "
+              "instruction (bitwise-neutral; 0 = none)", ">= 0"),
     ParamSpec("action_stats_file", "", "per-channel action statistics JSON; empty = publish normalized actions"),
     ParamSpec("action_stats_method", "quantile", "normalization of action_stats_file",
               ", ".join(NORMALIZATION_METHODS)),
@@ -129,6 +131,7 @@ class NodeParams:
     reducer: str
     max_candidates: int
     max_batch_candidates: int
+    prefix_retain: int
     action_stats_file: str
     action_stats_method: str
     max_observation_age_s: float
@@ -239,6 +242,7 @@ def validate(raw: Mapping[str, Any], *, env: Mapping[str, str] | None = None) ->
     need(1 <= p["candidate_count"] <= max(1, p["max_candidates"]),
          f"candidate_count: must be in [1, max_candidates={p['max_candidates']}], got {p['candidate_count']}")
     need(p["max_batch_candidates"] >= 1, f"max_batch_candidates: must be >= 1, got {p['max_batch_candidates']}")
+    need(p["prefix_retain"] >= 0, f"prefix_retain: must be >= 0, got {p['prefix_retain']}")
     need(p["action_stats_method"] in NORMALIZATION_METHODS,
          f"action_stats_method: {p['action_stats_method']!r} is not one of {list(NORMALIZATION_METHODS)}")
     need(p["max_observation_age_s"] > 0, f"max_observation_age_s: must be > 0, got {p['max_observation_age_s']}")

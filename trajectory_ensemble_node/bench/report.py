@@ -182,7 +182,7 @@ def headline(variants: list[VariantResult], settings: Settings) -> dict[str, Any
 
 def build_document(
     variants: list[VariantResult], settings: Settings, *, started: datetime.datetime, wall_s: float,
-    load_start: list[float] | None, argv: list[str], code_versions: dict[str, str | None] | None = None,
+    load_start: list[float] | None, argv: list[str], code_versions: dict[str, str | None],
 ) -> dict[str, Any]:
     """The whole JSON document (``code_versions``: :func:`versions` taken when the run started)."""
     machine = machine_info(settings.device)
@@ -204,7 +204,7 @@ def build_document(
             "threads": settings.threads,
         },
         "machine": machine,
-        "versions": code_versions or versions(),
+        "versions": code_versions,
         "method": {**METHOD, "memory": sorted({v.memory_method for v in variants if v.memory_method})},
         "headline": headline(variants, settings),
         "variants": [to_jsonable(v) for v in variants],

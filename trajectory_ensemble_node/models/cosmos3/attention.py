@@ -105,7 +105,8 @@ class PrefixKVCache:
         self.retain = retain
         self.adopted = 0
         """Prefixes served from an earlier group's forward so far (their text pathway was not run again)."""
-        self._entries: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
+        # Prefix key -> id(attention module) -> (keys, values).
+        self._entries: dict[int, dict[int, tuple[torch.Tensor, torch.Tensor]]] = {}
         self._complete: set[int] = set()
         self._retained: OrderedDict[tuple[tuple[bytes, ...], int], dict[int, tuple[torch.Tensor, torch.Tensor]]] = (
             OrderedDict()
@@ -116,10 +117,10 @@ class PrefixKVCache:
 
     def store(self, key: int, attn: torch.nn.Module, keys: torch.Tensor, values: torch.Tensor) -> None:
         # Cloned: a view would keep the whole packed forward's activations alive.
-        self._entries[(key, id(attn))] = (keys.clone(), values.clone())
+        self._entries.setdefault(key, {})[id(attn)] = (keys.clone(), values.clone())
 
     def get(self, key: int, attn: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
-        return self._entries[(key, id(attn))]
+        return self._entries[key][id(attn)]
 
     def commit(self, keys: Iterable[int]) -> None:
         self._complete.update(keys)
@@ -135,8 +136,7 @@ class PrefixKVCache:
             return
         composition = tuple(content for _, content in computed)
         for position, (key, _) in enumerate(computed):
-            layers = {attn_id: kv for (k, attn_id), kv in self._entries.items() if k == key}
-            self._retained[(composition, position)] = layers
+            self._retained[(composition, position)] = dict(self._entries[key])
             self._retained.move_to_end((composition, position))
         while len(self._retained) > self.retain:
             self._retained.popitem(last=False)
@@ -157,8 +157,7 @@ class PrefixKVCache:
         if not pending or any(layers is None for layers in found):
             return False
         for position, ((key, _), layers) in enumerate(zip(pending, found)):
-            for attn_id, kv in layers.items():  # type: ignore[union-attr]
-                self._entries[(key, attn_id)] = kv
+            self._entries[key] = dict(layers)  # type: ignore[arg-type]
             self._complete.add(key)
             self._retained.move_to_end((composition, position))
         self.adopted += len(pending)
@@ -166,10 +165,9 @@ class PrefixKVCache:
 
     def drop(self, keys: Iterable[int]) -> None:
         """Forget a finished group's prefixes (retained copies of them stay)."""
-        keys = set(keys)
-        self._complete -= keys
-        for entry in [e for e in self._entries if e[0] in keys]:
-            del self._entries[entry]
+        for key in keys:
+            self._complete.discard(key)
+            self._entries.pop(key, None)
 
     def clear(self) -> None:
         """Forget everything, retained prefixes included (new weights make them stale)."""

@@ -184,6 +184,12 @@ def test_playback_clock_pauses() -> None:
     clock.resume()
     assert 0 <= clock.now_ns() - frozen < 60_000_000
     assert frozen - 5_000_000_000 >= 100_000_000
+    # Paused at a time it has already run past: it stops exactly there, and resumes from there.
+    clock.wait_until(frozen + 50_000_000)
+    clock.pause(at_ns=frozen + 20_000_000)
+    assert clock.now_ns() == frozen + 20_000_000
+    clock.resume()
+    assert 0 <= clock.now_ns() - (frozen + 20_000_000) < 60_000_000
 
 
 def test_plots_written(tmp_path: Path) -> None:

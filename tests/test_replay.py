@@ -155,6 +155,8 @@ def test_replay_into_stand_in(tmp_path: Path, standin: _StandIn) -> None:
     # Even when a trajectory arrives after its goal's result: the bag clock waits for it.
     assert all(LOG_START_NS <= t <= frames[-1][0] for t, _ in recorded), (
         [t - LOG_START_NS for t, _ in recorded], frames[-1][0] - LOG_START_NS)
+    # Each output is logged at its goal's scheduled bag time, whatever the goal took.
+    assert [round((t - LOG_START_NS) / 1e9, 6) for t, _ in recorded] == [g.bag_time_s for g in report.goals]
     images = bags.read_messages(report.bag_path, "/standin/observation/image")
     assert [bags.stamp_ns(m) for _, m in images] == [stamp for _, stamp in frames]
     assert len(bags.read_messages(report.bag_path, "/standin/candidates")) == len(expected)

@@ -128,17 +128,18 @@ class PlaybackClock:
         self.start_ns = start_ns
         self.rate = rate
         self._wall0 = time.monotonic()
-        self._paused_at: float | None = None
+        self._paused_ns: int | None = None
 
     def start(self) -> None:
         """Map bag ``start_ns`` to now."""
         self._wall0 = time.monotonic()
-        self._paused_at = None
+        self._paused_ns = None
 
     def now_ns(self) -> int:
         """Current bag time (frozen while paused)."""
-        wall = self._paused_at if self._paused_at is not None else time.monotonic()
-        return self.start_ns + int((wall - self._wall0) * self.rate * 1e9)
+        if self._paused_ns is not None:
+            return self._paused_ns
+        return self.start_ns + int((time.monotonic() - self._wall0) * self.rate * 1e9)
 
     def delay_until(self, bag_ns: int) -> float:
         """Wall seconds until bag time ``bag_ns`` (<= 0 when it has passed)."""
@@ -150,16 +151,17 @@ class PlaybackClock:
         if delay > 0:
             time.sleep(delay)
 
-    def pause(self) -> None:
-        """Stop bag time."""
-        if self._paused_at is None:
-            self._paused_at = time.monotonic()
+    def pause(self, at_ns: int | None = None) -> None:
+        """Stop bag time; at ``at_ns`` when given and already passed (the clock may have run a little past it)."""
+        if self._paused_ns is None:
+            now = self.now_ns()
+            self._paused_ns = min(now, at_ns) if at_ns is not None else now
 
     def resume(self) -> None:
         """Continue bag time from where it stopped."""
-        if self._paused_at is not None:
-            self._wall0 += time.monotonic() - self._paused_at
-            self._paused_at = None
+        if self._paused_ns is not None:
+            self._wall0 = time.monotonic() - (self._paused_ns - self.start_ns) / 1e9 / self.rate
+            self._paused_ns = None
 
 
 def _metric(value: str) -> float | str:

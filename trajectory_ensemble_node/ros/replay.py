@@ -194,8 +194,10 @@ def replay(opts: ReplayOptions, log: Any = print) -> ReplayReport:
 
         def send_goal(t_ns: int) -> None:
             session.spin_for(clock.delay_until(t_ns))
+            # The goal happens at its scheduled bag time, however long the wait for the node to take in the last
+            # frame and the goal itself take: its outputs are logged at that time.
+            clock.pause(at_ns=t_ns)
             session.spin_for(SETTLE_S - (time.monotonic() - latest["wall"]))
-            clock.pause()
             status, result, latency_ms = session.run_goal(opts, len(report.goals))
             # The topic and the result travel separately; the bag clock waits for both.
             expected = sum(g.status == "SUCCEEDED" for g in report.goals) + (status == "SUCCEEDED")

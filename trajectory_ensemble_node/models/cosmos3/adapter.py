@@ -20,6 +20,7 @@ from ...reducers import available_reducers
 from ..base import AdapterCapabilities, CandidateOutput, Slice
 from .attention import PrefixKVCache, install_fanout
 from .conditioning import GroupConditioning, draw_initial_latents, encode_conditioning
+from .layers import default_row_block_rows, install_row_blocks
 from .packing import PackItem, pack_forward, split_predictions
 from .rollout import RolloutError, RolloutSpec, RolloutStepper, build_rollout_scheduler
 from .steppers import GroupStepper, ServingStepper
@@ -79,6 +80,11 @@ class Cosmos3Adapter:
         cfg_mode (`str`): Topology of classifier-free guidance. ``"fused"`` runs both branches of every candidate in
             ONE forward per step. ``"separate"`` runs the cond blocks and the uncond blocks as two forwards.
             ``"auto"`` (default) fuses groups of more than one candidate and keeps ``count=1`` groups separate.
+        prefix_cache (`bool`): Compute each text prefix's per-layer keys/values once per group (bitwise-neutral).
+        prefix_retain (`int`): Prefixes kept for later groups with the same instruction (0: none).
+        row_block_rows (`int | str`, *optional*): Run each layer's token-wise work in row ranges of at least this
+            many rows, cut at candidate boundaries (``layers.py``). ``"auto"`` (default): 256 on CPU, off on CUDA.
+            ``None`` or 0: whole layers.
 
     Why ``auto`` keeps ``count=1`` separate: BLAS libraries (MKL, cuBLAS) pick GEMM kernels by row count, and a
     row's result can change in the last bits with the kernel. A lone candidate with separate branches has exactly
@@ -104,15 +110,23 @@ class Cosmos3Adapter:
     )
 
     def __init__(self, pipe: Cosmos3OmniPipeline, *, cfg_mode: str = "auto", prefix_cache: bool = True,
-                 prefix_retain: int = 8) -> None:
+                 prefix_retain: int = 8, row_block_rows: int | str | None = "auto") -> None:
         if cfg_mode not in CFG_MODES:
             raise InvalidSpecError(f"cfg_mode must be one of {list(CFG_MODES)}, got {cfg_mode!r}.")
+        if not (row_block_rows is None or row_block_rows == "auto"
+                or (isinstance(row_block_rows, int) and not isinstance(row_block_rows, bool) and row_block_rows >= 0)):
+            raise InvalidSpecError(f"row_block_rows must be 'auto', None or an int >= 0, got {row_block_rows!r}.")
         if getattr(pipe.transformer, "_cp_shard_fn", None) is not None:
             raise UnsupportedModeError("Candidate fan-out does not support context-parallel transformers.")
         self.pipe = pipe
         self.transformer = pipe.transformer
         self.processor = install_fanout(pipe.transformer)
+        install_row_blocks(pipe.transformer)
         self.device = pipe._get_execution_device()
+        # Token-wise layer work in candidate-sized row ranges (see ``layers.py``); 0 or None runs whole layers.
+        if row_block_rows == "auto":
+            row_block_rows = default_row_block_rows(self.device)
+        self.row_block_rows: int | None = row_block_rows or None
         self.generator_device: torch.device | str = self.device
         self.cfg_mode = cfg_mode
         # The text pathway never sees generation tokens, so each prefix's per-layer keys/values are computed at a
@@ -233,7 +247,7 @@ class Cosmos3Adapter:
             if pending:
                 cache.adopt(pending)
         packed = pack_forward(items, self.device, cached=cache.is_complete if cache is not None else None)
-        with self.processor.use_layout(packed.layout, should_abort, cache):
+        with self.processor.use_layout(packed.layout, should_abort, cache, self.row_block_rows):
             preds_vision, _, preds_action = self.transformer(**packed.kwargs, return_dict=False)
         if cache is not None:
             computed = packed.layout.computed

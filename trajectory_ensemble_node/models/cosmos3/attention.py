@@ -82,6 +82,30 @@ class AttentionLayout:
         """The prefixes present in this forward's sequence (the others come from the cache)."""
         return tuple(slot for slot in self.prefixes if slot.und_range is not None)
 
+    def row_blocks(self, min_rows: int) -> tuple[tuple[int, int], ...]:
+        """Split the generation part into ``[start, end)`` row ranges along candidate block boundaries.
+
+        Consecutive blocks are merged until a range holds at least ``min_rows`` rows, so a range is one
+        candidate's block (one CFG branch) when blocks are large, and several when they are small.
+
+        Args:
+            min_rows (`int`): Smallest range worth a separate set of GEMMs (>= 1).
+        """
+        if min_rows < 1:
+            raise ValueError(f"min_rows must be >= 1, got {min_rows!r}.")
+        ranges: list[tuple[int, int]] = []
+        start = end = 0
+        for run in self.gen_runs:
+            for index in range(run.count):
+                block_end = run.start + (index + 1) * run.length
+                end = block_end
+                if end - start >= min_rows:
+                    ranges.append((start, end))
+                    start = end
+        if end > start:
+            ranges.append((start, end))
+        return tuple(ranges)
+
 
 class PrefixKVCache:
     """Per-layer keys/values of text prefixes: kept while their group runs, and retained for later groups.
@@ -210,7 +234,32 @@ class FanoutAttnProcessor:
         self._layout: AttentionLayout | None = None
         self._should_abort: Callable[[], bool] | None = None
         self._cache: PrefixKVCache | None = None
+        self._row_block_rows: int | None = None
         self._stock = Cosmos3AttnProcessor()
+
+    @property
+    def layout(self) -> AttentionLayout | None:
+        """The layout of the forward in progress (``None`` outside :meth:`use_layout`)."""
+        return self._layout
+
+    @property
+    def cache(self) -> PrefixKVCache | None:
+        return self._cache
+
+    def row_blocks(self) -> tuple[tuple[int, int], ...] | None:
+        """Row ranges for the row-blocked decoder layers (``layers.py``), or ``None`` to run whole layers.
+
+        One range is the whole layer, so it runs the stock way (a lone candidate with separate CFG branches).
+        """
+        if self._layout is None or self._row_block_rows is None:
+            return None
+        blocks = self._layout.row_blocks(self._row_block_rows)
+        return blocks if len(blocks) > 1 else None
+
+    def check_abort(self) -> None:
+        """Raise :class:`ForwardAborted` when every group of the forward in progress was canceled."""
+        if self._should_abort is not None and self._should_abort():
+            raise ForwardAborted("every group in this forward was canceled")
 
     @contextlib.contextmanager
     def use_layout(
@@ -218,6 +267,7 @@ class FanoutAttnProcessor:
         layout: AttentionLayout,
         should_abort: Callable[[], bool] | None = None,
         cache: PrefixKVCache | None = None,
+        row_block_rows: int | None = None,
     ) -> Iterator[None]:
         """Install ``layout`` for the forwards run inside the ``with`` block.
 
@@ -228,13 +278,17 @@ class FanoutAttnProcessor:
                 canceled), so a cancel lands within one layer instead of one denoising step.
             cache (`PrefixKVCache`, *optional*): Receives the keys/values of the prefixes computed in this forward and
                 serves those the layout marks as cached.
+            row_block_rows (`int`, *optional*): Run the token-wise work of each decoder layer in row ranges of at
+                least this many rows, cut at candidate block boundaries (see ``layers.install_row_blocks``, which
+                must be installed). ``None`` runs whole layers.
         """
-        previous = self._layout, self._should_abort, self._cache
+        previous = self._layout, self._should_abort, self._cache, self._row_block_rows
         self._layout, self._should_abort, self._cache = layout, should_abort, cache
+        self._row_block_rows = row_block_rows
         try:
             yield
         finally:
-            self._layout, self._should_abort, self._cache = previous
+            self._layout, self._should_abort, self._cache, self._row_block_rows = previous
 
     def __call__(
         self,
@@ -244,8 +298,7 @@ class FanoutAttnProcessor:
         rotary_emb: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
     ) -> tuple[torch.Tensor, torch.Tensor]:
         layout, cache = self._layout, self._cache
-        if self._should_abort is not None and self._should_abort():
-            raise ForwardAborted("every group in this forward was canceled")
+        self.check_abort()
         if layout is None:
             if not hasattr(attn, "to_qkv"):
                 self._stock._attention_backend = self._attention_backend
@@ -259,46 +312,83 @@ class FanoutAttnProcessor:
         if self._parallel_config is not None:
             raise NotImplementedError("Candidate fan-out does not support context parallelism.")
 
-        heads, kv_heads, head_dim = attn.num_attention_heads, attn.num_key_value_heads, attn.head_dim
         cos_und, sin_und, cos_gen, sin_gen = rotary_emb
+        causal_out, prefix_kv = self.text_pathway(attn, und_seq, cos_und, sin_und, layout, cache)
+        q_gen, k_gen, v_gen = self.gen_qkv(attn, gen_seq, cos_gen, sin_gen)
+        full_out = self.gen_attention(attn, layout, q_gen, k_gen, v_gen, prefix_kv, cache)
+        return attn.to_out(causal_out), attn.to_add_out(full_out)
+
+    # The three stages below are what ``__call__`` composes; ``layers.py`` calls them directly to run the
+    # token-wise stages in row blocks.
+
+    def text_pathway(
+        self,
+        attn,
+        und_seq: torch.Tensor,
+        cos_und: torch.Tensor,
+        sin_und: torch.Tensor,
+        layout: AttentionLayout,
+        cache: PrefixKVCache | None,
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None]:
+        """Causal attention of the prefixes computed in this forward.
+
+        Args:
+            und_seq (`torch.Tensor` of shape `[U, hidden]`): The normed understanding tokens (may be empty).
+            cos_und, sin_und (`torch.Tensor` of shape `[U, head_dim]`): Their rotary tables.
+
+        Returns:
+            `tuple`: ``causal_out`` `[U, heads * head_dim]` (before ``to_out``), and the prefixes' rotated keys and
+            values for the generation pathway (``[U, kv_heads, head_dim]`` each), or ``None`` when every prefix
+            comes from the cache. Each prefix's keys/values also go to ``cache``.
+        """
+        heads, kv_heads, head_dim = attn.num_attention_heads, attn.num_key_value_heads, attn.head_dim
         computed = layout.computed
-
-        # Text pathway, only for the prefixes in this forward. Projections, norms and rotary are the same ops in the
-        # same order as the stock processor, token-wise, so each token's q/k/v are bit-identical to a single run's
-        # (unless q/k/v are fused, see ``weights.fuse_qkv_projections``).
-        k_und_for_gen = v_und = None
+        # Projections, norms and rotary are the same ops in the same order as the stock processor, token-wise, so
+        # each token's q/k/v are bit-identical to a single run's (unless q/k/v are fused, see
+        # ``weights.fuse_qkv_projections``).
+        if not computed:
+            return und_seq.new_zeros((und_seq.shape[0], heads * head_dim)), None
+        q_und, k_und, v_und = _project(attn, und_seq, "to_qkv", ("to_q", "to_k", "to_v"))
+        q_und = attn.norm_q(q_und.reshape(-1, heads, head_dim))
+        k_und = attn.norm_k(k_und.reshape(-1, kv_heads, head_dim))
+        v_und = v_und.reshape(-1, kv_heads, head_dim)
+        k_und_for_gen = attn.k_norm_und_for_gen(k_und) if attn.k_norm_und_for_gen is not None else k_und
+        cos_und = cos_und.unsqueeze(1)
+        sin_und = sin_und.unsqueeze(1)
+        q_und = q_und * cos_und + _rotate_half(q_und) * sin_und
+        k_und = k_und * cos_und + _rotate_half(k_und) * sin_und
+        k_und_for_gen = k_und_for_gen * cos_und + _rotate_half(k_und_for_gen) * sin_und
         causal_parts = []
-        if computed:
-            q_und, k_und, v_und = _project(attn, und_seq, "to_qkv", ("to_q", "to_k", "to_v"))
-            q_und = attn.norm_q(q_und.reshape(-1, heads, head_dim))
-            k_und = attn.norm_k(k_und.reshape(-1, kv_heads, head_dim))
-            v_und = v_und.reshape(-1, kv_heads, head_dim)
-            k_und_for_gen = attn.k_norm_und_for_gen(k_und) if attn.k_norm_und_for_gen is not None else k_und
-            cos_und = cos_und.unsqueeze(1)
-            sin_und = sin_und.unsqueeze(1)
-            q_und = q_und * cos_und + _rotate_half(q_und) * sin_und
-            k_und = k_und * cos_und + _rotate_half(k_und) * sin_und
-            k_und_for_gen = k_und_for_gen * cos_und + _rotate_half(k_und_for_gen) * sin_und
-            for slot in computed:
-                start, end = slot.und_range
-                out = dispatch_attention_fn(
-                    q_und[start:end].unsqueeze(0),
-                    k_und[start:end].unsqueeze(0),
-                    v_und[start:end].unsqueeze(0),
-                    is_causal=True,
-                    enable_gqa=True,
-                    backend=self._attention_backend,
-                )
-                causal_parts.append(out.squeeze(0).flatten(-2, -1))
-                if cache is not None:
-                    cache.store(slot.key, attn, k_und_for_gen[start:end], v_und[start:end])
-        if not causal_parts:
-            causal_out = und_seq.new_zeros((und_seq.shape[0], heads * head_dim))
-        elif len(causal_parts) == 1:
-            causal_out = causal_parts[0]
-        else:
-            causal_out = torch.cat(causal_parts, dim=0)
+        for slot in computed:
+            start, end = slot.und_range
+            out = dispatch_attention_fn(
+                q_und[start:end].unsqueeze(0),
+                k_und[start:end].unsqueeze(0),
+                v_und[start:end].unsqueeze(0),
+                is_causal=True,
+                enable_gqa=True,
+                backend=self._attention_backend,
+            )
+            causal_parts.append(out.squeeze(0).flatten(-2, -1))
+            if cache is not None:
+                cache.store(slot.key, attn, k_und_for_gen[start:end], v_und[start:end])
+        causal_out = causal_parts[0] if len(causal_parts) == 1 else torch.cat(causal_parts, dim=0)
+        return causal_out, (k_und_for_gen, v_und)
 
+    @staticmethod
+    def gen_qkv(
+        attn, gen_seq: torch.Tensor, cos_gen: torch.Tensor, sin_gen: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Token-wise q/k/v of generation tokens: projection, q/k norms, rotary (stock order).
+
+        Args:
+            gen_seq (`torch.Tensor` of shape `[R, hidden]`): Normed generation tokens (any row range).
+            cos_gen, sin_gen (`torch.Tensor` of shape `[R, head_dim]`): Their rotary tables.
+
+        Returns:
+            `tuple`: ``q`` `[R, heads, head_dim]`, ``k`` and ``v`` `[R, kv_heads, head_dim]`.
+        """
+        heads, kv_heads, head_dim = attn.num_attention_heads, attn.num_key_value_heads, attn.head_dim
         q_gen, k_gen, v_gen = _project(attn, gen_seq, "add_qkv", ("add_q_proj", "add_k_proj", "add_v_proj"))
         q_gen = attn.norm_added_q(q_gen.reshape(-1, heads, head_dim))
         k_gen = attn.norm_added_k(k_gen.reshape(-1, kv_heads, head_dim))
@@ -307,13 +397,30 @@ class FanoutAttnProcessor:
         sin_gen = sin_gen.unsqueeze(1)
         q_gen = q_gen * cos_gen + _rotate_half(q_gen) * sin_gen
         k_gen = k_gen * cos_gen + _rotate_half(k_gen) * sin_gen
+        return q_gen, k_gen, v_gen
 
+    def gen_attention(
+        self,
+        attn,
+        layout: AttentionLayout,
+        q_gen: torch.Tensor,
+        k_gen: torch.Tensor,
+        v_gen: torch.Tensor,
+        prefix_kv: tuple[torch.Tensor, torch.Tensor] | None,
+        cache: PrefixKVCache | None,
+    ) -> torch.Tensor:
+        """Each generation block attends to its own prefix and its own block.
+
+        Returns:
+            `torch.Tensor` of shape `[R, heads * head_dim]`: the attention output before ``to_add_out``.
+        """
+        heads, kv_heads, head_dim = attn.num_attention_heads, attn.num_key_value_heads, attn.head_dim
         full_parts = []
         for run in layout.gen_runs:
             slot = layout.prefixes[run.prefix]
             if slot.und_range is not None:
                 p_start, p_end = slot.und_range
-                prefix_k, prefix_v = k_und_for_gen[p_start:p_end], v_und[p_start:p_end]
+                prefix_k, prefix_v = prefix_kv[0][p_start:p_end], prefix_kv[1][p_start:p_end]
             else:
                 prefix_k, prefix_v = cache.get(slot.key, attn)
             prefix_len = prefix_k.shape[0]
@@ -338,9 +445,7 @@ class FanoutAttnProcessor:
                 q, k, v, is_causal=False, enable_gqa=True, backend=self._attention_backend
             )
             full_parts.append(out.reshape(run.count * run.length, heads * head_dim))
-        full_out = full_parts[0] if len(full_parts) == 1 else torch.cat(full_parts, dim=0)
-
-        return attn.to_out(causal_out), attn.to_add_out(full_out)
+        return full_parts[0] if len(full_parts) == 1 else torch.cat(full_parts, dim=0)
 
 
 def install_fanout(transformer: Cosmos3OmniTransformer) -> FanoutAttnProcessor:

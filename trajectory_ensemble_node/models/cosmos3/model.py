@@ -65,6 +65,9 @@ class Cosmos3ActionModel:
             same instruction (least recently used out; 0 = none). They are reused only where the later forward would
             compute the same prefixes together, so bitwise-neutral too; each costs ``2 x layers x tokens x kv_dim``
             values of memory.
+        row_block_rows (`int | str`, *optional*): Each decoder layer's token-wise work (norms, projections, MLP) runs
+            in row ranges of at least this many rows, cut at candidate boundaries, still inside one forward per step
+            (see ``models/cosmos3/layers.py``). ``"auto"`` (default): 256 on CPU, off on CUDA; ``None``/0: off.
     """
 
     def __init__(
@@ -81,11 +84,13 @@ class Cosmos3ActionModel:
         fuse_qkv: bool = False,
         prefix_cache: bool = True,
         prefix_retain: int = 8,
+        row_block_rows: int | str | None = "auto",
     ) -> None:
         self.pipe = pipe
         if fuse_qkv:
             fuse_qkv_projections(pipe.transformer)
-        self.adapter = Cosmos3Adapter(pipe, cfg_mode=cfg_mode, prefix_cache=prefix_cache, prefix_retain=prefix_retain)
+        self.adapter = Cosmos3Adapter(pipe, cfg_mode=cfg_mode, prefix_cache=prefix_cache, prefix_retain=prefix_retain,
+                                      row_block_rows=row_block_rows)
         if generator_device is not None:
             self.adapter.generator_device = torch.device(generator_device)
         self.max_candidates = int(max_candidates)

@@ -1,0 +1,117 @@
+"""Row-blocked decoder layers: a packed forward's token-wise work, one candidate block at a time.
+
+In a decoder layer everything but attention is token-wise: the norms, the q/k/v and output projections, rotary, the
+MLP and the residual adds. Run over a whole N-candidate sequence at once, each of those ops streams activations of
+N × (block length) rows: at N=8 on the ``bench`` config the MLP's ``[3328, 1536]`` intermediates are 20 MiB each,
+far beyond the CPU caches, and every fresh allocation of that size is new pages for the kernel to fault in (1.8 M
+minor page faults per group, measured). Run in row ranges cut at candidate block boundaries, the same ops touch a
+few MiB at a time and reuse freed memory.
+
+Why candidate boundaries: each range then has the row count of one upstream call's generation pathway (one
+candidate, one CFG branch), so every GEMM sees exactly the shapes a single upstream run gives it. Attention still
+runs once per layer over all blocks (:meth:`FanoutAttnProcessor.gen_attention`), and the transformer still runs
+ONE forward per step: blocking changes how a layer walks its rows, not how many forwards there are.
+
+Off by default on CUDA (where one large GEMM is what the device wants; not measured here) and outside our own
+forwards: with no layout installed, or without ``row_block_rows``, a layer runs its stock ``forward``.
+"""
+
+from __future__ import annotations
+
+import torch
+from diffusers.models.transformers.transformer_cosmos3 import Cosmos3OmniTransformer, Cosmos3VLTextMoTDecoderLayer
+
+from .attention import FanoutAttnProcessor
+
+RotaryTables = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
+
+CPU_ROW_BLOCK_ROWS = 256
+"""Default smallest row range on CPU: one bench-config candidate block (416 rows) per range; the tiny test
+configs' blocks of a few dozen rows are merged so Python overhead does not dominate."""
+
+
+def default_row_block_rows(device: torch.device) -> int | None:
+    """Row blocking on CPU only: on CUDA one large GEMM keeps the device busy, and blocking was never measured."""
+    return CPU_ROW_BLOCK_ROWS if device.type == "cpu" else None
+
+
+def blocked_layer_forward(
+    layer: torch.nn.Module,
+    processor: FanoutAttnProcessor,
+    und_seq: torch.Tensor,
+    gen_seq: torch.Tensor,
+    rotary_emb: RotaryTables,
+    blocks: tuple[tuple[int, int], ...],
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``Cosmos3VLTextMoTDecoderLayer.forward`` with the generation pathway's token-wise ops run per row range.
+
+    Args:
+        layer (`Cosmos3VLTextMoTDecoderLayer`): The stock layer (its modules and weights are used as they are).
+        processor (`FanoutAttnProcessor`): The installed processor, inside ``use_layout``.
+        und_seq (`torch.Tensor` of shape `[U, hidden]`): Understanding tokens of this forward (empty when every
+            prefix comes from the cache).
+        gen_seq (`torch.Tensor` of shape `[R, hidden]`): Generation tokens of every block.
+        rotary_emb (`tuple`): ``(cos_und, sin_und, cos_gen, sin_gen)``, rows matching the two sequences.
+        blocks (`tuple[tuple[int, int], ...]`): ``[start, end)`` row ranges covering ``gen_seq`` in order.
+
+    Returns:
+        `tuple`: The layer's outputs for the understanding and the generation tokens (shapes of the inputs).
+    """
+    processor.check_abort()
+    attn = layer.self_attn
+    layout, cache = processor.layout, processor.cache
+    cos_und, sin_und, cos_gen, sin_gen = rotary_emb
+
+    # Text pathway: only at a prefix's first step (later steps serve it from the cache), so it runs whole.
+    causal_out, prefix_kv = processor.text_pathway(
+        attn, layer.input_layernorm(und_seq), cos_und, sin_und, layout, cache
+    )
+    residual_und = und_seq + attn.to_out(causal_out)
+    und_out = residual_und + layer.mlp(layer.post_attention_layernorm(residual_und))
+
+    rows = gen_seq.shape[0]
+    heads, kv_heads, head_dim = attn.num_attention_heads, attn.num_key_value_heads, attn.head_dim
+    q_gen = gen_seq.new_empty((rows, heads, head_dim))
+    k_gen = gen_seq.new_empty((rows, kv_heads, head_dim))
+    v_gen = gen_seq.new_empty((rows, kv_heads, head_dim))
+    for start, end in blocks:
+        normed = layer.input_layernorm_moe_gen(gen_seq[start:end])
+        q, k, v = processor.gen_qkv(attn, normed, cos_gen[start:end], sin_gen[start:end])
+        q_gen[start:end], k_gen[start:end], v_gen[start:end] = q, k, v
+
+    full_out = processor.gen_attention(attn, layout, q_gen, k_gen, v_gen, prefix_kv, cache)
+    del q_gen, k_gen, v_gen
+
+    gen_out = torch.empty_like(gen_seq)
+    for start, end in blocks:
+        residual = gen_seq[start:end] + attn.to_add_out(full_out[start:end])
+        gen_out[start:end] = residual + layer.mlp_moe_gen(layer.post_attention_layernorm_moe_gen(residual))
+    return und_out, gen_out
+
+
+class RowBlockedDecoderLayer(Cosmos3VLTextMoTDecoderLayer):
+    """The stock decoder layer, plus :func:`blocked_layer_forward` while a forward asks for row blocks.
+
+    Installed by swapping the class of existing layers (:func:`install_row_blocks`): no new modules, no new
+    weights, ``state_dict`` keys unchanged, and copies of the transformer stay correct.
+    """
+
+    def forward(
+        self, und_seq: torch.Tensor, gen_seq: torch.Tensor, rotary_emb: RotaryTables
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        processor = self.self_attn.processor
+        blocks = processor.row_blocks() if isinstance(processor, FanoutAttnProcessor) else None
+        if blocks is None:
+            return super().forward(und_seq, gen_seq, rotary_emb)
+        return blocked_layer_forward(self, processor, und_seq, gen_seq, rotary_emb, blocks)
+
+
+def install_row_blocks(transformer: Cosmos3OmniTransformer) -> None:
+    """Make every decoder layer of ``transformer`` honour the fan-out processor's row blocks.
+
+    Layers run their stock forward outside a ``use_layout(..., row_block_rows=...)`` block, so upstream pipeline
+    calls on the same transformer compute exactly what they did. Installing twice is harmless.
+    """
+    for layer in transformer.layers:
+        if type(layer) is Cosmos3VLTextMoTDecoderLayer:
+            layer.__class__ = RowBlockedDecoderLayer

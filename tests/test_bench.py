@@ -176,3 +176,15 @@ def test_ros_floor_server_answers_the_bench_client_with_its_work_time(ros_env):
         assert 0.0 < row["overhead_ms"] < 1000.0 and row["accept_ms"] < row["latency_ms"]
     assert client.executor_name in ("EventsExecutor", "SingleThreadedExecutor")
     assert server.returncode == 0  # SIGTERM ends it cleanly
+
+
+def test_row_blocks_flag_reaches_the_engine_and_the_json(document):
+    from trajectory_ensemble_node.bench.workload import BatchedRunner
+
+    doc = document[0]
+    assert cli.resolve_settings(parse("--device", "cpu")).workload.row_blocks == "auto"
+    assert doc["settings"]["row_blocks"] == "auto"
+    assert doc["variants"][0]["model"]["row_block_rows"] == 256  # the CPU default
+    off = cli.resolve_settings(parse("--device", "cpu", "--row-blocks", "off")).workload
+    runner = BatchedRunner(PipelineSource("tiny").build(torch.float32, torch.device("cpu")), off, "fused", 2)
+    assert runner.model.adapter.row_block_rows is None

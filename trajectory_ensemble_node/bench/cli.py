@@ -89,6 +89,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     run.add_argument("--prompt-cache", choices=("cold", "warm"), default="cold",
                      help="cold: each batched group has a new instruction; warm: the same one as the group before, "
                           "so the text prefixes retained from it are reused (default cold; see README)")
+    run.add_argument("--row-blocks", choices=("auto", "off"), default="auto",
+                     help="auto: the engine's default (decoder layers run token-wise work per candidate block on "
+                          "CPU); off: whole layers, to measure what blocking gives (default auto)")
     run.add_argument("--ns", type=_int_list, default=DEFAULT_NS, help="candidate counts N (default 1,2,4,8,10)")
     run.add_argument("--topologies", type=_names(CFG_TOPOLOGIES), default=CFG_TOPOLOGIES,
                      help="batched CFG topologies (default fused,separate)")
@@ -130,7 +133,7 @@ def resolve_settings(args: argparse.Namespace):
     if args.reps < 5:
         print(f"warning: --reps {args.reps} < 5: the figures are indicative only", file=sys.stderr)
     workload = Workload(steps=steps, chunk=args.chunk, tier=args.tier, guidance=args.guidance,
-                        prompt_cache=args.prompt_cache)
+                        prompt_cache=args.prompt_cache, row_blocks=args.row_blocks)
     return Settings(
         source=PipelineSource(config=config, model_path=args.model),
         device=device,

@@ -121,7 +121,7 @@ def run_cpu_case(
         "source": asdict(source),
         "dtype": dtype,
         "workload": {"steps": steps, "chunk": workload.chunk, "tier": workload.tier, "guidance": workload.guidance,
-                     "base_seed": workload.base_seed},
+                     "base_seed": workload.base_seed, "row_blocks": workload.row_blocks},
         "threads": threads,
     }
     env = dict(os.environ)

@@ -199,6 +199,7 @@ def build_document(
             "topologies": list(settings.topologies), "ns": list(settings.ns), "reps": settings.reps,
             "steps": workload.steps, "chunk": workload.chunk, "tier": workload.tier, "guidance": workload.guidance,
             "base_seed": workload.base_seed, "prompt_cache": workload.prompt_cache,
+            "row_blocks": workload.row_blocks,
             "memory": settings.memory, "memory_steps": settings.memory_steps,
             "memory_jobs": settings.memory_jobs,
             "threads": settings.threads,
@@ -251,7 +252,8 @@ def load_document(path: Path) -> tuple[dict[str, Any], list[VariantResult], Sett
         source=source, device=torch.device("cpu" if str(cfg["device"]).startswith("cpu") else cfg["device"]),
         dtypes=tuple(cfg["dtypes"]), topologies=tuple(cfg["topologies"]), ns=tuple(cfg["ns"]), reps=int(cfg["reps"]),
         workload=Workload(steps=cfg["steps"], chunk=cfg["chunk"], tier=cfg["tier"], guidance=cfg["guidance"],
-                          base_seed=cfg["base_seed"], prompt_cache=cfg.get("prompt_cache", "cold")),
+                          base_seed=cfg["base_seed"], prompt_cache=cfg.get("prompt_cache", "cold"),
+                          row_blocks=cfg.get("row_blocks", "off")),
         memory=cfg["memory"], memory_steps=cfg["memory_steps"], memory_jobs=cfg.get("memory_jobs", 1),
         threads=cfg["threads"], out=Path(path).parent,
     )

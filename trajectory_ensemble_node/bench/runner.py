@@ -224,6 +224,7 @@ def run_variant(settings: Settings, dtype: str, log: Progress) -> VariantResult:
         "vae_parameters": module_parameters(model_pipe.vae),
         "pipeline_bytes": module_bytes(model_pipe.transformer) + module_bytes(model_pipe.vae),
         "tokens": token_counts(model_pipe, workload),
+        "row_block_rows": next(iter(runners.values())).model.adapter.row_block_rows,
     }
 
     log(f"{dtype}: warm-up (one upstream call, one batched group per topology; not timed)")

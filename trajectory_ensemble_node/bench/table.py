@@ -93,6 +93,7 @@ def markdown(document: dict[str, Any], variants: list[VariantResult], settings: 
         f"- Run: {document['created_utc']}, wall time {document['wall_time_s'] / 60:.1f} min; "
         f"{workload.steps} steps, chunk {workload.chunk}, tier {workload.tier}, guidance {workload.guidance}, "
         f"N in {list(settings.ns)}, instruction {workload.prompt_cache} (see README), "
+        f"row blocks {workload.row_blocks}, "
         f"{settings.reps} timed reps after one warm-up; peak memory from runs of "
         f"{settings.memory_steps} step(s).",
         f"- Machine: {machine['cpu_model']}, {machine['logical_cores']} cores, {ram}, {gpu}; torch threads "

@@ -91,6 +91,9 @@ class Workload:
             from earlier groups are forgotten before each call); ``"warm"``: the same instruction as the group
             before, as when a robot sends one instruction goal after goal (they are reused). Upstream has no such
             cache and recomputes the text every call either way.
+        row_blocks (`str`): ``"auto"``: the engine's default row blocking of decoder layers (on CPU, token-wise
+            work in candidate-sized row ranges; see ``models/cosmos3/layers.py``); ``"off"``: whole layers, to
+            measure what blocking gives.
     """
 
     steps: int
@@ -99,6 +102,7 @@ class Workload:
     guidance: float
     base_seed: int = BASE_SEED
     prompt_cache: str = "cold"
+    row_blocks: str = "auto"
     image: np.ndarray = field(default_factory=observation, repr=False, compare=False)
 
     def action(self) -> CosmosActionCondition:
@@ -240,7 +244,8 @@ class BatchedRunner:
         # CPU generators, like the upstream reference's `torch.Generator()`: on CUDA the default (execution-device
         # generators) would draw different noise, and parity with the reference would be meaningless.
         self.model = Cosmos3ActionModel(
-            pipe, cfg_mode=cfg_mode, max_batch_candidates=capacity, max_candidates=capacity, generator_device="cpu"
+            pipe, cfg_mode=cfg_mode, max_batch_candidates=capacity, max_candidates=capacity, generator_device="cpu",
+            row_block_rows="auto" if workload.row_blocks == "auto" else None,
         )
         self.device = self.model.device
 

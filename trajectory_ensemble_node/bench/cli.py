@@ -87,8 +87,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     run.add_argument("--guidance", type=float, default=3.0, help="CFG scale, > 1 runs two branches (3.0)")
     run.add_argument("--reps", type=int, default=5, help="timed repetitions after one warm-up (default 5)")
     run.add_argument("--prompt-cache", choices=("cold", "warm"), default="cold",
-                     help="cold: each batched group has a new instruction; warm: the same one as the group before, "
-                          "so the text prefixes retained from it are reused (default cold; see README)")
+                     help="cold: nothing retained from earlier groups (as after start or a weight update); warm: the same "
+                          "instruction as the group before, so the text prefixes retained from it are reused "
+                          "(default cold; see README)")
     run.add_argument("--row-blocks", choices=("auto", "off"), default="auto",
                      help="auto: the engine's default (decoder layers run token-wise work per candidate block on "
                           "CPU); off: whole layers, to measure what blocking gives (default auto)")

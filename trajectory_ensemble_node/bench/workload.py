@@ -87,9 +87,11 @@ class Workload:
         tier (`int`): Resolution tier of the conditioning canvas.
         guidance (`float`): Classifier-free guidance scale; ``> 1`` runs two branches per step.
         base_seed (`int`): Candidate ``i`` uses ``candidate_seeds(base_seed, N)[i]``.
-        prompt_cache (`str`): ``"cold"``: every batched group comes with a new instruction (the prefixes retained
-            from earlier groups are forgotten before each call); ``"warm"``: the same instruction as the group
-            before, as when a robot sends one instruction goal after goal (they are reused). Upstream has no such
+        prompt_cache (`str`): ``"cold"``: nothing is retained from earlier groups (every prefix retained so far is
+            forgotten before each call), as for the first goal after start or after a weight update: the upper
+            bound. A new instruction alone would still reuse the negative prompt's prefix in separate-branch N=1
+            groups; measured, that was within the noise. ``"warm"``: the same instruction as the group before, as
+            when a robot sends one instruction goal after goal (its prefixes are reused). Upstream has no such
             cache and recomputes the text every call either way.
         row_blocks (`str`): ``"auto"``: the engine's default row blocking of decoder layers (on CPU, token-wise
             work in candidate-sized row ranges; see ``models/cosmos3/layers.py``); ``"off"``: whole layers, to

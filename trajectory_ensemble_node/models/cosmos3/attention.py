@@ -234,7 +234,7 @@ class FanoutAttnProcessor:
         self._layout: AttentionLayout | None = None
         self._should_abort: Callable[[], bool] | None = None
         self._cache: PrefixKVCache | None = None
-        self._row_block_rows: int | None = None
+        self._row_blocks: tuple[tuple[int, int], ...] | None = None
         self._stock = Cosmos3AttnProcessor()
 
     @property
@@ -247,14 +247,10 @@ class FanoutAttnProcessor:
         return self._cache
 
     def row_blocks(self) -> tuple[tuple[int, int], ...] | None:
-        """Row ranges for the row-blocked decoder layers (``layers.py``), or ``None`` to run whole layers.
-
-        One range is the whole layer, so it runs the stock way (a lone candidate with separate CFG branches).
-        """
-        if self._layout is None or self._row_block_rows is None:
-            return None
-        blocks = self._layout.row_blocks(self._row_block_rows)
-        return blocks if len(blocks) > 1 else None
+        """Row ranges of the forward in progress for the row-blocked decoder layers (``layers.py``), or ``None``
+        to run whole layers (outside :meth:`use_layout`, without ``row_block_rows``, or when one range would be
+        the whole layer, as for a lone candidate with separate CFG branches)."""
+        return self._row_blocks
 
     def check_abort(self) -> None:
         """Raise :class:`ForwardAborted` when every group of the forward in progress was canceled."""
@@ -282,13 +278,15 @@ class FanoutAttnProcessor:
                 least this many rows, cut at candidate block boundaries (see ``layers.install_row_blocks``, which
                 must be installed). ``None`` runs whole layers.
         """
-        previous = self._layout, self._should_abort, self._cache, self._row_block_rows
+        # Planned once per forward; every layer of it walks the same ranges.
+        blocks = layout.row_blocks(row_block_rows) if row_block_rows is not None else None
+        previous = self._layout, self._should_abort, self._cache, self._row_blocks
         self._layout, self._should_abort, self._cache = layout, should_abort, cache
-        self._row_block_rows = row_block_rows
+        self._row_blocks = blocks if blocks is not None and len(blocks) > 1 else None
         try:
             yield
         finally:
-            self._layout, self._should_abort, self._cache, self._row_block_rows = previous
+            self._layout, self._should_abort, self._cache, self._row_blocks = previous
 
     def __call__(
         self,
@@ -309,9 +307,6 @@ class FanoutAttnProcessor:
                 prefixes=(PrefixSlot(key=-1, und_range=(0, und_seq.shape[0])),),
                 gen_runs=(GenRun(prefix=0, start=0, count=1, length=gen_seq.shape[0]),),
             )
-        if self._parallel_config is not None:
-            raise NotImplementedError("Candidate fan-out does not support context parallelism.")
-
         cos_und, sin_und, cos_gen, sin_gen = rotary_emb
         causal_out, prefix_kv = self.text_pathway(attn, und_seq, cos_und, sin_und, layout, cache)
         q_gen, k_gen, v_gen = self.gen_qkv(attn, gen_seq, cos_gen, sin_gen)
@@ -341,6 +336,9 @@ class FanoutAttnProcessor:
             values for the generation pathway (``[U, kv_heads, head_dim]`` each), or ``None`` when every prefix
             comes from the cache. Each prefix's keys/values also go to ``cache``.
         """
+        # Both the whole-layer path (``__call__``) and the row-blocked one (``layers.py``) start here.
+        if self._parallel_config is not None:
+            raise NotImplementedError("Candidate fan-out does not support context parallelism.")
         heads, kv_heads, head_dim = attn.num_attention_heads, attn.num_key_value_heads, attn.head_dim
         computed = layout.computed
         # Projections, norms and rotary are the same ops in the same order as the stock processor, token-wise, so

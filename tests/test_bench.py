@@ -188,3 +188,37 @@ def test_row_blocks_flag_reaches_the_engine_and_the_json(document):
     off = cli.resolve_settings(parse("--device", "cpu", "--row-blocks", "off")).workload
     runner = BatchedRunner(PipelineSource("tiny").build(torch.float32, torch.device("cpu")), off, "fused", 2)
     assert runner.model.adapter.row_block_rows is None
+
+
+def test_bf16_parity_is_also_measured_against_the_drift_bf16_puts_on_upstream(tmp_path):
+    assert parse("--dtype", "fp32,bf16").dtype == ("fp32", "bf16")
+    with pytest.raises(SystemExit):
+        parse("--dtype", "fp16")
+    args = parse("--config", "tiny", "--device", "cpu", "--dtype", "fp32,bf16", "--steps", str(STEPS), "--chunk",
+                 str(CHUNK), "--reps", "1", "--ns", "1,2", "--memory", "skip", "--out", str(tmp_path), "--quiet")
+    assert cli.run(args) == 0
+    (path,) = tmp_path.glob("*.json")
+    doc = json.loads(path.read_text())
+    fp32, bf16 = doc["variants"]
+    assert (fp32["dtype"], bf16["dtype"]) == ("fp32", "bf16")
+    for case in fp32["cases"]:
+        assert case["parity"] is None or case["parity"]["dtype_drift"] is None
+    drifts = {}
+    for case in (c for c in bf16["cases"] if c["path"] == "batched"):
+        parity = case["parity"]
+        # Rounding to bf16 moves upstream's own result: the yardstick is a real, non-zero distance.
+        assert parity["dtype_drift"] > 0
+        assert parity["within_dtype_drift"] == (parity["max_abs_diff"] <= parity["dtype_drift"])
+        drifts.setdefault(case["n"], set()).add(parity["dtype_drift"])
+    # Same seeds, same reference: both topologies are measured against one drift per N, growing with N's seeds.
+    assert all(len(v) == 1 for v in drifts.values()) and drifts[1].pop() <= drifts[2].pop()
+    assert doc["headline"]["fp32"]["parity_within_dtype_drift_all"] is None
+    assert isinstance(doc["headline"]["bf16"]["parity_within_dtype_drift_all"], bool)
+    table = path.with_suffix(".md").read_text()
+    assert "upstream bf16 vs upstream fp32 (dtype drift)" in table and "fused within dtype drift" in table
+    # A JSON that carries drift re-renders to the same table.
+    copy = tmp_path / "copy" / path.name
+    copy.parent.mkdir()
+    copy.write_text(path.read_text())
+    assert cli.run(parse("--replot", str(copy))) == 0
+    assert copy.with_suffix(".md").read_text() == table

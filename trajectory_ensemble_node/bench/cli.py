@@ -76,8 +76,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     what.add_argument("--model", default=None, metavar="PATH",
                       help="benchmark a Cosmos3OmniPipeline checkpoint directory instead of a random-weight config")
     what.add_argument("--device", default=None, help="cpu or cuda[:i] (default: cuda when available)")
-    what.add_argument("--dtype", choices=tuple(DTYPES), default=None,
-                      help="transformer dtype (default: fp32 on CPU; fp32 and bf16 side by side on CUDA)")
+    what.add_argument("--dtype", type=_names(tuple(DTYPES)), default=None,
+                      help="transformer dtypes, comma-separated, e.g. bf16 or fp32,bf16 (default: fp32 on CPU; fp32 "
+                           "and bf16 side by side on CUDA; with both, bf16 parity is also compared with the drift "
+                           "bf16 itself puts on the upstream reference)")
 
     run = parser.add_argument_group("workload and repetitions")
     run.add_argument("--steps", type=int, default=None,
@@ -120,7 +122,7 @@ def resolve_settings(args: argparse.Namespace):
         raise SystemExit("error: --device cuda requested but CUDA is not available")
     config = args.config or ("large" if device.type == "cuda" else "bench")
     if args.dtype:
-        dtypes: tuple[str, ...] = (args.dtype,)
+        dtypes: tuple[str, ...] = tuple(args.dtype)
     else:
         dtypes = ("fp32", "bf16") if device.type == "cuda" else ("fp32",)
     steps = args.steps or (CUDA_STEPS if device.type == "cuda" else CPU_STEPS)

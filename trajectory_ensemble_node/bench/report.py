@@ -50,7 +50,9 @@ METHOD = {
     "autograd": "both sides run with autograd off: upstream __call__ is @torch.no_grad(), and the bench wraps "
                 "generate() in torch.no_grad(). engine_grad_enabled says whether the engine itself leaves it on.",
     "parity": "max |batched - sequential| over the N candidates of the last repetition; rule: "
-              "max|diff| <= 1e-3 * max(1, max|ref|); bitwise: torch.equal",
+              "max|diff| <= 1e-3 * max(1, max|ref|); bitwise: torch.equal; for a dtype other than fp32 with an "
+              "fp32 variant in the run, dtype_drift = max |upstream in that dtype - upstream fp32| over the same "
+              "seeds, and within_dtype_drift = max|diff| <= dtype_drift",
 }
 
 
@@ -152,6 +154,8 @@ def headline(variants: list[VariantResult], settings: Settings) -> dict[str, Any
             "cpu_time_ratio_batched_over_sequential": cpu_ratios,
             "faster_topology_by_n": winners,
             "parity_within_rule_all": all(c.parity.within_rule for c in batched),
+            "parity_within_dtype_drift_all": all(c.parity.within_dtype_drift for c in batched)
+            if batched and all(c.parity.dtype_drift is not None for c in batched) else None,
             "fused_forwards_equal_steps_all_n": all(c.physical_forwards == steps for c in batched
                                                     if c.topology == "fused") if "fused" in settings.topologies
             else None,

@@ -14,6 +14,7 @@ PIP := $(VPY) -m pip --disable-pip-version-check
 MSG_BUILD := $(CURDIR)/msg/build
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 PYTEST_ARGS ?=
+BENCH_ARGS ?=
 
 # Everything the interface build reads; a change to any of these rebuilds the interfaces.
 MSG_SOURCES := $(shell find msg -type f -not -path 'msg/build/*' 2>/dev/null)
@@ -34,7 +35,7 @@ demo: $(VENV)/.stamp-interfaces
 	$(VENV)/bin/trajectory-ensemble demo
 
 bench: $(VENV)/.stamp-interfaces
-	$(VENV)/bin/trajectory-ensemble bench
+	$(VENV)/bin/trajectory-ensemble bench $(BENCH_ARGS)
 
 venv: $(VENV)/.stamp-project
 

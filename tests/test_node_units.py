@@ -204,10 +204,12 @@ def test_serve_yaml_declares_exactly_the_node_parameters_with_the_same_defaults(
 def test_bad_parameters_are_all_reported_by_name():
     with pytest.raises(params.ParameterError) as info:
         params.validate({"goal_policy": "drop", "fps": 0, "joint_names": ["a", "b"], "modle": "x", "chunk_size": "8",
-                         "enable_weight_updates": True, "domain_name": "droid_lerobot", "prefix_retain": -1}, env={})
+                         "enable_weight_updates": True, "domain_name": "droid_lerobot", "prefix_retain": -1,
+                         "cfg_mode": "both"}, env={})
     text = str(info.value)
     for expected in ("goal_policy: 'drop'", "fps: must be > 0", "modle: unknown parameter", "chunk_size: expected",
                      "prefix_retain: must be >= 0, got -1",
+                     "cfg_mode: 'both' is not one of ['auto', 'fused', 'separate']",
                      "joint_names: 2 names ['a', 'b'] but domain_name 'droid_lerobot' has action width 10",
                      "weights_dir: must be set"):
         assert expected in text, expected

@@ -23,6 +23,7 @@ from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import (
 )
 
 from ..errors import ErrorCode, InvalidSpecError, TrajectoryEnsembleError
+from ..models.cosmos3.adapter import CFG_MODES
 from ..normalization import NORMALIZATION_METHODS
 from ..reducers import available_reducers, get_reducer
 
@@ -85,6 +86,9 @@ PARAMETERS: tuple[ParamSpec, ...] = (
               ">= 1"),
     ParamSpec("prefix_retain", 8, "text prefixes whose per-layer keys/values are kept for later goals with the same "
               "instruction (bitwise-neutral; 0 = none)", ">= 0"),
+    ParamSpec("cfg_mode", "auto", "CFG branches (guidance_scale > 1) in one forward (fused) or two (separate); auto "
+              "fuses groups of more than one candidate and keeps a lone candidate bitwise equal to upstream",
+              ", ".join(CFG_MODES)),
     ParamSpec("action_stats_file", "", "per-channel action statistics JSON; empty = publish normalized actions"),
     ParamSpec("action_stats_method", "quantile", "normalization of action_stats_file",
               ", ".join(NORMALIZATION_METHODS)),
@@ -132,6 +136,7 @@ class NodeParams:
     max_candidates: int
     max_batch_candidates: int
     prefix_retain: int
+    cfg_mode: str
     action_stats_file: str
     action_stats_method: str
     max_observation_age_s: float
@@ -243,6 +248,7 @@ def validate(raw: Mapping[str, Any], *, env: Mapping[str, str] | None = None) ->
          f"candidate_count: must be in [1, max_candidates={p['max_candidates']}], got {p['candidate_count']}")
     need(p["max_batch_candidates"] >= 1, f"max_batch_candidates: must be >= 1, got {p['max_batch_candidates']}")
     need(p["prefix_retain"] >= 0, f"prefix_retain: must be >= 0, got {p['prefix_retain']}")
+    need(p["cfg_mode"] in CFG_MODES, f"cfg_mode: {p['cfg_mode']!r} is not one of {list(CFG_MODES)}")
     need(p["action_stats_method"] in NORMALIZATION_METHODS,
          f"action_stats_method: {p['action_stats_method']!r} is not one of {list(NORMALIZATION_METHODS)}")
     need(p["max_observation_age_s"] > 0, f"max_observation_age_s: must be > 0, got {p['max_observation_age_s']}")

@@ -227,7 +227,7 @@ def run_variant(
             the last repetition ``[max N, chunk, action_dim]`` (float32, CPU), for :func:`add_dtype_drift`.
     """
     device, workload = settings.device, settings.workload
-    log(f"{dtype}: building two {settings.source.label} pipelines (upstream reference, batched model)")
+    log(f"{dtype}: building the {settings.source.label} pipeline and a copy of it (upstream reference, batched model)")
     reference_pipe = settings.source.build(DTYPES[dtype], device)
     # A copy, not a second build: identical weights by construction, and one build of the `large` config (random
     # init of 1.6B values on the CPU, or a checkpoint load) instead of two. Copied before the model wraps it, so the
@@ -395,7 +395,7 @@ def run_all(settings: Settings, log: Progress | None = None) -> list[VariantResu
     references: dict[str, torch.Tensor] = {}
     for dtype in settings.dtypes:
         results.append(run_variant(settings, dtype, log, references))
-        # The next dtype builds its own two pipelines; give this one's memory back first.
+        # The next dtype builds its own pipeline pair; give this one's memory back first.
         gc.collect()
         if settings.device.type == "cuda":
             torch.cuda.empty_cache()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import pytest
 import torch
@@ -15,8 +16,9 @@ from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import (
 
 from trajectory_ensemble_node.contract import CandidateTrajectorySpec
 from trajectory_ensemble_node.errors import ReducerLayoutError, UnsupportedModeError
-from trajectory_ensemble_node.models.cosmos3 import Cosmos3ActionModel
+from trajectory_ensemble_node.models.cosmos3 import Cosmos3ActionModel, build_pipeline
 from trajectory_ensemble_node.models.cosmos3.conditioning import encode_conditioning
+from trajectory_ensemble_node.models.cosmos3.tiny import CONFIGS
 from trajectory_ensemble_node.reducers import get_reducer
 
 BASE_SEED = 1234
@@ -173,6 +175,21 @@ def test_save_pretrained_then_from_pretrained_local_dir(tmp_path):
     for i, seed in enumerate(result.seeds):
         assert within_rule(result.candidates[i], upstream_action(seed, guidance_scale=3.0))
     assert torch.equal(run(model, 1, 3.0).candidates[0], upstream_action(BASE_SEED, guidance_scale=3.0))
+
+
+@pytest.mark.parametrize("row_block_rows", [None, 1], ids=["whole-layers", "row-blocks"])
+def test_generation_pathway_with_its_own_text_key_norm_matches_upstream(row_block_rows):
+    # The variant where the generation pathway norms the text keys itself (``k_norm_und_for_gen``), so the keys it
+    # attends to differ from the text pathway's own: the default configs never build it.
+    config = dataclasses.replace(CONFIGS["tiny"], extra={"qk_norm_for_text": False, "use_und_k_norm_for_gen": True})
+    reference = build_pipeline(config, seed=0)
+    assert reference.transformer.layers[0].self_attn.k_norm_und_for_gen is not None
+    model = Cosmos3ActionModel(build_pipeline(config, seed=0), max_batch_candidates=8, row_block_rows=row_block_rows)
+    lone = run(model, 1, 3.0)
+    assert torch.equal(lone.candidates[0], upstream_action(BASE_SEED, guidance_scale=3.0, pipe=reference))
+    group = run(model, 3, 3.0)
+    for i, seed in enumerate(group.seeds):
+        assert within_rule(group.candidates[i], upstream_action(seed, guidance_scale=3.0, pipe=reference))
 
 
 def test_prefix_cache_is_bitwise_neutral_and_drops_the_prefix_after_step_one():

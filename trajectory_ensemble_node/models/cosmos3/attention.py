@@ -97,8 +97,7 @@ class AttentionLayout:
         start = end = 0
         for run in self.gen_runs:
             for index in range(run.count):
-                block_end = run.start + (index + 1) * run.length
-                end = block_end
+                end = run.start + (index + 1) * run.length
                 if end - start >= min_rows:
                     ranges.append((start, end))
                     start = end
@@ -350,12 +349,17 @@ class FanoutAttnProcessor:
         q_und = attn.norm_q(q_und.reshape(-1, heads, head_dim))
         k_und = attn.norm_k(k_und.reshape(-1, kv_heads, head_dim))
         v_und = v_und.reshape(-1, kv_heads, head_dim)
-        k_und_for_gen = attn.k_norm_und_for_gen(k_und) if attn.k_norm_und_for_gen is not None else k_und
+        k_und_for_gen = attn.k_norm_und_for_gen(k_und) if attn.k_norm_und_for_gen is not None else None
         cos_und = cos_und.unsqueeze(1)
         sin_und = sin_und.unsqueeze(1)
         q_und = q_und * cos_und + _rotate_half(q_und) * sin_und
         k_und = k_und * cos_und + _rotate_half(k_und) * sin_und
-        k_und_for_gen = k_und_for_gen * cos_und + _rotate_half(k_und_for_gen) * sin_und
+        # Without its own norm, the generation pathway's keys are ``k_und`` rotated the same way, so the same bits:
+        # reused instead of rotated a second time as the stock processor does.
+        if k_und_for_gen is None:
+            k_und_for_gen = k_und
+        else:
+            k_und_for_gen = k_und_for_gen * cos_und + _rotate_half(k_und_for_gen) * sin_und
         causal_parts = []
         for slot in computed:
             start, end = slot.und_range

@@ -47,6 +47,8 @@ class TinyCosmos3Config:
         vae_z_dim (`int`): Latent channels; also the transformer's ``latent_channel``.
         vae_dim_mult (`tuple[int, ...]`): Wan VAE channel multipliers (three downsamples for ``len == 4``).
         vae_num_res_blocks (`int`): Residual blocks per VAE stage.
+        extra (`dict`): Further ``Cosmos3OmniTransformer`` keyword arguments, e.g. ``{"qk_norm_for_text": False,
+            "use_und_k_norm_for_gen": True}`` for the variant whose generation pathway norms the text keys itself.
     """
 
     hidden_size: int = 64
@@ -160,6 +162,7 @@ def build_pipeline(
             num_embodiment_domains=32,
             rope_axes_dim=list(config.rope_axes_dim),
             dtype="float32",
+            **config.extra,
         )
         _randomize_zero_initialized(transformer)
         vae = AutoencoderKLWan(

@@ -109,6 +109,46 @@ def test_forward_counts_parity_and_ratios(document):
     assert variant["upstream_deterministic"] and variant["upstream_grad_enabled"] is False
 
 
+def test_work_counts_the_attention_each_path_is_shaped_to_do(document):
+    from trajectory_ensemble_node.models.cosmos3.tiny import CONFIGS
+
+    doc, out = document
+    (variant,) = doc["variants"]
+    cases = {(c["path"], c["topology"], c["n"]): c for c in variant["cases"]}
+    config, tokens = CONFIGS["tiny"], variant["model"]["tokens"]
+    prefixes, block = (tokens["prefix_cond"], tokens["prefix_uncond"]), tokens["generation_block"]
+
+    def scores(queries: int, keys: int) -> int:  # forward FLOPs of q k^T and p v over that many pairs
+        return 2 * config.num_heads * queries * keys * 2 * config.head_dim
+
+    causal = sum(scores(1, p * (p + 1) // 2) for p in prefixes)
+    full = sum(scores(block, p + block) for p in prefixes)
+    # The VAE's mid-block attention runs once per latent frame it encodes: upstream encodes the chunk + 1 frame
+    # clip (1 + chunk / 4 latent frames), the batched path the conditioning frame alone (one).
+    clip_latent_frames = 1 + CHUNK // 4
+    # Upstream: every step runs each branch's prefix causally and its generation tokens over prefix + block.
+    one_call = cases[("sequential", None, 1)]["work"]["gflop"]
+    upstream_vae = one_call["attention"] * 1e9 - config.num_layers * STEPS * (causal + full)
+    for n in (1, 3):
+        sequential = cases[("sequential", None, n)]["work"]["gflop"]
+        assert sequential["total"] == pytest.approx(n * one_call["total"])
+        for topo in ("fused", "separate"):
+            work = cases[("batched", topo, n)]["work"]
+            # Cold group: the prefixes once, then each candidate attends to its own prefix and its own block only.
+            batched_vae = work["gflop"]["attention"] * 1e9 - config.num_layers * (causal + STEPS * n * full)
+            assert batched_vae > 0
+            assert upstream_vae == pytest.approx(clip_latent_frames * batched_vae, rel=1e-6)
+            # One conditioning frame per group instead of chunk + 1 frames per call.
+            assert 0 < work["gflop"]["conv"] < one_call["conv"]
+            assert work["gflop"]["conv"] == pytest.approx(cases[("batched", topo, 1)]["work"]["gflop"]["conv"])
+            assert work["gflop"]["gemm"] > 0
+            assert work["ratio_vs_sequential"] == pytest.approx(work["gflop"]["total"] / sequential["total"])
+            assert work["ratio_vs_sequential"] < 1
+    assert doc["headline"]["fp32"]["n1"]["fused"]["work_ratio"] == pytest.approx(
+        cases[("batched", "fused", 1)]["work"]["ratio_vs_sequential"], abs=1e-4)
+    assert "work ratio (fused / separate)" in next(out.glob("*.md")).read_text()
+
+
 def test_cold_instruction_recomputes_the_text_warm_reuses_it_and_both_stay_bitwise(document):
     from trajectory_ensemble_node.bench.workload import BatchedRunner
 

@@ -102,6 +102,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      help="torch.set_num_threads; 0 keeps torch's default (default: 1 on CPU, 0 on CUDA; see README)")
     run.add_argument("--memory", choices=("auto", "skip"), default="auto",
                      help="peak memory per case: fresh subprocess per case on CPU, CUDA counters on GPU (auto)")
+    run.add_argument("--work", choices=("count", "skip"), default="count",
+                     help="FLOPs per group of every case, by kind (GEMM, attention, conv), from one extra untimed "
+                          "call each after the timing (default count)")
     run.add_argument("--memory-steps", type=int, default=None,
                      help="denoising steps of the memory runs (default: 1 on CPU, --steps on CUDA; see README)")
     run.add_argument("--memory-jobs", type=int, default=2,
@@ -153,6 +156,7 @@ def resolve_settings(args: argparse.Namespace):
         memory_jobs=args.memory_jobs,
         threads=threads,
         out=args.out,
+        work=args.work,
     )
 
 

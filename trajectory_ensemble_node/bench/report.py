@@ -47,6 +47,11 @@ METHOD = {
                  "summed over the N calls; batched: result.metrics['encode_ms'] (prompt + VAE encode of the "
                  "conditioning frame, once per group)",
     "reduce_ms": "result.metrics['reduce_ms']",
+    "work": "forward FLOPs of one untimed call per case, counted by torch.utils.flop_counter.FlopCounterMode after "
+            "the timing: gemm (mm, addmm, bmm, baddbmm), attention (fused SDPA kernels; grouped-query attention "
+            "counted with key/value heads repeated, causal calls counting the unmasked scores only), conv; "
+            "elementwise work is not counted. Sequential for N = N x one upstream call (the seed changes the noise, "
+            "not the work). work.ratio_vs_sequential = batched total / sequential total",
     "autograd": "both sides run with autograd off: upstream __call__ is @torch.no_grad(), and the bench wraps "
                 "generate() in torch.no_grad(). engine_grad_enabled says whether the engine itself leaves it on.",
     "parity": "max |batched - sequential| over the N candidates of the last repetition; rule: "
@@ -165,7 +170,8 @@ def headline(variants: list[VariantResult], settings: Settings) -> dict[str, Any
             entry["n1"] = {
                 t: {"ratio_vs_one_upstream_call": ratios[t][1], "cpu_time_ratio": cpu_ratios[t][1],
                     "bitwise": variant.case("batched", t, 1).parity.bitwise,
-                    "physical_forwards": variant.case("batched", t, 1).physical_forwards}
+                    "physical_forwards": variant.case("batched", t, 1).physical_forwards,
+                    "work_ratio": (variant.case("batched", t, 1).work or {}).get("ratio_vs_sequential")}
                 for t in settings.topologies
             }
             encode_up = variant.case("sequential", None, 1).encode_ms.median
@@ -175,6 +181,10 @@ def headline(variants: list[VariantResult], settings: Settings) -> dict[str, Any
             entry["ratio_n8"] = {t: ratios[t][8] for t in settings.topologies}
             entry["cpu_time_ratio_n8"] = {t: cpu_ratios[t][8] for t in settings.topologies}
             entry["ratio_n8_meets_target"] = {t: ratios[t][8] <= TARGETS["ratio_n8_max"] for t in settings.topologies}
+            work = {t: (variant.case("batched", t, 8).work or {}).get("ratio_vs_sequential")
+                    for t in settings.topologies}
+            if all(v is not None for v in work.values()):
+                entry["work_ratio_n8"] = {t: round(v, 4) for t, v in work.items()}
         if 1 in settings.ns and 8 in settings.ns and all(_peak(c) for c in variant.cases):
             entry["memory_n8_over_n1"] = {
                 t: round(_peak(variant.case("batched", t, 8)) / _peak(variant.case("batched", t, 1)), 3)
@@ -207,6 +217,7 @@ def build_document(
             "memory": settings.memory, "memory_steps": settings.memory_steps,
             "memory_jobs": settings.memory_jobs,
             "threads": settings.threads,
+            "work": settings.work,
         },
         "machine": machine,
         "versions": code_versions,
@@ -259,7 +270,7 @@ def load_document(path: Path) -> tuple[dict[str, Any], list[VariantResult], Sett
                           base_seed=cfg["base_seed"], prompt_cache=cfg.get("prompt_cache", "cold"),
                           row_blocks=cfg.get("row_blocks", "off")),
         memory=cfg["memory"], memory_steps=cfg["memory_steps"], memory_jobs=cfg.get("memory_jobs", 1),
-        threads=cfg["threads"], out=Path(path).parent,
+        threads=cfg["threads"], out=Path(path).parent, work=cfg.get("work", "skip"),
     )
     return document, [variant_from_json(v) for v in document["variants"]], settings
 

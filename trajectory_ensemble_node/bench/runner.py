@@ -16,6 +16,8 @@ How each figure is measured (also written into the JSON ``method`` block):
   only and says little.)
 - Repetitions are interleaved (upstream calls, then every N with its topologies back to back), after one untimed
   warm-up of each path.
+- **Work** (FLOPs per group, :mod:`.work`) is counted in one extra untimed call of each case after the timing, so
+  the counter's overhead never reaches a timed figure.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ import torch
 from ..models.cosmos3.conditioning import encode_conditioning
 from ..seeding import candidate_seeds
 from . import memory as memory_mod
+from .work import Work, count_work
 from .workload import (
     DTYPES,
     FPS,
@@ -69,6 +72,7 @@ class Settings:
         memory_jobs (`int`): CPU memory subprocesses at once (each measures only itself, so they may overlap).
         threads (`int`): ``torch.set_num_threads`` (0 keeps torch's default).
         out (`Path`): Output directory.
+        work (`str`): ``"count"`` (FLOPs per group of every case, one untimed call each) or ``"skip"``.
     """
 
     source: PipelineSource
@@ -83,6 +87,7 @@ class Settings:
     memory_jobs: int
     threads: int
     out: Path
+    work: str = "count"
 
 
 @dataclass(frozen=True)
@@ -150,6 +155,7 @@ class CaseResult:
     denoise_ms: Stats | None = None
     parity: Parity | None = None
     memory: dict[str, Any] | None = None
+    work: dict[str, Any] | None = None
 
 
 @dataclass
@@ -259,6 +265,8 @@ def run_variant(
     result.cases = _cases(settings, dtype, upstream_reps, batched_reps)
     if references is not None:
         references[dtype] = torch.stack([c.action for c in upstream_reps[-1]])
+    if settings.work != "skip":
+        measure_work(settings, dtype, result, upstream, runners, log)
     if settings.memory != "skip":
         measure_memory(settings, dtype, result, upstream, runners, log)
     return result
@@ -330,6 +338,33 @@ def _cases(
                 parity=parity([c.result.candidates for c in calls], reference),
             ))
     return cases
+
+
+def measure_work(
+    settings: Settings,
+    dtype: str,
+    result: VariantResult,
+    upstream: UpstreamRunner,
+    runners: dict[str, BatchedRunner],
+    log: Progress,
+) -> None:
+    """FLOPs per group of every case (see :mod:`.work`), stored in ``case.work``.
+
+    Upstream does the same work for every seed (the seed only changes the noise), so one counted call stands for
+    each of the N; a batched group is counted once per N and topology. Under the prompt-cache mode of the timed
+    runs, so a cold group counts its text prefix and a warm one does not.
+    """
+    log(f"{dtype}: counting FLOPs (one untimed call per case)")
+    per_call = count_work(lambda: upstream.call(settings.workload.base_seed))
+    for n in settings.ns:
+        sequential = per_call.scaled(n)
+        result.case("sequential", None, n).work = {"gflop": sequential.as_gflop()}
+        for topo, runner in runners.items():
+            batched: Work = count_work(lambda n=n, r=runner: r.call(n))
+            result.case("batched", topo, n).work = {
+                "gflop": batched.as_gflop(),
+                "ratio_vs_sequential": batched.total / sequential.total if sequential.total else None,
+            }
 
 
 def measure_memory(

@@ -16,6 +16,11 @@ def _s(stats: Stats | None, digits: int = 2) -> str:
     return f"{stats.median:.{digits}f} [{stats.min:.{digits}f}–{stats.max:.{digits}f}]"
 
 
+def _g(value: float) -> str:
+    # Whole numbers for the real configs; three significant digits keep the tiny config's figures readable.
+    return f"{value:.0f}" if abs(value) >= 100 else f"{value:.3g}"
+
+
 def _mib(case: CaseResult) -> str:
     memory = case.memory or {}
     peak = memory.get("peak_rss_bytes", memory.get("peak_allocated_bytes"))
@@ -53,20 +58,29 @@ def _variant_tables(variant: VariantResult, settings: Settings) -> list[str]:
 
     lines += ["", f"### {variant.dtype}: work per group, conditioning encode, reduction, peak memory", ""]
     names = ["sequential"] + list(topos)
-    cells = ["N", "transformer forwards (" + " / ".join(names) + ")",
-             "encode ms (" + " / ".join(names) + ")",
-             "reduce ms (" + " / ".join(topos) + ")",
-             "peak memory MiB (" + " / ".join(names) + ")"]
-    lines += _header(cells, ["--:", "---", "---", "---", "---"])
+    counted = all(c.work for c in variant.cases)
+    cells = ["N", "transformer forwards (" + " / ".join(names) + ")"]
+    if counted:
+        cells += ["GFLOP (" + " / ".join(names) + ")", "work ratio (" + " / ".join(topos) + ")",
+                  "GFLOP/s (" + " / ".join(names) + ")"]
+    cells += ["encode ms (" + " / ".join(names) + ")",
+              "reduce ms (" + " / ".join(topos) + ")",
+              "peak memory MiB (" + " / ".join(names) + ")"]
+    lines += _header(cells, ["--:"] + ["---"] * (len(cells) - 1))
     for n in settings.ns:
         cases = [variant.case("sequential", None, n)] + [variant.case("batched", t, n) for t in topos]
-        lines.append(_row([
-            str(n),
-            " / ".join(str(c.physical_forwards) for c in cases),
-            " / ".join(f"{c.encode_ms.median:.0f}" for c in cases),
-            " / ".join(f"{c.reduce_ms.median:.2f}" for c in cases[1:]),
-            " / ".join(_mib(c) for c in cases),
-        ]))
+        row = [str(n), " / ".join(str(c.physical_forwards) for c in cases)]
+        if counted:
+            row += [" / ".join(_g(c.work["gflop"]["total"]) for c in cases),
+                    " / ".join(f"{c.work['ratio_vs_sequential']:.2f}" for c in cases[1:]),
+                    " / ".join(_g(c.work["gflop"]["total"] / c.latency_s.median) for c in cases)]
+        row += [" / ".join(f"{c.encode_ms.median:.0f}" for c in cases),
+                " / ".join(f"{c.reduce_ms.median:.2f}" for c in cases[1:]),
+                " / ".join(_mib(c) for c in cases)]
+        lines.append(_row(row))
+    if counted:
+        lines += ["", "GFLOP: forward FLOPs of one group (GEMM + attention + conv; elementwise not counted). Work "
+                  "ratio: batched / sequential GFLOP. GFLOP/s: GFLOP over the median wall time."]
 
     lines += ["", f"### {variant.dtype}: parity of batched candidates with the upstream calls of the same seeds", ""]
     # Outside fp32 the 1e-3 rule is not the yardstick; the drift the dtype puts on upstream's own result is.

@@ -10,10 +10,10 @@ Three operator kinds carry all of it here:
 
 - ``gemm``: ``mm``, ``addmm``, ``bmm``, ``baddbmm`` (projections, MLPs, heads);
 - ``attention``: the fused scaled-dot-product kernels (the transformer's, and the VAE's per-frame mid-block
-  attention). torch's own formulas do not cover the CPU flash kernel and
-  assume as many key heads as query heads, so this module supplies one formula for all of them: grouped-query
-  attention counts as if each key/value head were repeated for its query heads (the arithmetic the kernel does),
-  and a causal call counts the unmasked half of the score matrix (what a flash kernel computes);
+  attention). torch's own formulas do not cover the CPU flash kernel and count a causal call as a full one, so
+  this module supplies one formula for all of them: grouped-query attention counts as if each key/value head were
+  repeated for its query heads (the arithmetic the kernel does), and a causal call counts the unmasked half of
+  the score matrix (what a flash kernel computes);
 - ``conv``: convolutions (the VAE encode).
 
 Anything else the counter knows (none here) goes to ``other``. Elementwise work (norms, rotary, activations) is not

@@ -15,8 +15,8 @@ from collections.abc import Sequence
 # command -> (module, help). Modules are imported lazily.
 _COMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("trajectory_ensemble_node.ros.serve", "run the ROS 2 node (same as the trajectory_ensemble_node executable)"),
-    "demo": ("trajectory_ensemble_node.ros.demo", "the main job: node + bundled bag + goals, plots under out/"),
-    "replay": ("trajectory_ensemble_node.ros.replay", "replay a rosbag2 into the node and record its trajectories"),
+    "demo": ("trajectory_ensemble_node.tools.demo", "the main job: node + bundled bag + goals, plots under out/"),
+    "replay": ("trajectory_ensemble_node.tools.replay", "replay a rosbag2 into the node and record its trajectories"),
     "bench": ("trajectory_ensemble_node.bench.cli", "batched candidates vs sequential upstream (and --quality, --ros)"),
     "train-toy": ("trajectory_ensemble_node.toy.train", "train the toy bimodal obstacle policy on CPU"),
 }

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from .report import MIB, TARGETS
+from .figures import MIB, TARGETS
 from .runner import CaseResult, Settings, VariantResult
 
 # One colour per path, the same in every panel.

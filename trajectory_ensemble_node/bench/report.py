@@ -15,17 +15,13 @@ from typing import Any
 
 import torch
 
+from .figures import TARGETS, faster_topology
+from .plot import plot
 from .runner import CaseResult, Settings, VariantResult, to_jsonable, variant_from_json
+from .table import markdown
 from .workload import PipelineSource, Workload
 
 SCHEMA = "trajectory_ensemble.bench/1"
-# design.md targets, all measured as ratios within one run.
-TARGETS = {
-    "ratio_n8_max": 0.30,
-    "n1_vs_one_upstream_call_max": 0.40,
-    "memory_n8_over_n1_max": 2.0,
-}
-MIB = 1024 * 1024
 
 METHOD = {
     "sequential": (
@@ -118,29 +114,6 @@ def versions() -> dict[str, str | None]:
 def _peak(case: CaseResult) -> int | None:
     memory = case.memory or {}
     return memory.get("peak_rss_bytes", memory.get("peak_allocated_bytes"))
-
-
-# Below this difference of the medians the topologies are reported as a tie.
-TIE_PCT = 1.0
-
-
-def faster_topology(cases: list[CaseResult], device: torch.device) -> dict[str, Any]:
-    """Which batched topology was faster for one N, and by how much.
-
-    Decided on median CPU time on a CPU (load-independent: wall medians on a shared machine move with other work),
-    on median wall time on CUDA. ``topology`` is ``"tie"`` when the medians differ by less than ``TIE_PCT`` percent.
-    """
-    by = "wall" if device.type == "cuda" else "cpu_time"
-    values = {c.topology: (c.latency_s.median if by == "wall" else c.cpu_s.median) for c in cases}
-    ranked = sorted(values, key=values.get)
-    margin = 100.0 * (values[ranked[-1]] / values[ranked[0]] - 1.0) if len(ranked) > 1 else 0.0
-    return {
-        "topology": ranked[0] if margin >= TIE_PCT or len(ranked) == 1 else "tie",
-        "decided_by": by,
-        "margin_pct": round(margin, 2),
-        "wall_s": {c.topology: round(c.latency_s.median, 4) for c in cases},
-        "cpu_s": {c.topology: round(c.cpu_s.median, 4) for c in cases},
-    }
 
 
 def headline(variants: list[VariantResult], settings: Settings) -> dict[str, Any]:
@@ -245,8 +218,6 @@ def write_outputs(
     Args:
         stem (`Path`, *optional*): Path without suffix; defaults to ``settings.out / file_stem(settings)``.
     """
-    from .plot import plot
-    from .table import markdown
 
     settings.out.mkdir(parents=True, exist_ok=True)
     stem = stem or settings.out / file_stem(settings)

@@ -311,7 +311,7 @@ def _table(doc: dict[str, Any]) -> str:
 def run(args: argparse.Namespace) -> int:
     """Run the measurement (``args`` are ``bench``'s: ``--json``, ``--steps``, ``--device``, ``--client-executor``,
     ``--quiet``)."""
-    from ..ros.launcher import NodeProcess, NodeStartError, pick_domain_id, ros_env
+    from ..tools.launcher import NodeProcess, NodeStartError, pick_domain_id, ros_env
 
     steps = int(getattr(args, "steps", None) or DEFAULT_STEPS)
     device = str(getattr(args, "device", None) or "auto")

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from .report import faster_topology
+from .figures import MIB, faster_topology
 from .runner import CaseResult, Settings, Stats, VariantResult
 
-MIB = 1024 * 1024
 
 
 def _s(stats: Stats | None, digits: int = 2) -> str:

@@ -38,7 +38,7 @@ from trajectory_ensemble_node.ros import conversions, diagnostics, goals, observ
 from trajectory_ensemble_node.ros.faults import FaultInjector  # noqa: E402
 from trajectory_ensemble_node.ros.weight_updates import WeightsPathError, resolve_update_path  # noqa: E402
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 # --- observations ----------------------------------------------------------------------------------------------------

@@ -3,7 +3,7 @@
 Needs a real ROS 2 install (``launch``, ``launch_ros``, ``launch_testing``, and the package built with colcon so
 that ``ros2 launch trajectory_ensemble serve.launch.py`` resolves); none of them is on PyPI, so the conftest skips
 this module here (marker ``launch_testing``). Run it in the Docker image or a sourced workspace with
-``launch_test tests/test_launch.py`` or ``pytest tests/test_launch.py``.
+``launch_test tests/packaging/test_launch.py`` or ``pytest tests/packaging/test_launch.py``.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ try:
 except ModuleNotFoundError:  # Python 3.10 (ROS 2 Humble's Ubuntu) has no tomllib
     tomllib = pytest.importorskip("tomli")
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 LAUNCH_FILE = ROOT / "launch" / "serve.launch.py"
 CONFIG_FILE = ROOT / "config" / "serve.yaml"
 

@@ -11,7 +11,7 @@ rosidl generates and real ROS 2 tools (``ros2 bag info/play``, Foxglove) can rea
 
 The bundled demo bag is made by::
 
-    python -m trajectory_ensemble_node.ros.bags make-demo-bag trajectory_ensemble_node/assets/bags/toy_obstacle
+    python -m trajectory_ensemble_node.tools.bags make-demo-bag trajectory_ensemble_node/assets/bags/toy_obstacle
 """
 
 from __future__ import annotations
@@ -388,8 +388,8 @@ def _describe(info: BagInfo) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m trajectory_ensemble_node.ros.bags {make-demo-bag OUT | info BAG}``."""
-    parser = argparse.ArgumentParser(prog="python -m trajectory_ensemble_node.ros.bags",
+    """``python -m trajectory_ensemble_node.tools.bags {make-demo-bag OUT | info BAG}``."""
+    parser = argparse.ArgumentParser(prog="python -m trajectory_ensemble_node.tools.bags",
                                      description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     make = sub.add_parser("make-demo-bag", help="write the toy-scene demo bag (the bundled one is made by this)")

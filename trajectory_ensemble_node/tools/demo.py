@@ -32,13 +32,10 @@ TINY_SETTINGS: dict[str, Any] = {"domain_name": "droid_lerobot", "reducer": "mea
 
 
 def default_model() -> str:
-    """The node's default ``model`` parameter (``toy``; ``tiny`` if it cannot be read)."""
-    try:
-        from .params import PARAMETERS
+    """The node's default ``model`` parameter (``toy``), read from its parameter table."""
+    from ..ros.params import PARAMETERS
 
-        return str(next(spec.default for spec in PARAMETERS if spec.name == "model"))
-    except (ImportError, StopIteration):
-        return "tiny"
+    return str(next(spec.default for spec in PARAMETERS if spec.name == "model"))
 
 
 def model_notice(model: str) -> str:

@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 import torch
 
 from .errors import CandidateCountError, InvalidSpecError, NonFiniteCandidatesError, PartialGroupError
-from .reducers import Reducer, available_reducers, get_reducer
-from .seeding import SEED_POLICIES, candidate_seeds, check_seed
+from .reducers import available_reducers, get_reducer
+from .seeding import SEED_POLICIES, check_seed
 
 DEFAULT_MAX_CANDIDATES = 64
 """Default upper bound on ``CandidateTrajectorySpec.count`` (the node's ``max_candidates`` parameter)."""
@@ -81,37 +81,6 @@ class CandidateTrajectorySpec:
             raise InvalidSpecError(f"return_candidates must be a bool, got {self.return_candidates!r}")
         if self.seed_policy not in SEED_POLICIES:
             raise InvalidSpecError(f"seed_policy must be one of {SEED_POLICIES}, got {self.seed_policy!r}")
-
-    @property
-    def is_plain(self) -> bool:
-        """``True`` for ``count == 1``: the single-sample path, bitwise equal to a plain model call."""
-        return self.count == 1
-
-    @property
-    def reducer_impl(self) -> Reducer | None:
-        """The registered :class:`Reducer`, or ``None`` for ``reducer="none"``."""
-        return None if self.reducer == "none" else get_reducer(self.reducer)
-
-    def check_layout(self, action_dim: int, space: str | None = None) -> None:
-        """Refuse, before any model work, a reducer that does not fit the model's action layout.
-
-        Args:
-            action_dim (`int`): The raw action width the reducer will see.
-            space (`str`, *optional*): ``"normalized"`` or ``"raw"``: where the model adapter reduces.
-
-        Raises:
-            ReducerLayoutError: If the reducer does not fit ``action_dim`` or is not valid in ``space``.
-        """
-        reducer = self.reducer_impl
-        if reducer is None:
-            return
-        reducer.check_layout(action_dim)
-        if space is not None:
-            reducer.check_space(space)
-
-    def seeds(self, base_seed: int) -> tuple[int, ...]:
-        """The candidates' seeds: :func:`~trajectory_ensemble_node.seeding.candidate_seeds` for this spec."""
-        return candidate_seeds(base_seed, self.count, self.seed_policy)
 
 
 @dataclass(frozen=True)

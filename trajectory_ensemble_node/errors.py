@@ -44,11 +44,9 @@ class ErrorCode(enum.IntEnum):
 class AbortReason(str, enum.Enum):
     """Why a candidate group ended (vLLM-style: one explicit reason per terminal path)."""
 
-    FINISHED = "finished"
     CANCELED = "canceled"
     PREEMPTED = "preempted"
     FAILED = "failed"
-    REJECTED = "rejected"
     SHUTDOWN = "shutdown"
 
 

@@ -36,7 +36,7 @@ from ..errors import (
     TrajectoryEnsembleError,
 )
 from ..metrics import now_ms, peak_memory_bytes
-from ..models.base import CandidateModelAdapter, CandidateOutput, ForwardAborted, Slice
+from .adapter import CandidateModelAdapter, CandidateOutput, ForwardAborted, Slice
 from ..seeding import make_generators
 from .reduction import reduce_candidates
 from .request import EngineConfig, GroupHandle, GroupRequest, ProgressEvent

@@ -47,6 +47,14 @@ BASE_PARAMS: dict[str, Any] = {
 }
 
 
+def wait_until(predicate: Callable[[], bool], timeout: float = 5.0) -> None:
+    """Poll ``predicate`` every 10 ms until it holds; fail the test after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"condition not met within {timeout} s"
+        time.sleep(0.01)
+
+
 def write_params(path: Path, overrides: Mapping[str, Any]) -> Path:
     """Write a ``--params-file`` YAML for the node: :data:`BASE_PARAMS` updated with ``overrides``."""
     params = {**BASE_PARAMS, **overrides}

@@ -50,7 +50,7 @@ def test_spec_rejects_bad_count_quoting_it(count):
 
 def test_spec_honours_configured_maximum():
     assert CandidateTrajectorySpec(count=8, reducer="mean", max_count=8).count == 8
-    with pytest.raises(CandidateCountError, match=r"\[1, 8\], got 9"):
+    with pytest.raises(CandidateCountError, match=r"candidate_count 9 is outside \[1, max_candidates=8\]"):
         CandidateTrajectorySpec(count=9, reducer="mean", max_count=8)
     with pytest.raises(InvalidSpecError, match="max_count.*0"):
         CandidateTrajectorySpec(max_count=0)

@@ -32,7 +32,7 @@ from rosbags.rosbag2 import CompressionFormat, CompressionMode, Reader, StorageP
 from rosbags.typesys import Stores, get_types_from_msg, get_typestore
 from rosbags.typesys.store import Typestore
 
-from ..errors import TrajectoryEnsembleError
+from ..errors import BagError, InterfaceDefinitionError, TrajectoryEnsembleError
 
 MSGS_PACKAGE = "trajectory_ensemble_msgs"
 CUSTOM_TYPES = ("ActionTrajectory", "CandidateArray")
@@ -61,14 +61,6 @@ DEMO_FRAMES_PER_SCENE = 2
 SCENES_KEY = "trajectory_ensemble.toy_scenes"
 """``custom_data`` key of the demo bag: JSON ``{image stamp ns: toy scene seed}`` (lets plots redraw the scene)."""
 BUNDLED_BAG = Path(__file__).resolve().parent.parent / "assets" / "bags" / "toy_obstacle"
-
-
-class BagError(TrajectoryEnsembleError, ValueError):
-    """A bag is missing, unreadable, or lacks what the caller needs (the message says which)."""
-
-
-class InterfaceDefinitionError(TrajectoryEnsembleError, FileNotFoundError):
-    """The ``trajectory_ensemble_msgs`` ``.msg`` files cannot be found to register them in the typestore."""
 
 
 # --- typestore ------------------------------------------------------------------------------------------------------

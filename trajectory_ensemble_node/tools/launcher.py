@@ -17,15 +17,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
-from ..errors import TrajectoryEnsembleError
+from ..errors import NodeStartError
 
 READY_MARKER = "] ready: action "
 """The node logs ``[<notice>] ready: action <name>, ...`` once its action server is up."""
 _TAIL_LINES = 30
-
-
-class NodeStartError(TrajectoryEnsembleError, RuntimeError):
-    """The node process exited, or did not report ready in time; the message ends with its last output lines."""
 
 
 def pick_domain_id() -> int:

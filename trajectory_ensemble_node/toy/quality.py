@@ -88,7 +88,7 @@ def bootstrap_mean(values: Sequence[float], seed: int = 0) -> tuple[float, float
 def valid_reducers(model: Any, width: int) -> list[str]:
     """Reducers the adapter declares that also accept a ``width``-wide action (drops ``pose_gripper`` for 2)."""
     names = []
-    for name in model.adapter.valid_reducers():
+    for name in model.valid_reducers():
         try:
             get_reducer(name).check_layout(width)
         except ReducerLayoutError:

@@ -16,7 +16,7 @@ import torch
 from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import Cosmos3OmniPipeline, CosmosActionCondition
 
 from ...errors import InvalidSpecError, UnsupportedModeError
-from ...reducers import available_reducers
+from ...contract import allowed_reducers
 from ...engine.adapter import AdapterCapabilities, CandidateOutput, Slice
 from .attention import PrefixKVCache, install_fanout
 from .conditioning import GroupConditioning, draw_initial_latents, encode_conditioning
@@ -153,8 +153,7 @@ class Cosmos3Adapter:
 
     def valid_reducers(self) -> tuple[str, ...]:
         """Declared reducers that are registered (layout checks happen per request)."""
-        registered = set(available_reducers())
-        return tuple(name for name in self.capabilities.valid_reducers if name in registered)
+        return allowed_reducers(self.capabilities.valid_reducers)
 
     # --- engine protocol -------------------------------------------------------------------------------------------
 

@@ -15,7 +15,7 @@ from trajectory_ensemble_node.ros import observations  # noqa: E402
 
 def image(encoding: str, height: int = 2, width: int = 3, *, step: int | None = None, data: bytes | None = None,
           sec: int = 7) -> Image:
-    channels = {"rgb8": 3, "bgr8": 3, "rgba8": 4, "bgra8": 4, "mono8": 1}.get(encoding, 3)
+    channels = observations.BYTES_PER_PIXEL.get(encoding, 3)
     step = width * channels if step is None else step
     if data is None:
         data = bytes(range(step * height))

@@ -47,6 +47,8 @@ _ENCODINGS: dict[str, tuple[int, Callable[[np.ndarray], np.ndarray]]] = {
 }
 SUPPORTED_ENCODINGS = tuple(_ENCODINGS)
 """Image encodings the buffer converts to RGB uint8; anything else is rejected (cause ``encoding``)."""
+BYTES_PER_PIXEL: dict[str, int] = {encoding: size for encoding, (size, _) in _ENCODINGS.items()}
+"""Bytes per pixel of each supported encoding (a row holds at least ``width * BYTES_PER_PIXEL[encoding]`` bytes)."""
 
 
 FRAME_REJECT_CAUSES = ("encoding", "step", "data_length", "dimensions")

@@ -11,8 +11,9 @@ work is spent.
   reducing before or after denormalization gives the same trajectory.
   ``"normalized"``: it compares channels with one distance, so channels must be on a common scale.
   ``"raw"``: it needs physical units (e.g. rotation matrices).
-* ``block_width``: the action width must be a positive multiple of it (``pose_gripper``: 10). Check it with
-  :meth:`Reducer.check_layout` when a group is built, so a bad layout is rejected before the model runs.
+* ``block_width``: the action width must be a positive multiple of it (``pose_gripper``: 10). Requests are held to
+  it by :func:`~trajectory_ensemble_node.contract.check_request` (through :meth:`Reducer.check_layout`), so a bad
+  layout is rejected before the model runs.
 
 Calling a reducer validates its input (a floating tensor ``[N, H, D]``, ``N >= 1``) and refuses NaN/Inf with
 :class:`~trajectory_ensemble_node.errors.NonFiniteCandidatesError`: a non-finite candidate is never averaged away

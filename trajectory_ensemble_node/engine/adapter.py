@@ -27,7 +27,7 @@ class AdapterCapabilities:
         reduce_before_denormalize (`bool`): Reducers declared valid in ``"any"`` or ``"normalized"`` space run on
             normalized model outputs when True; ``"raw"`` reducers always run after denormalization.
         valid_reducers (`tuple[str, ...]`): Reducer names valid for this action space (checked with each reducer's
-            own ``check_layout`` for the request's action width when a group is built).
+            own ``check_layout`` for the request's action width by ``contract.check_request``).
         candidate_invariant (`tuple[str, ...]`): Conditioning encoded once per group, shared by all candidates.
         auxiliary_branch (`str`, *optional*): A branch denoised alongside the action (e.g. ``"video"``).
         auxiliary_required_for_action (`bool`): Whether that branch must run for the action to be correct.

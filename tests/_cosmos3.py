@@ -8,6 +8,7 @@ import numpy as np
 import torch
 from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import CosmosActionCondition
 
+from trajectory_ensemble_node.contract import CandidateTrajectorySpec
 from trajectory_ensemble_node.models.cosmos3 import build_pipeline
 
 PROMPT = "put the red block in the bowl"
@@ -26,6 +27,11 @@ def policy(domain: str = "droid_lerobot", chunk: int = CHUNK, seed: int = 1) -> 
     return CosmosActionCondition(
         mode="policy", chunk_size=chunk, domain_name=domain, resolution_tier=256, image=image(seed)
     )
+
+
+def candidate_spec(count: int) -> CandidateTrajectorySpec:
+    """``count`` candidates, all returned, reduced by ``mean`` (the plain path, reducer ``none``, for one)."""
+    return CandidateTrajectorySpec(count=count, reducer="mean" if count > 1 else "none", return_candidates=True)
 
 
 @functools.lru_cache(maxsize=None)

@@ -47,6 +47,14 @@ BASE_PARAMS: dict[str, Any] = {
 }
 
 
+def wait_until(predicate: Callable[[], bool], timeout: float = 5.0) -> None:
+    """Poll ``predicate`` every 10 ms until it holds; fail the test after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"condition not met within {timeout} s"
+        time.sleep(0.01)
+
+
 def write_params(path: Path, overrides: Mapping[str, Any]) -> Path:
     """Write a ``--params-file`` YAML for the node: :data:`BASE_PARAMS` updated with ``overrides``."""
     params = {**BASE_PARAMS, **overrides}
@@ -59,7 +67,7 @@ class NodeProcess:
 
     Args:
         params_file (`Path`): Its parameter file.
-        env (`Mapping[str, str]`): Its environment (from the conftest ``ros_subprocess_env``).
+        env (`Mapping[str, str]`): Its environment (``trajectory_ensemble_node.tools.launcher.ros_env``).
         log_path (`Path`): Where its stdout and stderr go.
     """
 
@@ -113,7 +121,9 @@ def image_msg(stamp_sec: int, *, seed: int = 0, height: int = 48, width: int = 6
     """A ``sensor_msgs/Image`` of random pixels (or the given bytes), stamped ``stamp_sec`` seconds."""
     from sensor_msgs.msg import Image
 
-    channels = {"rgb8": 3, "bgr8": 3, "rgba8": 4, "mono8": 1}.get(encoding, 3)
+    from trajectory_ensemble_node.ros.observations import BYTES_PER_PIXEL
+
+    channels = BYTES_PER_PIXEL.get(encoding, 3)
     if step is None:
         step = width * channels
     if data is None:
@@ -353,10 +363,10 @@ def serve_node(tmp: Path, domain_id: int, overrides: Mapping[str, Any],
         step_delay_s (`float`): Sleep before every physical forward (test-only pacing, see ``ros/faults.py``), so
             a cancel, preemption or shutdown lands mid-group however fast the machine is.
     """
-    from conftest import ros_subprocess_env
+    from trajectory_ensemble_node.tools.launcher import ros_env
 
     params_file = write_params(tmp / "params.yaml", overrides)
-    node = NodeProcess(params_file, ros_subprocess_env(domain_id), tmp / "node.log", step_delay_s)
+    node = NodeProcess(params_file, ros_env(domain_id), tmp / "node.log", step_delay_s)
     client: RosClient | None = None
     try:
         node.wait_ready()

@@ -4,43 +4,16 @@ from __future__ import annotations
 
 import importlib
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 
 import pytest
+
+from trajectory_ensemble_node.tools.launcher import pick_domain_id
+from trajectory_ensemble_node.tools.launcher import ros_env as ros_env_for
 
 LAUNCH_TESTING_SKIP_REASON = (
     "launch_testing is not installable from PyPI; runs inside the Docker image / a ROS 2 install"
 )
-
-# ROS_DOMAIN_ID 0 is everybody's default; 1..101 all map to valid DDS ports on Linux.
-_DOMAIN_ID_MIN = 1
-_DOMAIN_ID_MAX = 101
-
-
-def pick_ros_domain_id(pid: int | None = None) -> int:
-    """Return a ROS_DOMAIN_ID in 1..101 derived from ``pid`` (default: this process), never 0.
-
-    Two pytest sessions running at once (two developers, or CI beside a developer) get different ids
-    unless their pids collide modulo 101, so their DDS traffic does not mix.
-    """
-    pid = os.getpid() if pid is None else pid
-    return _DOMAIN_ID_MIN + pid % (_DOMAIN_ID_MAX - _DOMAIN_ID_MIN + 1)
-
-
-def ros_subprocess_env(domain_id: int, extra: Mapping[str, str] | None = None) -> dict[str, str]:
-    """Build the environment for a ROS 2 child process: this one's, pinned to ``domain_id`` and loopback.
-
-    ``ROS_AUTOMATIC_DISCOVERY_RANGE=LOCALHOST`` keeps discovery on this machine. Output is unbuffered
-    so that a parent reading a "ready" line sees it at once.
-    """
-    env = dict(os.environ)
-    env["ROS_DOMAIN_ID"] = str(domain_id)
-    env.setdefault("ROS_AUTOMATIC_DISCOVERY_RANGE", "LOCALHOST")
-    env["PYTHONUNBUFFERED"] = "1"
-    if extra:
-        env.update(extra)
-    return env
-
 
 @pytest.fixture(scope="session")
 def ros_domain_id() -> Iterator[int]:
@@ -48,7 +21,7 @@ def ros_domain_id() -> Iterator[int]:
 
     It is set before any test of the session calls ``rclpy.init``, which reads the variable then.
     """
-    domain_id = pick_ros_domain_id()
+    domain_id = pick_domain_id(environ={})  # from the pid, whatever the developer's shell says
     saved = {key: os.environ.get(key) for key in ("ROS_DOMAIN_ID", "ROS_AUTOMATIC_DISCOVERY_RANGE")}
     os.environ["ROS_DOMAIN_ID"] = str(domain_id)
     os.environ.setdefault("ROS_AUTOMATIC_DISCOVERY_RANGE", "LOCALHOST")
@@ -64,8 +37,8 @@ def ros_domain_id() -> Iterator[int]:
 
 @pytest.fixture
 def ros_env(ros_domain_id: int) -> dict[str, str]:
-    """The environment for a ROS 2 child process of this test session (see ``ros_subprocess_env``)."""
-    return ros_subprocess_env(ros_domain_id)
+    """The environment for a ROS 2 child process of this test session (the tools' launcher builds it)."""
+    return ros_env_for(ros_domain_id)
 
 
 def launch_testing_available() -> bool:

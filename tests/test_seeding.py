@@ -16,7 +16,6 @@ from trajectory_ensemble_node import seeding
 from trajectory_ensemble_node.errors import CandidateCountError, InvalidSpecError
 from trajectory_ensemble_node.seeding import (
     SEED_MODULUS,
-    CandidateStreams,
     candidate_seeds,
     fresh_base_seed,
     make_generators,
@@ -129,24 +128,3 @@ def test_distinct_seeds_give_different_draws():
 def test_make_generators_rejects_bad_seed():
     with pytest.raises(InvalidSpecError, match=r"seeds\[1\].*-4"):
         make_generators([1, -4])
-
-
-def test_fresh_streams_are_unadvanced_after_a_consumed_attempt():
-    streams = CandidateStreams.derive(31337, 3)
-    first = streams.fresh()
-    first_draws = [torch.randn(6, generator=g) for g in first]
-    # The first attempt advanced its generators; a retry must not see that.
-    retry = streams.fresh()
-    assert all(r is not f for r, f in zip(retry, first))
-    for generator, expected in zip(retry, first_draws):
-        assert torch.equal(torch.randn(6, generator=generator), expected)
-    assert len(streams) == 3
-    (only,) = streams.fresh(positions=[2])
-    assert torch.equal(torch.randn(6, generator=only), first_draws[2])
-
-
-def test_candidate_streams_validate_seeds():
-    with pytest.raises(CandidateCountError):
-        CandidateStreams(())
-    with pytest.raises(InvalidSpecError, match=str(SEED_MODULUS)):
-        CandidateStreams((1, SEED_MODULUS))

@@ -4,17 +4,31 @@ A request carries a :class:`CandidateTrajectorySpec` (how many candidates, how t
 them, how to seed them). The runtime turns it into a :class:`CandidateGroup` (the request id and the ordered
 candidate ids) and answers with exactly one :class:`EnsembleResult`. Every type validates itself on construction,
 so an invalid spec is rejected before any model work and no object can hold a partial group.
+
+This module is also the one place a request is validated. :func:`check_request` (count bound, reducer validity for
+the action width and the adapter's list, seed range) is what a ROS goal, a parameter file and a Python API call all
+go through; :func:`check_count` and :func:`check_reducer` are its parts, for callers (the parameter check) that
+report every problem instead of the first. The rules themselves live where their data lives and nowhere else: the
+seed range in :func:`~trajectory_ensemble_node.seeding.check_seed`, a reducer's width rule in
+:meth:`~trajectory_ensemble_node.reducers.Reducer.check_layout`, finiteness in :func:`check_finite`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import torch
 
-from .errors import CandidateCountError, InvalidSpecError, NonFiniteCandidatesError, PartialGroupError
-from .reducers import Reducer, available_reducers, get_reducer
-from .seeding import SEED_POLICIES, candidate_seeds, check_seed
+from .errors import (
+    CandidateCountError,
+    InvalidSpecError,
+    NonFiniteCandidatesError,
+    PartialGroupError,
+    ReducerLayoutError,
+)
+from .reducers import available_reducers, check_finite, get_reducer
+from .seeding import SEED_POLICIES, check_seed
 
 DEFAULT_MAX_CANDIDATES = 64
 """Default upper bound on ``CandidateTrajectorySpec.count`` (the node's ``max_candidates`` parameter)."""
@@ -29,11 +43,139 @@ __all__ = [
     "CandidateGroup",
     "CandidateTrajectorySpec",
     "EnsembleResult",
+    "allowed_reducers",
+    "check_count",
+    "check_finite",
+    "check_reducer",
+    "check_request",
 ]
 
 
 def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def check_count(count: object, max_count: int) -> int:
+    """The count bound: ``count`` must be an int in ``[1, max_count]``.
+
+    Args:
+        count (`object`): The requested number of candidates.
+        max_count (`int`): The configured maximum (the node's ``max_candidates``).
+
+    Returns:
+        `int`: ``count``, unchanged.
+
+    Raises:
+        CandidateCountError: ``count`` is not an int, or outside ``[1, max_count]``; the message quotes it.
+    """
+    if not _is_int(count):
+        raise CandidateCountError(
+            f"candidate_count must be an int, got {count!r} of type {type(count).__name__}; nothing was run"
+        )
+    if not 1 <= count <= max_count:
+        raise CandidateCountError(
+            f"candidate_count {count!r} is outside [1, max_candidates={max_count}]; nothing was run"
+        )
+    return count
+
+
+def allowed_reducers(declared: Iterable[str]) -> tuple[str, ...]:
+    """The reducers an adapter declares that are registered, in the adapter's order.
+
+    Args:
+        declared (`Iterable[str]`): An adapter's ``capabilities.valid_reducers``.
+    """
+    registered = set(available_reducers())
+    return tuple(name for name in declared if name in registered)
+
+
+def check_reducer(
+    reducer: str,
+    action_dim: int,
+    *,
+    valid_reducers: Iterable[str] | None = None,
+    space: str | None = None,
+    domain_name: str | None = None,
+) -> None:
+    """Reducer validity: registered, declared valid by the model, fits the action width (and reduction space).
+
+    ``"none"`` always passes here; whether it fits the count is the spec's rule.
+
+    Args:
+        reducer (`str`): The reducer name.
+        action_dim (`int`): The raw action width the reducer will see.
+        valid_reducers (`Iterable[str]`, *optional*): The model adapter's declared reducers; omitted when no model
+            is known yet (a parameter file checked before the model loads).
+        space (`str`, *optional*): ``"normalized"`` or ``"raw"``: where the model adapter reduces.
+        domain_name (`str`, *optional*): The embodiment, named in the width message.
+
+    Raises:
+        UnknownReducerError: ``reducer`` is not registered (the message lists the registered names).
+        ReducerLayoutError: the model does not declare it, or it does not fit ``action_dim`` or ``space``.
+    """
+    if reducer == "none":
+        return
+    implementation = get_reducer(reducer)
+    if valid_reducers is not None:
+        valid = allowed_reducers(valid_reducers)
+        if reducer not in valid:
+            raise ReducerLayoutError(
+                f"reducer {reducer!r} is not valid for this model's action space; valid: {', '.join(valid)}"
+            )
+    try:
+        implementation.check_layout(action_dim)
+    except ReducerLayoutError as error:
+        actions = f"{domain_name} actions" if domain_name else "the actions"
+        raise ReducerLayoutError(f"{error} ({actions} have width {action_dim})") from None
+    if space is not None:
+        implementation.check_space(space)
+
+
+def check_request(
+    count: object,
+    reducer: str,
+    *,
+    max_count: int,
+    action_dim: int,
+    valid_reducers: Iterable[str] | None = None,
+    domain_name: str | None = None,
+    return_candidates: bool = False,
+    seed_policy: str = "per_candidate",
+    base_seed: int | None = None,
+) -> CandidateTrajectorySpec:
+    """Validate one request, before any model work: THE check a goal, a parameter set and a Python call share.
+
+    Args:
+        count (`object`): Number of candidates.
+        reducer (`str`): Reducer name, or ``"none"`` with ``count == 1``.
+        max_count (`int`): The configured maximum count.
+        action_dim (`int`): The raw action width of the embodiment served.
+        valid_reducers (`Iterable[str]`, *optional*): The model adapter's declared reducers.
+        domain_name (`str`, *optional*): The embodiment, named in a width error.
+        return_candidates (`bool`): Whether the candidates come back.
+        seed_policy (`str`): ``"per_candidate"`` or ``"shared"``.
+        base_seed (`int`, *optional*): The request's seed, when it brings one.
+
+    Returns:
+        `CandidateTrajectorySpec`: the validated spec.
+
+    Raises:
+        CandidateCountError: the count is outside ``[1, max_count]``.
+        UnknownReducerError: the reducer is not registered.
+        ReducerLayoutError: the reducer is not valid for this model or does not fit ``action_dim``.
+        InvalidSpecError: a bad seed (outside ``[0, 2**64)``), seed policy, or ``"none"`` with several candidates.
+    """
+    check_count(count, max_count)
+    check_reducer(reducer, action_dim, valid_reducers=valid_reducers, domain_name=domain_name)
+    if base_seed is not None:
+        check_seed(base_seed)
+    return CandidateTrajectorySpec(
+        count=count,  # type: ignore[arg-type]  # checked above
+        reducer=reducer,
+        return_candidates=return_candidates,
+        seed_policy=seed_policy,
+        max_count=max_count,
+    )
 
 
 @dataclass(frozen=True)
@@ -65,10 +207,7 @@ class CandidateTrajectorySpec:
     def __post_init__(self) -> None:
         if not _is_int(self.max_count) or self.max_count < 1:
             raise InvalidSpecError(f"max_count must be an int >= 1, got {self.max_count!r}")
-        if not _is_int(self.count):
-            raise CandidateCountError(f"count must be an int, got {self.count!r} of type {type(self.count).__name__}")
-        if not 1 <= self.count <= self.max_count:
-            raise CandidateCountError(f"count must be in [1, {self.max_count}], got {self.count!r}")
+        check_count(self.count, self.max_count)
         if self.reducer == "none":
             if self.count > 1:
                 raise InvalidSpecError(
@@ -81,37 +220,6 @@ class CandidateTrajectorySpec:
             raise InvalidSpecError(f"return_candidates must be a bool, got {self.return_candidates!r}")
         if self.seed_policy not in SEED_POLICIES:
             raise InvalidSpecError(f"seed_policy must be one of {SEED_POLICIES}, got {self.seed_policy!r}")
-
-    @property
-    def is_plain(self) -> bool:
-        """``True`` for ``count == 1``: the single-sample path, bitwise equal to a plain model call."""
-        return self.count == 1
-
-    @property
-    def reducer_impl(self) -> Reducer | None:
-        """The registered :class:`Reducer`, or ``None`` for ``reducer="none"``."""
-        return None if self.reducer == "none" else get_reducer(self.reducer)
-
-    def check_layout(self, action_dim: int, space: str | None = None) -> None:
-        """Refuse, before any model work, a reducer that does not fit the model's action layout.
-
-        Args:
-            action_dim (`int`): The raw action width the reducer will see.
-            space (`str`, *optional*): ``"normalized"`` or ``"raw"``: where the model adapter reduces.
-
-        Raises:
-            ReducerLayoutError: If the reducer does not fit ``action_dim`` or is not valid in ``space``.
-        """
-        reducer = self.reducer_impl
-        if reducer is None:
-            return
-        reducer.check_layout(action_dim)
-        if space is not None:
-            reducer.check_space(space)
-
-    def seeds(self, base_seed: int) -> tuple[int, ...]:
-        """The candidates' seeds: :func:`~trajectory_ensemble_node.seeding.candidate_seeds` for this spec."""
-        return candidate_seeds(base_seed, self.count, self.seed_policy)
 
 
 @dataclass(frozen=True)
@@ -256,9 +364,12 @@ class EnsembleResult:
             if self.spec.reducer == "none" and not torch.equal(candidates[0], action):
                 raise PartialGroupError(f"request {rid!r}: with reducer 'none' the action must equal candidate 0")
         # An EnsembleResult is what gets published: it never carries NaN/Inf, whichever path built it.
-        for name, tensor in (("action", action), ("candidates", candidates)):
-            if tensor is not None and not bool(torch.isfinite(tensor).all()):
-                raise NonFiniteCandidatesError(f"request {rid!r}: {name} holds non-finite (NaN/Inf) values")
+        try:
+            check_finite(action, "action")
+            if candidates is not None:
+                check_finite(candidates, "candidates")
+        except NonFiniteCandidatesError as error:
+            raise NonFiniteCandidatesError(f"request {rid!r}: {error}") from None
 
     @property
     def request_id(self) -> str:

@@ -1,7 +1,10 @@
-"""Named errors and the explicit reason for every way a candidate group can end.
+"""Every named error of the package, the explicit reason for every way a candidate group can end, and the codes.
 
 Every error carries an :class:`ErrorCode`, which the ROS node copies verbatim into
 ``GenerateTrajectory.Result.error_code`` so that a behaviour tree can branch on it without parsing text.
+:func:`error_table` says, for every code, what kind of outcome it is and what it means (the README's table is
+generated from it). All error classes are defined here, grouped by the layer that raises them; the modules that
+raise them import them from here.
 """
 
 from __future__ import annotations
@@ -12,21 +15,23 @@ import enum
 class ErrorCode(enum.IntEnum):
     """Stable numeric codes for ``GenerateTrajectory.Result.error_code`` (0 = success).
 
-    The values are part of the public interface: never renumber, only append.
+    The values are part of the public interface: never renumber, only add new values.
     """
 
     OK = 0
-    # Request validation (rejected before any model work).
+    # Refusals: the request was rejected before any model work.
     INVALID_SPEC = 10
     CANDIDATE_COUNT_ABOVE_MAX = 11
     UNKNOWN_REDUCER = 12
     REDUCER_INVALID_FOR_ACTION_SPACE = 13
     INVALID_REQUEST = 14
+    CAPACITY = 15
     # Observations.
     NO_OBSERVATION = 20
     STALE_OBSERVATION = 21
     NON_FINITE_STATE = 22
-    # Model / engine.
+    INVALID_FRAME = 23
+    # Model / engine (ROLLOUT_FAILURE and UNSUPPORTED_MODE are refusals: nothing was run).
     NON_FINITE_CANDIDATES = 30
     ENGINE_FAILURE = 31
     OUT_OF_MEMORY = 32
@@ -39,16 +44,69 @@ class ErrorCode(enum.IntEnum):
     # Configuration and weights.
     STATS_FILE_INVALID = 50
     WEIGHTS_REJECTED = 51
+    INVALID_PARAMETERS = 52
+    MODEL_LOAD_FAILED = 53
+
+
+ERROR_KINDS = ("ok", "refusal", "observation", "engine failure", "lifecycle", "configuration")
+"""The kinds :func:`error_table` sorts codes into."""
+
+_TABLE: dict[ErrorCode, tuple[str, str]] = {
+    ErrorCode.OK: ("ok", "The trajectory was published and the goal succeeded."),
+    ErrorCode.INVALID_SPEC: ("refusal", "The goal's candidate request is malformed (e.g. reducer none with several "
+                                        "candidates, or a bad seed); nothing was run."),
+    ErrorCode.CANDIDATE_COUNT_ABOVE_MAX: ("refusal", "The goal asked for more candidates than max_candidates (or "
+                                                     "fewer than one); nothing was run."),
+    ErrorCode.UNKNOWN_REDUCER: ("refusal", "The goal named a reducer that does not exist; nothing was run."),
+    ErrorCode.REDUCER_INVALID_FOR_ACTION_SPACE: ("refusal", "The reducer does not fit this robot's action layout "
+                                                            "(e.g. pose_gripper on a 2-wide action); nothing was run."),
+    ErrorCode.INVALID_REQUEST: ("refusal", "The goal asks for something this node is not configured for (e.g. a "
+                                           "rollout without rollout_dir); nothing was run."),
+    ErrorCode.CAPACITY: ("refusal", "The node is at capacity (goal_policy reject, a full queue, or too many "
+                                    "candidates for one batch); retry later."),
+    ErrorCode.NO_OBSERVATION: ("observation", "No camera image (or joint state) has arrived yet."),
+    ErrorCode.STALE_OBSERVATION: ("observation", "The newest camera image (or joint state) is older than "
+                                                 "max_observation_age_s."),
+    ErrorCode.NON_FINITE_STATE: ("observation", "The joint state holds NaN or Inf."),
+    ErrorCode.INVALID_FRAME: ("observation", "A camera image could not be decoded (encoding, step or size); it was "
+                                             "dropped and the last good frame kept."),
+    ErrorCode.NON_FINITE_CANDIDATES: ("engine failure", "The model produced NaN or Inf actions; nothing was "
+                                                        "published."),
+    ErrorCode.ENGINE_FAILURE: ("engine failure", "The model failed while running the goal; nothing was published."),
+    ErrorCode.OUT_OF_MEMORY: ("engine failure", "The GPU (or CPU) ran out of memory while running the goal."),
+    ErrorCode.UNSUPPORTED_MODE: ("refusal", "The model cannot serve this mode correctly, so it was refused."),
+    ErrorCode.ROLLOUT_FAILURE: ("refusal", "The rollout was refused because its log-probabilities would not be "
+                                           "valid; nothing was written."),
+    ErrorCode.CANCELED: ("lifecycle", "The client canceled the goal."),
+    ErrorCode.PREEMPTED: ("lifecycle", "A newer goal took this goal's place (goal_policy preempt)."),
+    ErrorCode.SHUTDOWN: ("lifecycle", "The node shut down before the goal finished."),
+    ErrorCode.STATS_FILE_INVALID: ("configuration", "The action statistics file is missing, unreadable or has the "
+                                                    "wrong width."),
+    ErrorCode.WEIGHTS_REJECTED: ("configuration", "A weight update was refused; the weights serving did not change."),
+    ErrorCode.INVALID_PARAMETERS: ("configuration", "A node parameter is invalid; the node did not start."),
+    ErrorCode.MODEL_LOAD_FAILED: ("configuration", "The model could not be loaded (path, format, device or dtype); "
+                                                   "the node did not start."),
+}
+
+
+def error_table() -> list[tuple[str, int, str, str]]:
+    """Every :class:`ErrorCode` as ``(name, value, kind, meaning)``, in value order.
+
+    ``kind`` is one of :data:`ERROR_KINDS`; ``meaning`` is one sentence for a robot operator. The README's error
+    table is generated from this.
+
+    Returns:
+        `list[tuple[str, int, str, str]]`
+    """
+    return [(code.name, int(code), *_TABLE[code]) for code in sorted(ErrorCode)]
 
 
 class AbortReason(str, enum.Enum):
     """Why a candidate group ended (vLLM-style: one explicit reason per terminal path)."""
 
-    FINISHED = "finished"
     CANCELED = "canceled"
     PREEMPTED = "preempted"
     FAILED = "failed"
-    REJECTED = "rejected"
     SHUTDOWN = "shutdown"
 
 
@@ -172,3 +230,130 @@ class WeightUpdateError(TrajectoryEnsembleError, ValueError):
     """A weight update was rejected; in strict mode nothing was changed."""
 
     code = ErrorCode.WEIGHTS_REJECTED
+
+
+# --- capacity -----------------------------------------------------------------------------------------------------
+
+
+class CapacityError(InvalidSpecError):
+    """A well-formed request refused for lack of room: a group larger than one batch with ``oversize_policy='reject'``."""
+
+    code = ErrorCode.CAPACITY
+
+
+# --- model loading and rollouts (models/) -------------------------------------------------------------------------
+
+
+class ModelLoadError(TrajectoryEnsembleError, ValueError):
+    """The model could not be loaded: unknown name, missing directory, not a Cosmos 3 pipeline, bad device/dtype."""
+
+    code = ErrorCode.MODEL_LOAD_FAILED
+
+
+class PickleWeightsError(ModelLoadError):
+    """A checkpoint holds pickle weights with no safetensors alongside, and ``allow_pickle`` is off."""
+
+
+class RolloutError(UnsupportedModeError):
+    """A rollout request whose log-probabilities would not be valid; refused (fail closed), nothing is written."""
+
+    code = ErrorCode.ROLLOUT_FAILURE
+
+
+# --- the node (ros/) ----------------------------------------------------------------------------------------------
+
+
+class ParameterError(TrajectoryEnsembleError, ValueError):
+    """One or more parameters are invalid; the message lists every problem, one per line, by parameter name."""
+
+    code = ErrorCode.INVALID_PARAMETERS
+
+
+class GoalRequestError(TrajectoryEnsembleError, ValueError):
+    """A goal asks for something this node cannot do as configured (e.g. a rollout without ``rollout_dir``)."""
+
+    code = ErrorCode.INVALID_REQUEST
+
+
+class GoalRejectedError(CapacityError):
+    """The goal policy refused the goal (``reject`` at capacity, or the ``queue`` is full)."""
+
+    code = ErrorCode.CAPACITY
+
+
+class WeightsPathError(WeightUpdateError):
+    """The requested path is outside ``weights_dir``, traverses with ``..``, is missing, or is not safetensors."""
+
+
+class FrameError(TrajectoryEnsembleError, ValueError):
+    """An image message that cannot be a valid frame. ``cause`` names the check that failed (a diagnostics key)."""
+
+    code = ErrorCode.INVALID_FRAME
+    cause = "invalid"
+
+
+class UnsupportedEncodingError(FrameError):
+    """The image encoding is not one of the supported encodings (``ros.observations.SUPPORTED_ENCODINGS``)."""
+
+    cause = "encoding"
+
+
+class FrameStepError(FrameError):
+    """``step`` (bytes per row) is smaller than ``width * bytes_per_pixel``."""
+
+    cause = "step"
+
+
+class FrameDataLengthError(FrameError):
+    """``len(data)`` is not ``step * height`` (truncated or padded data)."""
+
+    cause = "data_length"
+
+
+class FrameDimensionsError(FrameError):
+    """``height`` or ``width`` is zero."""
+
+    cause = "dimensions"
+
+
+class ObservationError(TrajectoryEnsembleError):
+    """A goal cannot be served from the current observations."""
+
+    code = ErrorCode.NO_OBSERVATION
+
+
+class NoObservationError(ObservationError):
+    """Nothing has been received yet on a topic the goal needs."""
+
+    code = ErrorCode.NO_OBSERVATION
+
+
+class StaleObservationError(ObservationError):
+    """The newest message on a topic the goal needs is older than ``max_observation_age_s``."""
+
+    code = ErrorCode.STALE_OBSERVATION
+
+
+class NonFiniteStateError(ObservationError):
+    """The joint state holds NaN or Inf."""
+
+    code = ErrorCode.NON_FINITE_STATE
+
+
+# --- offline tools (tools/) ---------------------------------------------------------------------------------------
+
+
+class NodeStartError(TrajectoryEnsembleError, RuntimeError):
+    """The node process exited, or did not report ready in time; the message ends with its last output lines."""
+
+
+class NodeUnreachableError(TrajectoryEnsembleError, ConnectionError):
+    """The node's action server did not answer (not running, other ROS_DOMAIN_ID, or other namespace)."""
+
+
+class BagError(TrajectoryEnsembleError, ValueError):
+    """A bag is missing, unreadable, or lacks what the caller needs (the message says which)."""
+
+
+class InterfaceDefinitionError(TrajectoryEnsembleError, FileNotFoundError):
+    """The ``trajectory_ensemble_msgs`` ``.msg`` files cannot be found to register them in the typestore."""

@@ -11,8 +11,9 @@ work is spent.
   reducing before or after denormalization gives the same trajectory.
   ``"normalized"``: it compares channels with one distance, so channels must be on a common scale.
   ``"raw"``: it needs physical units (e.g. rotation matrices).
-* ``block_width``: the action width must be a positive multiple of it (``pose_gripper``: 10). Check it with
-  :meth:`Reducer.check_layout` when a group is built, so a bad layout is rejected before the model runs.
+* ``block_width``: the action width must be a positive multiple of it (``pose_gripper``: 10). Requests are held to
+  it by :func:`~trajectory_ensemble_node.contract.check_request` (through :meth:`Reducer.check_layout`), so a bad
+  layout is rejected before the model runs.
 
 Calling a reducer validates its input (a floating tensor ``[N, H, D]``, ``N >= 1``) and refuses NaN/Inf with
 :class:`~trajectory_ensemble_node.errors.NonFiniteCandidatesError`: a non-finite candidate is never averaged away
@@ -165,22 +166,23 @@ class Reducer:
         return reduced.to(candidates.dtype)
 
 
-def check_finite(candidates: torch.Tensor) -> None:
-    """Raise if any candidate holds NaN or Inf.
+def check_finite(tensor: torch.Tensor, what: str = "candidates") -> None:
+    """Raise if ``tensor`` holds NaN or Inf: the one finiteness rule for candidates and results.
 
     Args:
-        candidates (`torch.Tensor` of shape `[N, ...]`): Candidates along dim 0.
+        tensor (`torch.Tensor` of shape `[N, ...]`): Candidates (or an action's rows) along dim 0.
+        what (`str`, defaults to `"candidates"`): What ``tensor`` is, for the message (e.g. ``"action"``).
 
     Raises:
-        NonFiniteCandidatesError: Naming how many elements are non-finite and at which candidate positions.
+        NonFiniteCandidatesError: Naming how many elements are non-finite and at which positions along dim 0.
     """
-    bad = ~torch.isfinite(candidates)
+    bad = ~torch.isfinite(tensor)
     if bool(bad.any()):
-        per_candidate = bad.reshape(candidates.shape[0], -1).any(dim=1)
-        positions = per_candidate.nonzero().flatten().tolist()
+        per_position = bad.reshape(tensor.shape[0], -1).any(dim=1)
+        positions = per_position.nonzero().flatten().tolist()
         raise NonFiniteCandidatesError(
-            f"{int(bad.sum())} non-finite (NaN/Inf) element(s) of {candidates.numel()} in candidate position(s) "
-            f"{positions} of {candidates.shape[0]}; refusing to reduce"
+            f"{int(bad.sum())} non-finite (NaN/Inf) element(s) of {tensor.numel()} in {what} at position(s) "
+            f"{positions} of {tensor.shape[0]}; refusing to reduce or publish them"
         )
 
 

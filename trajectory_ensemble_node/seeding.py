@@ -30,15 +30,14 @@ Generators
 ----------
 Each candidate's noise is drawn from its own ``torch.Generator`` seeded with ``seeds[i]``, so candidate ``i`` of a
 batched group draws exactly what a single-sample call with ``generator=torch.Generator().manual_seed(seeds[i])``
-draws. A retry or fallback re-derives generators from the seeds (:meth:`CandidateStreams.fresh`); a partly
-advanced generator is never reused as if it were fresh.
+draws. The engine makes them with :func:`make_generators` from the seeds when a group is prepared, so a retry or a
+sequential fallback re-derives fresh generators instead of reusing partly advanced ones.
 """
 
 from __future__ import annotations
 
 import secrets
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable
 
 import torch
 
@@ -158,50 +157,3 @@ def make_generators(seeds: Iterable[int], device: str | torch.device = "cpu") ->
         generator.manual_seed(seed)
         generators.append(generator)
     return generators
-
-
-@dataclass(frozen=True)
-class CandidateStreams:
-    """The per-candidate random streams of one group, as seeds: generators are made on demand and never kept.
-
-    Holding seeds rather than generators is the point. A generator is advanced by every draw, so one that served a
-    failed or canceled attempt is no longer "candidate i's stream". :meth:`fresh` re-derives unadvanced generators
-    from the seeds on every call, so a retry of the whole group draws exactly what the first attempt drew.
-
-    Args:
-        seeds (`tuple[int, ...]`): One uint64 seed per candidate, in candidate order.
-        device (`str` or `torch.device`, defaults to `"cpu"`): Device of the generators.
-    """
-
-    seeds: tuple[int, ...]
-    device: str | torch.device = "cpu"
-
-    def __post_init__(self) -> None:
-        seeds = tuple(self.seeds)
-        if not seeds:
-            raise CandidateCountError("CandidateStreams needs at least one seed, got none")
-        for index, seed in enumerate(seeds):
-            check_seed(seed, name=f"seeds[{index}]")
-        object.__setattr__(self, "seeds", seeds)
-
-    @classmethod
-    def derive(
-        cls, base_seed: int, count: int, policy: str = "per_candidate", device: str | torch.device = "cpu"
-    ) -> CandidateStreams:
-        """Streams for ``candidate_seeds(base_seed, count, policy)`` (arguments as there)."""
-        return cls(candidate_seeds(base_seed, count, policy), device)
-
-    def __len__(self) -> int:
-        return len(self.seeds)
-
-    def fresh(self, positions: Sequence[int] | None = None) -> list[torch.Generator]:
-        """New, unadvanced generators, one per candidate (or per listed position, e.g. for one microbatch).
-
-        Args:
-            positions (`Sequence[int]`, *optional*): Candidate positions to make generators for; all when omitted.
-
-        Returns:
-            `list[torch.Generator]`: Freshly seeded generators; every call returns new objects.
-        """
-        seeds = self.seeds if positions is None else tuple(self.seeds[p] for p in positions)
-        return make_generators(seeds, self.device)

@@ -6,9 +6,8 @@ import threading
 
 import pytest
 import torch
-from _cosmos3 import FPS, PROMPT, STEPS, fresh_pipe, policy, upstream_action, within_rule
+from _cosmos3 import FPS, PROMPT, STEPS, candidate_spec, fresh_pipe, policy, upstream_action, within_rule
 
-from trajectory_ensemble_node.contract import CandidateTrajectorySpec
 from trajectory_ensemble_node.engine import scheduler as scheduler_module
 from trajectory_ensemble_node.errors import (
     AbortReason,
@@ -26,7 +25,7 @@ from trajectory_ensemble_node.models.cosmos3 import Cosmos3ActionModel
 
 def request_kwargs(count: int, guidance: float = 1.0, *, seed: int = 99, prompt: str = PROMPT, image_seed: int = 1,
                    **extra):
-    spec = CandidateTrajectorySpec(count=count, reducer="mean" if count > 1 else "none", return_candidates=True)
+    spec = candidate_spec(count)
     kwargs = dict(prompt=prompt, action=policy(seed=image_seed), num_inference_steps=STEPS, guidance_scale=guidance,
                   fps=FPS, spec=spec, base_seed=seed)
     kwargs.update(extra)

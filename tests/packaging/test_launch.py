@@ -17,7 +17,9 @@ import uuid
 import pytest
 import yaml
 
-from conftest import launch_testing_available, pick_ros_domain_id
+from conftest import launch_testing_available
+
+from trajectory_ensemble_node.tools.launcher import pick_domain_id
 
 pytestmark = pytest.mark.launch_testing
 
@@ -52,7 +54,7 @@ def _generate_test_description():
     from launch.launch_description_sources import PythonLaunchDescriptionSource
 
     # A domain of our own, so a developer's running nodes never answer this test's goal.
-    os.environ.setdefault("ROS_DOMAIN_ID", str(pick_ros_domain_id()))
+    os.environ.setdefault("ROS_DOMAIN_ID", str(pick_domain_id(environ={})))
     os.environ.setdefault("ROS_AUTOMATIC_DISCOVERY_RANGE", "LOCALHOST")
     launch_file = os.path.join(get_package_share_directory("trajectory_ensemble"), "launch", "serve.launch.py")
     serve = IncludeLaunchDescription(

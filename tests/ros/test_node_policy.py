@@ -67,6 +67,27 @@ def test_reducer_invalid_for_the_action_space_is_refused_before_any_model_work(c
     assert outcome.feedback == []  # refused before the group existed
 
 
+def test_a_bad_reducer_for_the_width_gets_the_same_text_from_a_goal_a_parameter_and_the_python_api(client):
+    # One validation point: a goal, a parameter file and a Python call go through the same contract check.
+    from _cosmos3 import PROMPT, fresh_pipe, policy
+
+    from trajectory_ensemble_node.contract import CandidateTrajectorySpec
+    from trajectory_ensemble_node.errors import ParameterError, ReducerLayoutError
+    from trajectory_ensemble_node.models.cosmos3 import Cosmos3ActionModel
+    from trajectory_ensemble_node.ros import params
+
+    client.publish_image(stamps())
+    from_goal = client.run_goal(candidate_count=2, reducer="pose_gripper").result.error_message
+    with pytest.raises(ReducerLayoutError) as from_api:
+        Cosmos3ActionModel(fresh_pipe()).make_request(
+            prompt=PROMPT, action=policy("pusht"), spec=CandidateTrajectorySpec(count=2, reducer="pose_gripper"))
+    with pytest.raises(ParameterError) as from_parameter:
+        params.validate({"domain_name": "pusht", "candidate_count": 2, "reducer": "pose_gripper"}, env={})
+    assert from_goal == str(from_api.value)
+    assert f"\n  reducer: {from_goal}" in str(from_parameter.value)
+    assert "pose_gripper" in from_goal and "pusht actions have width 2" in from_goal
+
+
 def test_a_new_goal_preempts_the_running_one_and_nothing_of_it_is_published(client):
     client.publish_image(stamps())
     client.clear("trajectory")

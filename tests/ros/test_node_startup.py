@@ -8,7 +8,8 @@ pytest.importorskip("rclpy")
 pytest.importorskip("trajectory_ensemble_msgs")
 
 from _node_harness import env_without, run_node_until_exit, write_params  # noqa: E402
-from conftest import ros_subprocess_env  # noqa: E402
+
+from trajectory_ensemble_node.tools.launcher import ros_env as ros_env_for  # noqa: E402
 
 pytestmark = [pytest.mark.ros, pytest.mark.slow]
 
@@ -18,7 +19,7 @@ def test_invalid_parameters_are_all_named_and_the_node_exits_2(tmp_path, ros_dom
         "joint_names": ["shoulder", "elbow", "wrist"], "goal_policy": "drop", "fault_injection": "engine_exception",
         "max_candidats": 4,
     })
-    env = env_without(ros_subprocess_env(ros_domain_id), "TRAJECTORY_ENSEMBLE_TESTING")
+    env = env_without(ros_env_for(ros_domain_id), "TRAJECTORY_ENSEMBLE_TESTING")
     done = run_node_until_exit(params_file, env)
     assert done.returncode == 2, done.stdout + done.stderr
     message = done.stderr
@@ -35,7 +36,7 @@ def test_a_model_directory_with_pickle_weights_is_refused(tmp_path, ros_domain_i
     (model / "model_index.json").write_text("{}")
     (model / "transformer" / "diffusion_pytorch_model.bin").write_bytes(b"not loaded")
     params_file = write_params(tmp_path / "pickle.yaml", {"model": str(model)})
-    done = run_node_until_exit(params_file, ros_subprocess_env(ros_domain_id))
+    done = run_node_until_exit(params_file, ros_env_for(ros_domain_id))
     assert done.returncode == 2, done.stdout + done.stderr
     assert "pickle weights with no safetensors alongside (transformer/diffusion_pytorch_model.bin)" in done.stderr
     assert f"[weights from {model}] loading model" in done.stderr  # rclpy logs to stderr

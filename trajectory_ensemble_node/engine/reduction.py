@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ..contract import CandidateTrajectorySpec
-from ..errors import NonFiniteCandidatesError
+from ..contract import CandidateTrajectorySpec, check_finite
 from ..normalization import ActionNormalizer
 from ..reducers import Reducer
 
@@ -39,9 +38,7 @@ def reduce_candidates(
     Raises:
         NonFiniteCandidatesError: any candidate holds NaN or Inf; nothing is reduced.
     """
-    if not torch.isfinite(candidates).all():
-        bad = (~torch.isfinite(candidates)).flatten(1).any(dim=1).nonzero().flatten().tolist()
-        raise NonFiniteCandidatesError(f"candidates {bad} contain NaN or Inf; refusing to reduce them.")
+    check_finite(candidates)
     raw = normalizer.denormalize(candidates) if normalizer is not None else candidates
     if reducer is None:
         return raw[0].clone(), raw

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from ..contract import CandidateGroup, CandidateTrajectorySpec, EnsembleResult
@@ -161,11 +161,6 @@ class GroupHandle:
         assert self._result is not None
         return self._result
 
-    def exception(self, timeout: float | None = None) -> BaseException | None:
-        if not self._done.wait(timeout):
-            raise TimeoutError(f"group {self.request_id} did not finish within {timeout} s")
-        return self._error
-
     def add_done_callback(self, callback: Callable[[GroupHandle], None]) -> None:
         """Call ``callback(handle)`` when the group ends (immediately if it already has)."""
         with self._lock:
@@ -185,15 +180,3 @@ class GroupHandle:
             callbacks, self._callbacks = self._callbacks, []
         for callback in callbacks:
             callback(self)
-
-
-@dataclass
-class _Timeline:
-    """Wall-clock marks of one group, in milliseconds (engine-internal)."""
-
-    submitted: float = 0.0
-    admitted: float | None = None
-    denoise_started: float | None = None
-    denoise_ended: float | None = None
-    encode_ms: float = 0.0
-    extra: dict[str, float] = field(default_factory=dict)

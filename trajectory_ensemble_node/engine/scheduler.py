@@ -28,16 +28,16 @@ import torch
 
 from ..contract import EnsembleResult
 from ..errors import (
+    CapacityError,
     EngineShutdownError,
     GroupAbortedError,
     GroupFailedError,
     GroupOutOfMemoryError,
-    InvalidSpecError,
     TrajectoryEnsembleError,
 )
 from ..metrics import now_ms, peak_memory_bytes
-from ..models.base import CandidateModelAdapter, CandidateOutput, ForwardAborted, Slice
 from ..seeding import make_generators
+from .adapter import CandidateModelAdapter, CandidateOutput, ForwardAborted, Slice
 from .reduction import reduce_candidates
 from .request import EngineConfig, GroupHandle, GroupRequest, ProgressEvent
 
@@ -105,7 +105,7 @@ class GroupEngine:
         sequential = False
         if request.count > max_batch:
             if self.config.oversize_policy == "reject":
-                raise InvalidSpecError(
+                raise CapacityError(
                     f"group {request.request_id!r} has {request.count} candidates, above "
                     f"max_batch_candidates={max_batch}, and oversize_policy='reject'."
                 )

@@ -26,40 +26,24 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..contract import CandidateTrajectorySpec
+from ..contract import CandidateTrajectorySpec, check_request
 from ..engine import GroupHandle, ProgressEvent
-from ..errors import (
+from ..errors import (  # noqa: F401 - GoalRejectedError and GoalRequestError are importable from here too
     AbortReason,
-    CandidateCountError,
     EngineShutdownError,
-    ErrorCode,
+    GoalRejectedError,
+    GoalRequestError,
     GroupAbortedError,
     GroupCanceledError,
     GroupPreemptedError,
-    ReducerLayoutError,
-    TrajectoryEnsembleError,
-    UnknownReducerError,
 )
-from ..reducers import available_reducers, get_reducer
-from ..seeding import check_seed, fresh_base_seed
+from ..seeding import fresh_base_seed
 from .params import NodeParams
 
 MAX_QUEUED_GOALS = 8
 """With ``goal_policy: queue``, goals waiting beyond this many are rejected (each waiting goal holds a thread)."""
 
 GOAL_OUTCOMES = ("succeeded", "aborted", "canceled", "preempted", "rejected")
-
-
-class GoalRequestError(TrajectoryEnsembleError, ValueError):
-    """A goal asks for something this node cannot do as configured (e.g. a rollout without ``rollout_dir``)."""
-
-    code = ErrorCode.INVALID_REQUEST
-
-
-class GoalRejectedError(TrajectoryEnsembleError):
-    """The goal policy refused the goal (``reject`` at capacity, or the ``queue`` is full)."""
-
-    code = ErrorCode.INVALID_REQUEST
 
 
 def goal_id_str(goal_id: Any) -> str:
@@ -99,40 +83,23 @@ def plan_goal(
         valid_reducers (`Sequence[str]`): Reducers the model adapter declares valid for its action space.
 
     Raises:
-        CandidateCountError: more than ``max_candidates`` candidates.
-        UnknownReducerError: the reducer is not registered.
-        ReducerLayoutError: the reducer is registered but not valid for this model's action space or width.
         GoalRequestError: a rollout without ``rollout_dir``.
-        InvalidSpecError: any other spec problem (e.g. reducer ``none`` with several candidates).
+        InvalidSpecError: and its subclasses, from :func:`~trajectory_ensemble_node.contract.check_request`
+            (count above ``max_candidates``, unknown reducer, reducer not valid for this model or width, bad seed).
     """
-    count = int(goal.candidate_count) or params.candidate_count
-    if count > params.max_candidates:
-        raise CandidateCountError(
-            f"candidate_count {count} is above max_candidates={params.max_candidates}; nothing was run"
-        )
-    reducer = goal.reducer or params.reducer
-    if reducer != "none":
-        if reducer not in available_reducers():
-            raise UnknownReducerError(
-                f"unknown reducer {reducer!r}; valid for this model: {', '.join(valid_reducers)}"
-            )
-        if reducer not in valid_reducers:
-            raise ReducerLayoutError(
-                f"reducer {reducer!r} is not valid for this model's action space; valid: {', '.join(valid_reducers)}"
-            )
-        try:
-            get_reducer(reducer).check_layout(params.action_dim)
-        except ReducerLayoutError as error:
-            raise ReducerLayoutError(f"{error} ({params.domain_name} actions have width {params.action_dim})") from None
+    base_seed = int(goal.seed) if goal.use_seed else fresh_base_seed()
+    spec = check_request(
+        int(goal.candidate_count) or params.candidate_count,
+        goal.reducer or params.reducer,
+        max_count=params.max_candidates,
+        action_dim=params.action_dim,
+        valid_reducers=valid_reducers,
+        domain_name=params.domain_name,
+        return_candidates=bool(goal.return_candidates) or params.publish_candidates,
+        base_seed=base_seed,
+    )
     if goal.rollout and not params.rollout_dir:
         raise GoalRequestError("rollout requested but the rollout_dir parameter is not set; nothing was run")
-    spec = CandidateTrajectorySpec(
-        count=count,
-        reducer=reducer,
-        return_candidates=bool(goal.return_candidates) or params.publish_candidates,
-        max_count=params.max_candidates,
-    )
-    base_seed = check_seed(int(goal.seed)) if goal.use_seed else fresh_base_seed()
     return GoalPlan(
         instruction=goal.instruction or default_instruction,
         spec=spec,

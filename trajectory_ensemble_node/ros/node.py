@@ -42,11 +42,19 @@ from trajectory_ensemble_msgs.msg import ActionTrajectory, CandidateArray
 from trajectory_ensemble_msgs.srv import UpdateWeights
 from trajectory_msgs.msg import JointTrajectory
 
-from ..contract import EnsembleResult
+from ..catalog import load_model, model_notice
+from ..contract import EnsembleResult, check_reducer
 from ..engine import GroupRequest, ProgressEvent
-from ..errors import ErrorCode, GroupCanceledError, GroupPreemptedError, TrajectoryEnsembleError
-from ..models.cosmos3 import Cosmos3ActionModel, RolloutSpec
-from ..models.cosmos3.loading import load_pipeline, model_notice, resolve_device
+from ..errors import (
+    ErrorCode,
+    GroupCanceledError,
+    GroupPreemptedError,
+    InvalidSpecError,
+    ParameterError,
+    TrajectoryEnsembleError,
+    error_table,
+)
+from ..models.cosmos3 import Cosmos3ActionModel, RolloutSpec, resolve_device
 from ..normalization import ActionNormalizer
 from . import params as node_params
 from .conversions import (
@@ -67,9 +75,8 @@ NODE_NAME = "trajectory_ensemble"
 DIAGNOSTICS_PERIOD_S = 1.0
 AFTER_RESULT_S = 0.02
 """A goal's log line and ``/diagnostics`` update come this long after its end, so they never delay its result."""
-# Codes that mean "the engine failed", which the diagnostics report as a WARN until the next success.
-_ENGINE_FAILURE_CODES = {ErrorCode.ENGINE_FAILURE, ErrorCode.OUT_OF_MEMORY, ErrorCode.NON_FINITE_CANDIDATES,
-                         ErrorCode.ROLLOUT_FAILURE}
+# Codes that mean "the engine failed" (not a refusal), which the diagnostics report as a WARN until the next success.
+_ENGINE_FAILURE_CODES = frozenset(value for _, value, kind, _ in error_table() if kind == "engine failure")
 WEIGHT_UPDATE_TIMEOUT_S = 120.0
 
 
@@ -91,7 +98,7 @@ class TrajectoryEnsembleNode(Node):
         p = self.params
         self.notice = model_notice(p.model)
         self._startup(f"loading model {p.model!r} on {p.device} ({p.dtype})")
-        pipe, self.notice = load_pipeline(p.model, p.device, p.dtype, allow_pickle=p.allow_pickle_weights, seed=p.seed)
+        pipe, self.notice = load_model(p.model, p.device, p.dtype, allow_pickle=p.allow_pickle_weights, seed=p.seed)
         self.device = str(resolve_device(p.device))
         self._check_toy_settings()
         self.model = Cosmos3ActionModel(
@@ -99,12 +106,13 @@ class TrajectoryEnsembleNode(Node):
             prefix_retain=p.prefix_retain, cfg_mode=p.cfg_mode,
             action_stats=self._load_action_stats(),
         )
-        valid = self.model.adapter.valid_reducers()
-        if p.reducer not in valid:
-            raise node_params.ParameterError(f"invalid parameters:\n  reducer: {p.reducer!r} is not valid for this "
-                                             f"model's action space; valid: {list(valid)}")
+        try:
+            check_reducer(p.reducer, p.action_dim, valid_reducers=self.model.valid_reducers(), domain_name=p.domain_name)
+        except InvalidSpecError as error:
+            raise ParameterError(f"invalid parameters:\n  reducer: {error}") from None
         # Only a test run (TRAJECTORY_ENSEMBLE_TESTING=1) wraps the adapter; production never carries the hook.
-        self.faults = FaultInjector(self.model.adapter) if os.environ.get(node_params.TESTING_ENV) == "1" else None
+        self.faults = (self.model.instrument(FaultInjector) if os.environ.get(node_params.TESTING_ENV) == "1"
+                       else None)
         if self.faults is not None and p.fault_injection:
             self.faults.arm(p.fault_injection)
         self.add_on_set_parameters_callback(self._on_set_parameters)
@@ -133,7 +141,7 @@ class TrajectoryEnsembleNode(Node):
                           if p.joint_names else None)
         self.diagnostics_pub = self.create_publisher(DiagnosticArray, "/diagnostics", reliable)
 
-        self.model.engine.start()
+        self.model.start()
         self.action_server = ActionServer(
             self, GenerateTrajectory, "~/generate_trajectory", execute_callback=self._execute,
             goal_callback=self._on_goal, handle_accepted_callback=self._on_accepted,
@@ -192,7 +200,7 @@ class TrajectoryEnsembleNode(Node):
             value = change.value if isinstance(change.value, str) else ""
             try:
                 node_params.check_fault_injection(value)
-            except node_params.ParameterError as error:
+            except ParameterError as error:
                 return SetParametersResult(successful=False, reason=str(error))
             if self.faults is not None:
                 self.faults.arm(value)
@@ -261,7 +269,7 @@ class TrajectoryEnsembleNode(Node):
         goal_id = record.goal_id
         if record.plan is None:
             record.plan = plan_goal(goal_handle.request, self.params, default_instruction=self.default_instruction(),
-                                    valid_reducers=self.model.adapter.valid_reducers())
+                                    valid_reducers=self.model.valid_reducers())
         # Everything that can refuse the goal runs before admission, so a bad goal never preempts a good one.
         observation, request = self._build(goal_id, record.plan, record)
         if not block:
@@ -271,7 +279,7 @@ class TrajectoryEnsembleNode(Node):
             # It waited in the queue: serve the observation as it is now, not as it was when the goal came.
             observation, request = self._build(goal_id, record.plan, record)
         record.observation = observation
-        record.attach(self.model.engine.submit(request))
+        record.attach(self.model.submit_request(request))
         return True
 
     def _execute(self, goal_handle: ServerGoalHandle) -> GenerateTrajectory.Result:
@@ -306,7 +314,7 @@ class TrajectoryEnsembleNode(Node):
 
     def _build(self, goal_id: str, plan: GoalPlan, record: GoalRecord) -> tuple[Observation, GroupRequest]:
         p = self.params
-        require_state = p.require_state or self.model.adapter.capabilities.uses_state
+        require_state = p.require_state or self.model.capabilities.uses_state
         observation = self.observations.latest(p.max_observation_age_s, require_state=require_state)
         action = CosmosActionCondition(
             mode="policy", chunk_size=p.chunk_size, domain_name=p.domain_name, resolution_tier=p.resolution_tier,
@@ -448,8 +456,8 @@ class TrajectoryEnsembleNode(Node):
         inputs = DiagnosticsInputs(
             node_name=self.get_name(), hardware_id=self.device, model=self.params.model, notice=self.notice,
             weights_version=self.model.weights_version,
-            engine_alive=self.model.engine.is_alive,
-            groups_running=self.model.engine.num_running, groups_queued=self.model.engine.num_queued,
+            engine_alive=self.model.is_alive,
+            groups_running=self.model.num_running, groups_queued=self.model.num_queued,
             last_metrics=last_metrics, last_error=last_error, goal_counts=self.tracker.snapshot(),
             observation_ages=self.observations.ages(), max_observation_age_s=self.params.max_observation_age_s,
             frames_received=self.observations.received_count(), frames_rejected=self.observations.rejected_counts(),
@@ -463,7 +471,7 @@ class TrajectoryEnsembleNode(Node):
     def shutdown(self) -> None:
         """Refuse new goals and end every running or waiting goal (SHUTDOWN); the engine thread stops."""
         self.tracker.close()
-        self.model.engine.stop()
+        self.model.stop()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

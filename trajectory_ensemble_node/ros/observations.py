@@ -25,7 +25,17 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ErrorCode, TrajectoryEnsembleError
+from ..errors import (  # noqa: F401 - the observation errors are importable from here too
+    FrameDataLengthError,
+    FrameDimensionsError,
+    FrameError,
+    FrameStepError,
+    NoObservationError,
+    NonFiniteStateError,
+    ObservationError,
+    StaleObservationError,
+    UnsupportedEncodingError,
+)
 
 # encoding -> (bytes per pixel, how to turn the [H, W, C] uint8 array into RGB)
 _ENCODINGS: dict[str, tuple[int, Callable[[np.ndarray], np.ndarray]]] = {
@@ -37,68 +47,12 @@ _ENCODINGS: dict[str, tuple[int, Callable[[np.ndarray], np.ndarray]]] = {
 }
 SUPPORTED_ENCODINGS = tuple(_ENCODINGS)
 """Image encodings the buffer converts to RGB uint8; anything else is rejected (cause ``encoding``)."""
-
-
-# --- named errors ---------------------------------------------------------------------------------------------------
-
-
-class FrameError(TrajectoryEnsembleError, ValueError):
-    """An image message that cannot be a valid frame. ``cause`` names the check that failed (a diagnostics key)."""
-
-    code = ErrorCode.INVALID_REQUEST
-    cause = "invalid"
-
-
-class UnsupportedEncodingError(FrameError):
-    """The image encoding is not one of :data:`SUPPORTED_ENCODINGS`."""
-
-    cause = "encoding"
-
-
-class FrameStepError(FrameError):
-    """``step`` (bytes per row) is smaller than ``width * bytes_per_pixel``."""
-
-    cause = "step"
-
-
-class FrameDataLengthError(FrameError):
-    """``len(data)`` is not ``step * height`` (truncated or padded data)."""
-
-    cause = "data_length"
-
-
-class FrameDimensionsError(FrameError):
-    """``height`` or ``width`` is zero."""
-
-    cause = "dimensions"
+BYTES_PER_PIXEL: dict[str, int] = {encoding: size for encoding, (size, _) in _ENCODINGS.items()}
+"""Bytes per pixel of each supported encoding (a row holds at least ``width * BYTES_PER_PIXEL[encoding]`` bytes)."""
 
 
 FRAME_REJECT_CAUSES = ("encoding", "step", "data_length", "dimensions")
 """Every ``FrameError.cause``; diagnostics report a counter for each."""
-
-
-class ObservationError(TrajectoryEnsembleError):
-    """A goal cannot be served from the current observations."""
-
-    code = ErrorCode.NO_OBSERVATION
-
-
-class NoObservationError(ObservationError):
-    """Nothing has been received yet on a topic the goal needs."""
-
-    code = ErrorCode.NO_OBSERVATION
-
-
-class StaleObservationError(ObservationError):
-    """The newest message on a topic the goal needs is older than ``max_observation_age_s``."""
-
-    code = ErrorCode.STALE_OBSERVATION
-
-
-class NonFiniteStateError(ObservationError):
-    """The joint state holds NaN or Inf."""
-
-    code = ErrorCode.NON_FINITE_STATE
 
 
 # --- image conversion -----------------------------------------------------------------------------------------------

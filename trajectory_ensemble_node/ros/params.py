@@ -16,16 +16,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
-from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import (
-    _ACTION_RESOLUTION_BINS,
-    _ACTION_VIEWPOINT_TEMPLATES,
-    _EMBODIMENT_TO_RAW_ACTION_DIM,
-)
-
-from ..errors import ErrorCode, InvalidSpecError, TrajectoryEnsembleError
-from ..models.cosmos3.adapter import CFG_MODES
+from ..contract import check_count, check_reducer, check_request
+from ..errors import InvalidSpecError, ParameterError
+from ..models.cosmos3 import CFG_MODES, RESOLUTION_TIERS, VIEW_POINTS, embodiment_widths
 from ..normalization import NORMALIZATION_METHODS
-from ..reducers import available_reducers, get_reducer
+
+_WIDTHS = embodiment_widths()
 
 GOAL_POLICIES = ("preempt", "queue", "reject")
 DTYPE_NAMES = ("float32", "bfloat16", "float16")
@@ -36,12 +32,6 @@ TESTING_ENV = "TRAJECTORY_ENSEMBLE_TESTING"
 
 # ROS parameters that are not ours but may legitimately be overridden on any node.
 _FOREIGN_PREFIXES = ("use_sim_time", "qos_overrides.", "start_type_description_service", "start_parameter_services")
-
-
-class ParameterError(TrajectoryEnsembleError, ValueError):
-    """One or more parameters are invalid; the message lists every problem, one per line, by parameter name."""
-
-    code = ErrorCode.INVALID_REQUEST
 
 
 @dataclass(frozen=True)
@@ -75,7 +65,7 @@ PARAMETERS: tuple[ParamSpec, ...] = (
     ParamSpec("chunk_size", 8, "actions per trajectory", ">= 1"),
     ParamSpec("resolution_tier", 256, "conditioning resolution tier", "256, 480, 704 or 720"),
     ParamSpec("view_point", "ego_view", "camera view point the model is told about (concat_view for tiled cameras)",
-              ", ".join(_ACTION_VIEWPOINT_TEMPLATES)),
+              ", ".join(VIEW_POINTS)),
     ParamSpec("fps", 8.0, "frame rate of the action chunk; dt = 1 / fps", "> 0"),
     ParamSpec("num_inference_steps", 10, "denoising steps per trajectory", ">= 1"),
     ParamSpec("guidance_scale", 1.0, "classifier-free guidance scale; 1.0 disables the unconditional branch", "> 0"),
@@ -156,7 +146,7 @@ class NodeParams:
     @property
     def action_dim(self) -> int:
         """The raw action width of ``domain_name``."""
-        return _EMBODIMENT_TO_RAW_ACTION_DIM[self.domain_name]
+        return _WIDTHS[self.domain_name]
 
     @property
     def dt(self) -> float:
@@ -232,20 +222,23 @@ def validate(raw: Mapping[str, Any], *, env: Mapping[str, str] | None = None) ->
          f"device: {p['device']!r} is not auto, cpu, cuda or cuda:N")
     need(p["model"] != "", "model: must be tiny, toy or a directory, got ''")
     need(p["seed"] >= 0, f"seed: must be >= 0, got {p['seed']}")
-    domain_ok = p["domain_name"] in _EMBODIMENT_TO_RAW_ACTION_DIM
+    domain_ok = p["domain_name"] in _WIDTHS
     need(domain_ok, f"domain_name: {p['domain_name']!r} has no fixed action width; expected one of "
-                    f"{sorted(_EMBODIMENT_TO_RAW_ACTION_DIM)}")
+                    f"{sorted(_WIDTHS)}")
     need(p["chunk_size"] >= 1, f"chunk_size: must be >= 1, got {p['chunk_size']}")
-    need(str(p["resolution_tier"]) in _ACTION_RESOLUTION_BINS,
-         f"resolution_tier: {p['resolution_tier']} is not one of {sorted(int(k) for k in _ACTION_RESOLUTION_BINS)}")
-    need(p["view_point"] in _ACTION_VIEWPOINT_TEMPLATES,
-         f"view_point: {p['view_point']!r} is not one of {list(_ACTION_VIEWPOINT_TEMPLATES)}")
+    need(p["resolution_tier"] in RESOLUTION_TIERS,
+         f"resolution_tier: {p['resolution_tier']} is not one of {list(RESOLUTION_TIERS)}")
+    need(p["view_point"] in VIEW_POINTS, f"view_point: {p['view_point']!r} is not one of {list(VIEW_POINTS)}")
     need(p["fps"] > 0, f"fps: must be > 0, got {p['fps']}")
     need(p["num_inference_steps"] >= 1, f"num_inference_steps: must be >= 1, got {p['num_inference_steps']}")
     need(p["guidance_scale"] > 0, f"guidance_scale: must be > 0, got {p['guidance_scale']}")
     need(p["max_candidates"] >= 1, f"max_candidates: must be >= 1, got {p['max_candidates']}")
-    need(1 <= p["candidate_count"] <= max(1, p["max_candidates"]),
-         f"candidate_count: must be in [1, max_candidates={p['max_candidates']}], got {p['candidate_count']}")
+    count_ok = True
+    try:
+        check_count(p["candidate_count"], max(1, p["max_candidates"]))
+    except InvalidSpecError as error:
+        problems.append(str(error))
+        count_ok = False
     need(p["max_batch_candidates"] >= 1, f"max_batch_candidates: must be >= 1, got {p['max_batch_candidates']}")
     need(p["prefix_retain"] >= 0, f"prefix_retain: must be >= 0, got {p['prefix_retain']}")
     need(p["cfg_mode"] in CFG_MODES, f"cfg_mode: {p['cfg_mode']!r} is not one of {list(CFG_MODES)}")
@@ -260,20 +253,21 @@ def validate(raw: Mapping[str, Any], *, env: Mapping[str, str] | None = None) ->
     if p["weights_dir"]:
         need(os.path.isdir(p["weights_dir"]), f"weights_dir: {p['weights_dir']!r} is not an existing directory")
     if domain_ok:
-        width = _EMBODIMENT_TO_RAW_ACTION_DIM[p["domain_name"]]
+        width = _WIDTHS[p["domain_name"]]
         names = p["joint_names"]
         need(not names or len(names) == width,
              f"joint_names: {len(names)} names {list(names)} but domain_name {p['domain_name']!r} has action width "
              f"{width}; give exactly {width} names, or [''] for no joint trajectory")
         need(len(set(names)) == len(names), f"joint_names: names must be unique, got {list(names)}")
-        reducer = p["reducer"]
-        if reducer not in available_reducers():
-            problems.append(f"reducer: {reducer!r} is not a reducer; expected one of {list(available_reducers())}")
-        else:
-            try:
-                get_reducer(reducer).check_layout(width)
-            except InvalidSpecError as error:
-                problems.append(f"reducer: {error}")
+        try:
+            # The same check as a goal's; the model's own reducer list joins it once the model is loaded.
+            if count_ok:
+                check_request(p["candidate_count"], p["reducer"], max_count=max(1, p["max_candidates"]),
+                              action_dim=width, domain_name=p["domain_name"])
+            else:
+                check_reducer(p["reducer"], width, domain_name=p["domain_name"])
+        except InvalidSpecError as error:
+            problems.append(f"reducer: {error}")
     need(len(set(p["image_topics"])) == len(p["image_topics"]),
          f"image_topics: topics must be unique, got {list(p['image_topics'])}")
     try:

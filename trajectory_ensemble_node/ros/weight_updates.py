@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from pathlib import Path, PurePath
 
-from ..errors import WeightUpdateError
-from ..models.cosmos3.loading import PICKLE_SUFFIXES
+from ..errors import WeightsPathError
+from ..models.cosmos3 import PICKLE_SUFFIXES
 
 DISABLED_MESSAGE = "weight updates are disabled (set enable_weight_updates)"
 
@@ -27,10 +27,6 @@ _DIRECTORY_CANDIDATES = (
     "transformer/diffusion_pytorch_model.safetensors",
     "diffusion_pytorch_model.safetensors",
 )
-
-
-class WeightsPathError(WeightUpdateError):
-    """The requested path is outside ``weights_dir``, traverses with ``..``, is missing, or is not safetensors."""
 
 
 def resolve_update_path(weights_dir: str, requested: str) -> Path:

@@ -32,7 +32,7 @@ from rosbags.rosbag2 import CompressionFormat, CompressionMode, Reader, StorageP
 from rosbags.typesys import Stores, get_types_from_msg, get_typestore
 from rosbags.typesys.store import Typestore
 
-from ..errors import TrajectoryEnsembleError
+from ..errors import BagError, FrameError, InterfaceDefinitionError, TrajectoryEnsembleError
 
 MSGS_PACKAGE = "trajectory_ensemble_msgs"
 CUSTOM_TYPES = ("ActionTrajectory", "CandidateArray")
@@ -61,14 +61,6 @@ DEMO_FRAMES_PER_SCENE = 2
 SCENES_KEY = "trajectory_ensemble.toy_scenes"
 """``custom_data`` key of the demo bag: JSON ``{image stamp ns: toy scene seed}`` (lets plots redraw the scene)."""
 BUNDLED_BAG = Path(__file__).resolve().parent.parent / "assets" / "bags" / "toy_obstacle"
-
-
-class BagError(TrajectoryEnsembleError, ValueError):
-    """A bag is missing, unreadable, or lacks what the caller needs (the message says which)."""
-
-
-class InterfaceDefinitionError(TrajectoryEnsembleError, FileNotFoundError):
-    """The ``trajectory_ensemble_msgs`` ``.msg`` files cannot be found to register them in the typestore."""
 
 
 # --- typestore ------------------------------------------------------------------------------------------------------
@@ -155,21 +147,20 @@ def stamp_ns(msg: Any) -> int:
 
 
 def image_rgb(msg: Any) -> np.ndarray:
-    """RGB ``uint8`` ``[H, W, 3]`` of an rgb8/bgr8/rgba8/bgra8/mono8 ``sensor_msgs/Image`` (for plots).
+    """RGB ``uint8`` ``[H, W, 3]`` of a ``sensor_msgs/Image`` in any encoding the node accepts (for plots).
+
+    Decoded by the node's own :func:`~trajectory_ensemble_node.ros.observations.image_to_rgb`, so a plot shows
+    exactly the frame the node would have served.
 
     Raises:
-        BagError: Any other encoding.
+        BagError: The node would reject the frame (e.g. an unsupported encoding); the message says why.
     """
-    channels = {"rgb8": 3, "bgr8": 3, "rgba8": 4, "bgra8": 4, "mono8": 1}
-    if msg.encoding not in channels:
-        raise BagError(f"cannot show image encoding {msg.encoding!r}; expected one of {sorted(channels)}")
-    c = channels[msg.encoding]
-    rows = np.frombuffer(bytes(msg.data), dtype=np.uint8).reshape(msg.height, msg.step)
-    pixels = rows[:, : msg.width * c].reshape(msg.height, msg.width, c)
-    if msg.encoding == "mono8":
-        return np.repeat(pixels, 3, axis=2)
-    rgb = pixels[..., :3]
-    return np.ascontiguousarray(rgb[..., ::-1] if msg.encoding.startswith("bgr") else rgb)
+    from ..ros.observations import image_to_rgb
+
+    try:
+        return image_to_rgb(msg.encoding, msg.height, msg.width, msg.step, msg.data)
+    except FrameError as error:
+        raise BagError(f"cannot show this image: {error}") from None
 
 
 def trajectory_array(msg: Any) -> np.ndarray:

@@ -41,7 +41,7 @@ def default_model() -> str:
 def model_notice(model: str) -> str:
     """What the weights are (e.g. ``untrained demo weights``), for plot titles; the model name if unknown."""
     try:
-        from ..models.cosmos3.loading import model_notice as notice
+        from ..catalog import model_notice as notice
 
         return str(notice(model))
     except Exception:  # noqa: BLE001 - a title must never fail the demo

@@ -17,23 +17,25 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
-from ..errors import TrajectoryEnsembleError
+from ..errors import NodeStartError
 
 READY_MARKER = "] ready: action "
 """The node logs ``[<notice>] ready: action <name>, ...`` once its action server is up."""
 _TAIL_LINES = 30
 
 
-class NodeStartError(TrajectoryEnsembleError, RuntimeError):
-    """The node process exited, or did not report ready in time; the message ends with its last output lines."""
-
-
-def pick_domain_id() -> int:
+def pick_domain_id(environ: Mapping[str, str] | None = None) -> int:
     """``ROS_DOMAIN_ID`` from the environment, else one in 1..101 derived from this pid.
 
-    Not 0: a demo on a shared machine must not answer (or send) another user's goals on the default domain.
+    Not 0: a demo on a shared machine must not answer (or send) another user's goals on the default domain. Two
+    processes started at once (two test sessions, a demo beside CI) get different ids unless their pids collide
+    modulo 101, so their DDS traffic does not mix.
+
+    Args:
+        environ (`Mapping[str, str]`, *optional*): Where to look for ``ROS_DOMAIN_ID``; defaults to ``os.environ``.
+            Pass ``{}`` to always derive the id from the pid (a test session isolating itself).
     """
-    value = os.environ.get("ROS_DOMAIN_ID", "").strip()
+    value = (os.environ if environ is None else environ).get("ROS_DOMAIN_ID", "").strip()
     if value.isdigit():
         return int(value)
     return 1 + os.getpid() % 101

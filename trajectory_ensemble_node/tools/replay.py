@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..errors import TrajectoryEnsembleError
+from ..errors import NodeUnreachableError
 from . import bags
 from .playback import GoalOutcome, PlaybackClock, ReplayOptions, ReplayReport, goal_times, resolve_inputs
 
@@ -43,10 +43,6 @@ DRAIN_S = 2.0
 OUTPUT_WAIT_S = 0.5
 """How long a succeeded goal keeps the bag clock paused for its ``~/trajectory`` (wall time), so the output is
 logged at the goal's bag time even when the message arrives after the result."""
-
-
-class NodeUnreachableError(TrajectoryEnsembleError, ConnectionError):
-    """The node's action server did not answer (not running, other ROS_DOMAIN_ID, or other namespace)."""
 
 
 class _RosSession:

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..contract import CandidateTrajectorySpec
+from ..contract import CandidateTrajectorySpec, check_reducer
 from ..errors import ReducerLayoutError
 from ..reducers import get_reducer
 from . import load_toy_pipeline, request_kwargs, task
@@ -88,9 +88,9 @@ def bootstrap_mean(values: Sequence[float], seed: int = 0) -> tuple[float, float
 def valid_reducers(model: Any, width: int) -> list[str]:
     """Reducers the adapter declares that also accept a ``width``-wide action (drops ``pose_gripper`` for 2)."""
     names = []
-    for name in model.adapter.valid_reducers():
+    for name in model.valid_reducers():
         try:
-            get_reducer(name).check_layout(width)
+            check_reducer(name, width, valid_reducers=model.valid_reducers())
         except ReducerLayoutError:
             continue
         names.append(name)

@@ -7,12 +7,11 @@ import math
 
 import pytest
 import torch
-from _cosmos3 import CHUNK, FPS, PROMPT, fresh_pipe, policy, within_rule
+from _cosmos3 import CHUNK, FPS, PROMPT, candidate_spec, fresh_pipe, policy, within_rule
 from diffusers import FlowMatchEulerDiscreteScheduler
 from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import CosmosActionCondition
 from safetensors.torch import load_file
 
-from trajectory_ensemble_node.contract import CandidateTrajectorySpec
 from trajectory_ensemble_node.errors import InvalidSpecError
 from trajectory_ensemble_node.models.cosmos3 import Cosmos3ActionModel, RolloutError, RolloutSpec
 from trajectory_ensemble_node.models.cosmos3.rollout import build_rollout_scheduler
@@ -21,7 +20,7 @@ STEPS = 4
 
 
 def kwargs(count: int, guidance: float = 1.0, *, seed: int = 77, **extra):
-    spec = CandidateTrajectorySpec(count=count, reducer="mean" if count > 1 else "none", return_candidates=True)
+    spec = candidate_spec(count)
     base = dict(prompt=PROMPT, action=policy(), num_inference_steps=STEPS, guidance_scale=guidance, fps=FPS,
                 spec=spec, base_seed=seed)
     base.update(extra)

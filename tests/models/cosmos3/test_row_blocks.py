@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from _cosmos3 import FPS, PROMPT, STEPS, fresh_pipe, policy, upstream_action, within_rule
+from _cosmos3 import FPS, PROMPT, STEPS, candidate_spec, fresh_pipe, policy, upstream_action, within_rule
 
-from trajectory_ensemble_node.contract import CandidateTrajectorySpec
 from trajectory_ensemble_node.errors import InvalidSpecError
 from trajectory_ensemble_node.models.cosmos3 import Cosmos3ActionModel, layers
 from trajectory_ensemble_node.models.cosmos3.attention import AttentionLayout, GenRun, PrefixSlot
@@ -38,7 +37,7 @@ def test_row_blocks_are_cut_at_candidate_boundaries_and_merge_small_blocks():
 
 
 def run(model: Cosmos3ActionModel, count: int, guidance_scale: float = 3.0):
-    spec = CandidateTrajectorySpec(count=count, reducer="mean" if count > 1 else "none", return_candidates=True)
+    spec = candidate_spec(count)
     return model.generate(prompt=PROMPT, action=policy(), num_inference_steps=STEPS, fps=FPS, base_seed=BASE_SEED,
                           guidance_scale=guidance_scale, spec=spec)
 

@@ -7,10 +7,9 @@ import threading
 
 import pytest
 import torch
-from _cosmos3 import FPS, PROMPT, fresh_pipe, policy, upstream_action, within_rule
+from _cosmos3 import FPS, PROMPT, candidate_spec, fresh_pipe, policy, upstream_action, within_rule
 from safetensors.torch import save_file
 
-from trajectory_ensemble_node.contract import CandidateTrajectorySpec
 from trajectory_ensemble_node.errors import WeightUpdateError
 from trajectory_ensemble_node.models.cosmos3 import Cosmos3ActionModel
 from trajectory_ensemble_node.models.cosmos3.weights import unfuse_qkv_projections
@@ -19,7 +18,7 @@ STEPS = 3
 
 
 def kwargs(count: int = 2, *, seed: int = 3, steps: int = STEPS, **extra):
-    spec = CandidateTrajectorySpec(count=count, reducer="mean" if count > 1 else "none", return_candidates=True)
+    spec = candidate_spec(count)
     base = dict(prompt=PROMPT, action=policy(), num_inference_steps=steps, guidance_scale=1.0, fps=FPS, spec=spec,
                 base_seed=seed)
     base.update(extra)

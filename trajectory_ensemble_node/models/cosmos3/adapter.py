@@ -16,8 +16,8 @@ import torch
 from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import Cosmos3OmniPipeline, CosmosActionCondition
 
 from ...errors import InvalidSpecError, UnsupportedModeError
-from ...reducers import available_reducers
-from ..base import AdapterCapabilities, CandidateOutput, Slice
+from ...contract import allowed_reducers
+from ...engine.adapter import AdapterCapabilities, CandidateOutput, Slice
 from .attention import PrefixKVCache, install_fanout
 from .conditioning import GroupConditioning, draw_initial_latents, encode_conditioning
 from .layers import default_row_block_rows, install_row_blocks
@@ -65,14 +65,13 @@ class Cosmos3GroupState:
     velocity_vision: list[torch.Tensor | None] = field(default_factory=list)
     velocity_action: list[torch.Tensor | None] = field(default_factory=list)
     fuse_cfg: bool = True
-    recorder: Any = None
 
 
 CFG_MODES = ("auto", "fused", "separate")
 
 
 class Cosmos3Adapter:
-    """Implements :class:`~trajectory_ensemble_node.models.base.CandidateModelAdapter` for ``Cosmos3OmniPipeline``.
+    """Implements :class:`~trajectory_ensemble_node.engine.adapter.CandidateModelAdapter` for ``Cosmos3OmniPipeline``.
 
     Args:
         pipe (`Cosmos3OmniPipeline`): Tiny or real; its transformer gets the fan-out attention processor, which
@@ -154,8 +153,7 @@ class Cosmos3Adapter:
 
     def valid_reducers(self) -> tuple[str, ...]:
         """Declared reducers that are registered (layout checks happen per request)."""
-        registered = set(available_reducers())
-        return tuple(name for name in self.capabilities.valid_reducers if name in registered)
+        return allowed_reducers(self.capabilities.valid_reducers)
 
     # --- engine protocol -------------------------------------------------------------------------------------------
 

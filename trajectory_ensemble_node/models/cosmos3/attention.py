@@ -34,7 +34,7 @@ import torch
 from diffusers.models.attention_dispatch import dispatch_attention_fn
 from diffusers.models.transformers.transformer_cosmos3 import Cosmos3AttnProcessor, Cosmos3OmniTransformer
 
-from ..base import ForwardAborted
+from ...engine.adapter import ForwardAborted
 
 
 @dataclass(frozen=True)
@@ -269,7 +269,7 @@ class FanoutAttnProcessor:
         Args:
             layout (`AttentionLayout`): Which keys each query may see.
             should_abort (`Callable[[], bool]`, *optional*): Checked once per layer; when it returns True the forward
-                stops with :class:`~trajectory_ensemble_node.models.base.ForwardAborted` (all its groups were
+                stops with :class:`~trajectory_ensemble_node.engine.adapter.ForwardAborted` (all its groups were
                 canceled), so a cancel lands within one layer instead of one denoising step.
             cache (`PrefixKVCache`, *optional*): Receives the keys/values of the prefixes computed in this forward and
                 serves those the layout marks as cached.

@@ -1,8 +1,8 @@
-"""Load the pipeline a node serves: the embedded tiny model, the bundled toy policy, or a local Cosmos 3 directory.
+"""Load a Cosmos 3 pipeline: the embedded tiny model, or a local diffusers-format directory.
 
 A robot's build machine has no model hub, so nothing is ever downloaded here: ``"tiny"`` is built in-process
-(random weights), ``"toy"`` ships inside the package, and anything else must be a local diffusers-format
-directory. Pickle checkpoints can run arbitrary code when loaded, so they are refused unless the operator opts in
+(random weights), and anything else must be a local diffusers-format directory. (The bundled toy policy is the toy
+package's; :mod:`trajectory_ensemble_node.catalog` resolves every model name a node accepts.) Pickle checkpoints can run arbitrary code when loaded, so they are refused unless the operator opts in
 with ``allow_pickle=True``.
 """
 
@@ -13,13 +13,10 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from ...errors import ErrorCode, TrajectoryEnsembleError
+from ...errors import ModelLoadError, PickleWeightsError
 
 if TYPE_CHECKING:
     from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import Cosmos3OmniPipeline
-
-EMBEDDED_MODELS = ("tiny", "toy")
-"""Model names that need no path: the random tiny test model and the bundled toy policy."""
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 """File suffixes of pickle-based checkpoints (loading one may execute code stored in it)."""
@@ -29,18 +26,6 @@ DTYPES: dict[str, torch.dtype] = {
     "bfloat16": torch.bfloat16,
     "float16": torch.float16,
 }
-
-
-class ModelLoadError(TrajectoryEnsembleError, ValueError):
-    """The model could not be loaded: unknown name, missing directory, not a Cosmos 3 pipeline, bad device/dtype."""
-
-    code = ErrorCode.WEIGHTS_REJECTED
-
-
-class PickleWeightsError(ModelLoadError):
-    """A checkpoint holds pickle weights with no safetensors alongside, and ``allow_pickle`` is off."""
-
-    code = ErrorCode.WEIGHTS_REJECTED
 
 
 def resolve_device(device: str | torch.device) -> torch.device:
@@ -106,23 +91,6 @@ def pickle_only_files(directory: str | Path) -> list[Path]:
     return found
 
 
-def model_notice(model: str) -> str:
-    """The notice :func:`load_pipeline` will return for ``model``, known before loading (for startup logs).
-
-    Args:
-        model (`str`): ``"tiny"``, ``"toy"`` or a directory.
-    """
-    if model == "tiny":
-        from .tiny import UNTRAINED_NOTICE
-
-        return UNTRAINED_NOTICE
-    if model == "toy":
-        from ...toy import TOY_NOTICE
-
-        return TOY_NOTICE
-    return f"weights from {model}"
-
-
 def load_pipeline(
     model: str,
     device: str | torch.device = "auto",
@@ -133,8 +101,8 @@ def load_pipeline(
     """Load the pipeline named by ``model`` and say what it is.
 
     Args:
-        model (`str`): ``"tiny"`` (random in-process test model), ``"toy"`` (the bundled toy policy) or the path of a
-            local diffusers-format ``Cosmos3OmniPipeline`` directory (``model_index.json`` at its root).
+        model (`str`): ``"tiny"`` (random in-process test model) or the path of a local diffusers-format
+            ``Cosmos3OmniPipeline`` directory (``model_index.json`` at its root).
         device (`str` or `torch.device`): ``"auto"`` (cuda when available, else cpu), ``"cpu"``, ``"cuda[:N]"``.
         dtype (`str` or `torch.dtype`): Transformer dtype: ``float32``, ``bfloat16`` or ``float16``.
         allow_pickle (`bool`): Also load ``.bin``/``.pt``/``.pth``/``.ckpt`` weights that have no safetensors twin.
@@ -143,10 +111,10 @@ def load_pipeline(
 
     Returns:
         `tuple[Cosmos3OmniPipeline, str]`: the pipeline (progress bars off) and a one-line notice for logs and
-        diagnostics: ``"untrained demo weights"``, the toy policy's notice, or ``"weights from <dir>"``.
+        diagnostics: ``"untrained demo weights"`` or ``"weights from <dir>"``.
 
     Raises:
-        ModelLoadError: bad device/dtype, missing directory, not a Cosmos 3 pipeline, or the toy weights are absent.
+        ModelLoadError: bad device/dtype, missing directory, or not a Cosmos 3 pipeline.
         PickleWeightsError: pickle-only weights and ``allow_pickle`` is False.
     """
     torch_device = resolve_device(device)
@@ -155,16 +123,6 @@ def load_pipeline(
         from .tiny import UNTRAINED_NOTICE, build_pipeline
 
         return build_pipeline("tiny", seed=int(seed), dtype=torch_dtype, device=torch_device), UNTRAINED_NOTICE
-    if model == "toy":
-        from ...toy import TOY_NOTICE, load_toy_pipeline, toy_pipeline_dir
-
-        directory = toy_pipeline_dir()
-        if not (directory / "model_index.json").is_file():
-            raise ModelLoadError(
-                f"model 'toy': the toy policy weights are not installed ({directory / 'model_index.json'} is "
-                f"missing); use model: tiny, or train them with `trajectory-ensemble train-toy --out {directory}`"
-            )
-        return load_toy_pipeline(device=torch_device, dtype=torch_dtype), TOY_NOTICE
     return _load_directory(Path(model).expanduser(), torch_device, torch_dtype, allow_pickle), f"weights from {model}"
 
 

@@ -10,12 +10,13 @@ from pathlib import Path
 import torch
 from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import Cosmos3OmniPipeline, CosmosActionCondition
 
-from ...contract import DEFAULT_MAX_CANDIDATES, CandidateGroup, CandidateTrajectorySpec, EnsembleResult
-from ...engine import EngineConfig, GroupEngine, GroupHandle, GroupRequest, ProgressEvent
-from ...errors import InvalidSpecError, ReducerLayoutError
+from ...contract import DEFAULT_MAX_CANDIDATES, CandidateGroup, CandidateTrajectorySpec, EnsembleResult, check_request
+from ...engine import GroupHandle, GroupRequest, ProgressEvent
+from ...errors import InvalidSpecError
 from ...normalization import ActionNormalizer
 from ...reducers import get_reducer
 from ...seeding import candidate_seeds, fresh_base_seed
+from ...service import EnsembleService
 from .adapter import Cosmos3Adapter, Cosmos3Request
 from .conditioning import check_action_request
 from .rollout import RolloutSpec
@@ -37,8 +38,11 @@ class WeightUpdateReport:
     skipped: dict[str, str] = field(default_factory=dict)
 
 
-class Cosmos3ActionModel:
+class Cosmos3ActionModel(EnsembleService):
     """Serve N candidate action trajectories per observation from a Cosmos 3 omni pipeline.
+
+    The :class:`~trajectory_ensemble_node.service.EnsembleService` for a :class:`Cosmos3Adapter`: it adds the
+    Cosmos 3 request builder (:meth:`make_request`), :meth:`generate` and :meth:`update_weights`.
 
     Candidate ``i`` of a group equals ``pipe(..., generator=torch.Generator().manual_seed(result.seeds[i]),
     output_type="latent").action[0]`` (bitwise for ``count=1``; within ``1e-3 * max(1, max|ref|)`` in fp32 on CPU
@@ -89,34 +93,19 @@ class Cosmos3ActionModel:
         self.pipe = pipe
         if fuse_qkv:
             fuse_qkv_projections(pipe.transformer)
-        self.adapter = Cosmos3Adapter(pipe, cfg_mode=cfg_mode, prefix_cache=prefix_cache, prefix_retain=prefix_retain,
-                                      row_block_rows=row_block_rows)
+        adapter = Cosmos3Adapter(pipe, cfg_mode=cfg_mode, prefix_cache=prefix_cache, prefix_retain=prefix_retain,
+                                 row_block_rows=row_block_rows)
         if generator_device is not None:
-            self.adapter.generator_device = torch.device(generator_device)
-        self.max_candidates = int(max_candidates)
-        self.action_stats = action_stats
-        self.engine = GroupEngine(
-            self.adapter,
-            EngineConfig(
-                max_batch_candidates=max_batch_candidates, oversize_policy=oversize_policy, max_retries=max_retries
-            ),
-            device=self.adapter.device,
+            adapter.generator_device = torch.device(generator_device)
+        super().__init__(
+            adapter, device=adapter.device, max_batch_candidates=max_batch_candidates, oversize_policy=oversize_policy,
+            max_retries=max_retries, max_candidates=max_candidates, action_stats=action_stats,
         )
+        self.adapter: Cosmos3Adapter = adapter
 
     @property
     def device(self) -> torch.device:
         return self.adapter.device
-
-    @property
-    def weights_version(self) -> int:
-        return self.adapter.weights_version
-
-    def normalizer_for(self, domain_name: str) -> ActionNormalizer | None:
-        """The configured action statistics for ``domain_name`` (``None`` when actions stay normalized)."""
-        stats = self.action_stats
-        if stats is None or isinstance(stats, ActionNormalizer):
-            return stats
-        return stats.get(domain_name)
 
     def make_request(
         self,
@@ -141,24 +130,17 @@ class Cosmos3ActionModel:
                 action layout), or ``UnsupportedModeError`` for a mode with no action output.
         """
         spec = spec or CandidateTrajectorySpec(max_count=self.max_candidates)
-        if spec.count > self.max_candidates:
-            # Re-validate against this model's maximum even when the spec was built with a larger one.
-            CandidateTrajectorySpec(
-                count=spec.count, reducer=spec.reducer, return_candidates=spec.return_candidates,
-                seed_policy=spec.seed_policy, max_count=self.max_candidates,
-            )
         check_action_request(self.pipe, action)
+        # The same check, and the same messages, as a goal or a parameter file; a spec built with a larger
+        # max_count is held to this model's maximum.
+        spec = check_request(
+            spec.count, spec.reducer, max_count=self.max_candidates, action_dim=int(action.raw_action_dim),
+            valid_reducers=self.valid_reducers(), domain_name=action.domain_name,
+            return_candidates=spec.return_candidates, seed_policy=spec.seed_policy, base_seed=base_seed,
+        )
         if not isinstance(num_inference_steps, int) or num_inference_steps < 1:
             raise InvalidSpecError(f"num_inference_steps must be an int >= 1, got {num_inference_steps!r}.")
-        reducer = None
-        if spec.reducer != "none":
-            if spec.reducer not in self.adapter.valid_reducers():
-                raise ReducerLayoutError(
-                    f"reducer {spec.reducer!r} is not valid for Cosmos 3 actions; valid: "
-                    f"{list(self.adapter.valid_reducers())}."
-                )
-            reducer = get_reducer(spec.reducer)
-            reducer.check_layout(int(action.raw_action_dim))
+        reducer = None if spec.reducer == "none" else get_reducer(spec.reducer)
         if rollout is not None:
             if not isinstance(rollout, RolloutSpec):
                 raise InvalidSpecError(f"rollout must be a RolloutSpec, got {type(rollout).__name__}.")
@@ -192,7 +174,7 @@ class Cosmos3ActionModel:
 
     def submit(self, **kwargs) -> GroupHandle:
         """Build a request (see :meth:`make_request`) and queue it; returns a handle to wait on or cancel."""
-        return self.engine.submit(self.make_request(**kwargs))
+        return self.submit_request(self.make_request(**kwargs))
 
     def generate(self, **kwargs) -> EnsembleResult:
         """Run one candidate group to completion and return its reduced action (see :meth:`make_request`).
@@ -202,14 +184,7 @@ class Cosmos3ActionModel:
             ``[N, chunk_size, raw_action_dim]`` (float32 CPU, when ``spec.return_candidates``), ``seeds``,
             ``candidate_ids``, ``metrics``.
         """
-        handle = self.submit(**kwargs)
-        if not self.engine.is_background:
-            self.engine.run_until_idle()
-        return handle.result()
-
-    def run_until_idle(self) -> None:
-        """Drive every submitted group to completion on the calling thread."""
-        self.engine.run_until_idle()
+        return self.wait(self.submit(**kwargs))
 
     def update_weights(
         self,
@@ -240,8 +215,5 @@ class Cosmos3ActionModel:
             apply_update(self.pipe.transformer, plan)
             return self.adapter.bump_weights_version()
 
-        future = self.engine.run_between_groups(apply)
-        if not self.engine.is_background:
-            self.engine.run_until_idle()
-        version = future.result(timeout)
+        version = self.run_between_groups(apply, timeout)
         return WeightUpdateReport(weights_version=version, applied=plan.names, skipped=dict(plan.skipped))

@@ -36,18 +36,12 @@ from diffusers import FlowMatchEulerDiscreteScheduler
 from diffusers.utils.torch_utils import randn_tensor
 from safetensors.torch import save_file
 
-from ...errors import ErrorCode, InvalidSpecError, UnsupportedModeError
+from ...errors import InvalidSpecError, RolloutError
 from .conditioning import GroupConditioning
 from .steppers import ServingStepper
 
 ROLLOUT_FORMAT_VERSION = 1
 _LOG_SQRT_2PI = 0.5 * math.log(2.0 * math.pi)
-
-
-class RolloutError(UnsupportedModeError):
-    """A rollout request whose log-probabilities would not be valid; refused (fail closed)."""
-
-    code = ErrorCode.ROLLOUT_FAILURE
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,8 @@
 """The model adapter protocol: what the engine needs from a model, and what a model must declare.
 
+The engine owns this protocol and model packages implement it, so the dependency points one way: a model imports
+``trajectory_ensemble_node.engine.adapter``, and the engine never imports a model package.
+
 The engine (:mod:`trajectory_ensemble_node.engine`) owns grouping, candidate identity, seeds, batching,
 cancellation, failure and metrics. The adapter owns everything model-specific: encoding the candidate-invariant
 conditioning once, running one physical forward over slices of one or more groups, advancing a group by one step,
@@ -24,7 +27,7 @@ class AdapterCapabilities:
         reduce_before_denormalize (`bool`): Reducers declared valid in ``"any"`` or ``"normalized"`` space run on
             normalized model outputs when True; ``"raw"`` reducers always run after denormalization.
         valid_reducers (`tuple[str, ...]`): Reducer names valid for this action space (checked with each reducer's
-            own ``check_layout`` for the request's action width when a group is built).
+            own ``check_layout`` for the request's action width by ``contract.check_request``).
         candidate_invariant (`tuple[str, ...]`): Conditioning encoded once per group, shared by all candidates.
         auxiliary_branch (`str`, *optional*): A branch denoised alongside the action (e.g. ``"video"``).
         auxiliary_required_for_action (`bool`): Whether that branch must run for the action to be correct.

@@ -1,0 +1,158 @@
+"""ros/goals.py: goal validation into a plan, and the goal policy (preempt / queue / reject). Runs without rclpy."""
+
+from __future__ import annotations
+
+import threading
+from types import SimpleNamespace
+
+import pytest
+from _node_harness import wait_until
+
+from trajectory_ensemble_node.errors import (
+    CandidateCountError,
+    GroupCanceledError,
+    GroupPreemptedError,
+    ReducerLayoutError,
+    UnknownReducerError,
+)
+from trajectory_ensemble_node.ros import goals, params
+
+
+def make_goal(**fields) -> SimpleNamespace:
+    """A ``GenerateTrajectory.Goal`` look-alike with the message's defaults (plan_goal reads fields only)."""
+    defaults = dict(candidate_count=0, reducer="", return_candidates=False, use_seed=False, seed=0, instruction="",
+                    rollout=False)
+    return SimpleNamespace(**{**defaults, **fields})
+
+
+def node_params(**overrides) -> params.NodeParams:
+    return params.validate({"candidate_count": 4, "max_candidates": 8, "domain_name": "droid_lerobot",
+                            "reducer": "mean", **overrides}, env={})
+
+
+VALID = ("mean", "median", "medoid", "trimmed_mean", "pose_gripper", "mode")
+
+
+def test_goal_defaults_limits_and_reducer_checks_happen_before_any_model_work():
+    default = make_goal()
+    plan = goals.plan_goal(default, node_params(), default_instruction="go", valid_reducers=VALID)
+    assert (plan.spec.count, plan.spec.reducer, plan.instruction, plan.return_candidates) == (4, "mean", "go", False)
+    seeded = goals.plan_goal(make_goal(use_seed=True, seed=2**64 - 1, candidate_count=2, return_candidates=True,
+                                       instruction="x"),
+                             node_params(), default_instruction="go", valid_reducers=VALID)
+    assert seeded.base_seed == 2**64 - 1 and seeded.spec.count == 2 and seeded.spec.return_candidates
+    assert goals.plan_goal(default, node_params(publish_candidates=True), default_instruction="",
+                           valid_reducers=VALID).spec.return_candidates
+    with pytest.raises(CandidateCountError, match=r"candidate_count 9 is outside \[1, max_candidates=8\]"):
+        goals.plan_goal(make_goal(candidate_count=9), node_params(), default_instruction="",
+                        valid_reducers=VALID)
+    with pytest.raises(UnknownReducerError, match="unknown reducer 'vote'"):
+        goals.plan_goal(make_goal(reducer="vote"), node_params(), default_instruction="",
+                        valid_reducers=VALID)
+    with pytest.raises(ReducerLayoutError, match="pusht actions have width 2"):
+        goals.plan_goal(make_goal(reducer="pose_gripper"), node_params(domain_name="pusht"),
+                        default_instruction="", valid_reducers=VALID)
+    with pytest.raises(ReducerLayoutError, match="not valid for this model"):
+        goals.plan_goal(make_goal(reducer="median"), node_params(), default_instruction="",
+                        valid_reducers=("mean",))
+    with pytest.raises(goals.GoalRequestError, match="rollout_dir"):
+        goals.plan_goal(make_goal(rollout=True), node_params(), default_instruction="",
+                        valid_reducers=VALID)
+
+
+class FakeHandle:
+    def __init__(self) -> None:
+        self.cancels: list[tuple] = []
+        self.callbacks: list = []
+
+    def cancel(self, reason, message=""):
+        self.cancels.append((reason.value, message))
+        return True
+
+    def add_done_callback(self, callback):
+        self.callbacks.append(callback)
+
+
+def test_preempt_policy_stops_the_oldest_goal_and_names_the_newer_one():
+    tracker = goals.GoalTracker("preempt", 1)
+    first, second = tracker.register("A"), tracker.register("B")
+    assert tracker.admit(first) is False
+    handle = FakeHandle()
+    first.attach(handle)
+    tracker.admit(second)
+    assert handle.cancels == [("preempted", "preempted by B")]
+    error = first.stop_error()
+    assert isinstance(error, GroupPreemptedError) and str(error) == "preempted by B"
+    assert isinstance(first.claim_success(), GroupPreemptedError)
+    assert tracker.num_running == 1
+
+
+def test_a_goal_accepted_earlier_but_admitted_later_is_the_one_preempted():
+    tracker = goals.GoalTracker("preempt", 1)
+    older, newer = tracker.register("A"), tracker.register("B")
+    tracker.admit(newer)
+    with pytest.raises(GroupPreemptedError, match="preempted by B"):
+        tracker.admit(older)
+    assert newer.stop_error() is None and tracker.num_running == 1
+
+
+def test_a_goal_that_committed_to_its_result_can_no_longer_be_preempted_or_canceled():
+    tracker = goals.GoalTracker("preempt", 1)
+    first = tracker.register("A")
+    tracker.admit(first)
+    assert first.claim_success() is None
+    assert first.request_cancel() is False
+    first.preempt("B")
+    assert first.stop_error() is None
+
+
+def test_a_cancel_before_submission_cancels_the_group_as_soon_as_it_exists():
+    record = goals.GoalTracker("preempt", 1).register("A")
+    assert record.request_cancel()
+    handle = FakeHandle()
+    record.attach(handle)
+    assert handle.cancels[0][0] == "canceled"
+    assert isinstance(record.stop_error(), GroupCanceledError)
+
+
+def test_queue_policy_waits_for_a_slot_and_reject_policy_refuses():
+    tracker = goals.GoalTracker("queue", 1)
+    first, second = tracker.register("A"), tracker.register("B")
+    tracker.admit(first)
+    waited: list[bool] = []
+    thread = threading.Thread(target=lambda: waited.append(tracker.admit(second)))
+    thread.start()
+    wait_until(lambda: tracker.num_waiting == 1)
+    tracker.release(first)
+    thread.join(5)
+    assert waited == [True] and tracker.num_running == 1
+    rejecting = goals.GoalTracker("reject", 1)
+    rejecting.admit(rejecting.register("A"))
+    assert "goal_policy is reject" in rejecting.should_reject()
+    closing = goals.GoalTracker("queue", 1)
+    closing.close()
+    assert "shutting down" in closing.should_reject()
+
+
+def test_try_admit_runs_or_preempts_at_once_and_never_queues_a_goal():
+    # The accept callback starts a goal with try_admit: it must never block the executor thread.
+    preempting = goals.GoalTracker("preempt", 1)
+    first, second = preempting.register("A"), preempting.register("B")
+    assert preempting.try_admit(first) is True
+    handle = FakeHandle()
+    first.attach(handle)
+    assert preempting.try_admit(second) is True
+    assert handle.cancels == [("preempted", "preempted by B")] and preempting.num_running == 1
+    queueing = goals.GoalTracker("queue", 1)
+    running, later = queueing.register("A"), queueing.register("B")
+    assert queueing.try_admit(running) is True
+    assert queueing.try_admit(later) is False
+    assert queueing.num_waiting == 0 and queueing.num_running == 1  # not queued by the attempt
+    rejecting = goals.GoalTracker("reject", 1)
+    assert rejecting.try_admit(rejecting.register("A")) is True
+    with pytest.raises(goals.GoalRejectedError, match="goal_policy is reject"):
+        rejecting.try_admit(rejecting.register("B"))
+    canceled = goals.GoalTracker("preempt", 1).register("C")
+    canceled.request_cancel()
+    with pytest.raises(GroupCanceledError):
+        goals.GoalTracker("preempt", 1).try_admit(canceled)

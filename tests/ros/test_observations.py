@@ -1,0 +1,104 @@
+"""ros/observations.py: image decoding, frame rejection, tiling, staleness and joint-state checks (no DDS)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+pytest.importorskip("rclpy")
+
+from sensor_msgs.msg import Image, JointState  # noqa: E402
+
+from trajectory_ensemble_node.errors import ErrorCode  # noqa: E402
+from trajectory_ensemble_node.ros import observations  # noqa: E402
+
+
+def image(encoding: str, height: int = 2, width: int = 3, *, step: int | None = None, data: bytes | None = None,
+          sec: int = 7) -> Image:
+    channels = observations.BYTES_PER_PIXEL.get(encoding, 3)
+    step = width * channels if step is None else step
+    if data is None:
+        data = bytes(range(step * height))
+    msg = Image(height=height, width=width, encoding=encoding, step=step, data=data)
+    msg.header.stamp.sec = sec
+    msg.header.frame_id = "cam"
+    return msg
+
+
+def test_every_supported_encoding_becomes_rgb_uint8():
+    rgb = np.arange(2 * 3 * 3, dtype=np.uint8).reshape(2, 3, 3)
+    cases = {
+        "rgb8": rgb.tobytes(),
+        "bgr8": rgb[..., ::-1].tobytes(),
+        "rgba8": np.concatenate([rgb, np.full((2, 3, 1), 255, np.uint8)], axis=-1).tobytes(),
+        "bgra8": np.concatenate([rgb[..., ::-1], np.full((2, 3, 1), 9, np.uint8)], axis=-1).tobytes(),
+    }
+    for encoding, data in cases.items():
+        out = observations.image_to_rgb(encoding, 2, 3, len(data) // 2, data)
+        assert out.dtype == np.uint8 and out.shape == (2, 3, 3), encoding
+        np.testing.assert_array_equal(out, rgb, err_msg=encoding)
+    mono = observations.image_to_rgb("mono8", 2, 3, 3, bytes(range(6)))
+    np.testing.assert_array_equal(mono[..., 0], mono[..., 2])
+    np.testing.assert_array_equal(mono[..., 1], np.arange(6).reshape(2, 3))
+
+
+def test_padded_rows_are_cropped_and_array_data_is_read_without_copy_errors():
+    data = bytes([1, 2, 3, 4, 5, 6, 0, 0, 7, 8, 9, 10, 11, 12, 0, 0])  # two 2-pixel rows padded to 8 bytes
+    out = observations.image_to_rgb("rgb8", 2, 2, 8, data)
+    assert out.reshape(-1).tolist() == [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]
+    msg = image("rgb8", step=8, data=data, width=2)  # rclpy stores uint8[] as array.array
+    assert observations.image_to_rgb(msg.encoding, 2, 2, 8, msg.data).shape == (2, 2, 3)
+
+
+@pytest.mark.parametrize(
+    ("msg", "error", "cause"),
+    [
+        (image("32FC1"), observations.UnsupportedEncodingError, "encoding"),
+        (image("rgb8", step=5), observations.FrameStepError, "step"),
+        (image("rgb8", data=bytes(17)), observations.FrameDataLengthError, "data_length"),
+        (image("rgb8", height=0, data=b""), observations.FrameDimensionsError, "dimensions"),
+    ],
+)
+def test_bad_frames_are_rejected_by_name_counted_and_the_last_good_frame_stays(msg, error, cause):
+    clock = [100.0]
+    buffer = observations.ObservationBuffer(["/img"], "/state", clock=lambda: clock[0])
+    assert buffer.offer_image("/img", image("rgb8", sec=1)) is None
+    rejection = buffer.offer_image("/img", msg)
+    assert isinstance(rejection, error) and rejection.cause == cause
+    assert buffer.first_rejection(rejection) and not buffer.first_rejection(rejection)
+    assert buffer.offer_image("/img", msg).cause == cause
+    assert buffer.rejected_counts()[cause] == 2 and sum(buffer.rejected_counts().values()) == 2
+    assert buffer.latest(1.0).stamp.sec == 1  # the good frame is still served
+    assert buffer.received_count() == 1
+
+
+def test_missing_stale_and_nan_state_are_refused_with_topic_and_age():
+    clock = [10.0]
+    buffer = observations.ObservationBuffer(["/a", "/b"], "/state", clock=lambda: clock[0])
+    with pytest.raises(observations.NoObservationError, match="/a"):
+        buffer.latest(1.0)
+    buffer.offer_image("/a", image("rgb8", sec=5))
+    with pytest.raises(observations.NoObservationError, match="/b") as info:
+        buffer.latest(1.0)
+    assert info.value.code == ErrorCode.NO_OBSERVATION
+    clock[0] = 10.5
+    buffer.offer_image("/b", image("rgb8", sec=6, width=2, height=1))
+    clock[0] = 10.9
+    obs = buffer.latest(1.0)
+    # Tiled left to right, padded to the tallest; stamped with (and as old as) the oldest part.
+    assert obs.image.shape == (2, 5, 3) and obs.stamp.sec == 5 and obs.age_s == pytest.approx(0.9)
+    assert (obs.image[1, 3:] == 0).all()
+    clock[0] = 11.2
+    with pytest.raises(observations.StaleObservationError, match=r"/a is 1\.20 s old") as info:
+        buffer.latest(1.0)
+    assert info.value.code == ErrorCode.STALE_OBSERVATION
+    clock[0] = 10.9
+    with pytest.raises(observations.NoObservationError, match="joint state"):
+        buffer.latest(1.0, require_state=True)
+    buffer.offer_state(JointState(name=["a", "b"], position=[0.0, float("nan")]))
+    with pytest.raises(observations.NonFiniteStateError, match="joints b") as info:
+        buffer.latest(1.0, require_state=True)
+    assert info.value.code == ErrorCode.NON_FINITE_STATE
+    buffer.offer_state(JointState(name=["a", "b"], position=[0.0, 1.0]))
+    assert buffer.latest(1.0, require_state=True).state.positions.tolist() == [0.0, 1.0]
+    assert set(buffer.ages()) == {"/a", "/b", "/state"}

@@ -1,0 +1,50 @@
+"""errors.py: every named error is defined there, and every code has one kind and one meaning (the README's table)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from trajectory_ensemble_node import errors
+from trajectory_ensemble_node.errors import ERROR_KINDS, ErrorCode, error_table
+
+PACKAGE_ROOT = Path(errors.__file__).resolve().parent
+
+
+def test_error_table_lists_every_code_once_with_a_kind_and_a_meaning():
+    table = error_table()
+    assert [name for name, *_ in table] == sorted((c.name for c in ErrorCode), key=lambda n: ErrorCode[n])
+    assert len({name for name, *_ in table}) == len(ErrorCode)
+    for name, value, kind, meaning in table:
+        assert ErrorCode[name] == value
+        assert kind in ERROR_KINDS == ("ok", "refusal", "observation", "engine failure", "lifecycle", "configuration")
+        assert meaning and meaning.endswith(".") and "\n" not in meaning, name
+    assert table[0] == ("OK", 0, "ok", "The trajectory was published and the goal succeeded.")
+
+
+def test_codes_match_their_meaning():
+    kinds = {name: kind for name, _, kind, _ in error_table()}
+    # A refused rollout never ran: it is not an engine failure (the node's diagnostics only warn on those).
+    assert errors.RolloutError.code == ErrorCode.ROLLOUT_FAILURE and kinds["ROLLOUT_FAILURE"] == "refusal"
+    # Capacity refusals have their own code, not INVALID_REQUEST.
+    assert errors.GoalRejectedError.code == errors.CapacityError.code == ErrorCode.CAPACITY == 15
+    assert kinds["CAPACITY"] == "refusal"
+    assert errors.ParameterError.code == ErrorCode.INVALID_PARAMETERS and kinds["INVALID_PARAMETERS"] == "configuration"
+    assert errors.ModelLoadError.code == ErrorCode.MODEL_LOAD_FAILED
+    assert errors.FrameError.code == ErrorCode.INVALID_FRAME and kinds["INVALID_FRAME"] == "observation"
+    assert {kinds[c.name] for c in (ErrorCode.ENGINE_FAILURE, ErrorCode.OUT_OF_MEMORY,
+                                     ErrorCode.NON_FINITE_CANDIDATES)} == {"engine failure"}
+
+
+def test_every_named_error_is_defined_in_errors_py():
+    named = {name for name, value in vars(errors).items() if isinstance(value, type) and issubclass(value, Exception)}
+    outside = []
+    for path in sorted(PACKAGE_ROOT.rglob("*.py")):
+        if path.name == "errors.py" and path.parent == PACKAGE_ROOT:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ClassDef):
+                bases = {b.id if isinstance(b, ast.Name) else getattr(b, "attr", "") for b in node.bases}
+                if bases & named:
+                    outside.append(f"{path.relative_to(PACKAGE_ROOT)}: {node.name}")
+    assert outside == []

@@ -81,7 +81,7 @@ def render_parameters(specs: Iterable[Any]) -> str:
 
 def render_errors(table: Sequence[tuple[str, int, str, str]]) -> str:
     """The README's error-code table: one row per ``(name, value, kind, meaning)``, ordered by code."""
-    lines = ["| code | name | kind | meaning |", "| --: | --- | --- | --- |"]
+    lines = ["| code | name | kind | meaning |", "|--:|---|---|---|"]
     for name, value, kind, meaning in sorted(table, key=lambda row: row[1]):
         lines.append(f"| {value} | `{name}` | {_cell(kind)} | {_cell(meaning)} |")
     return "\n".join(lines) + "\n"

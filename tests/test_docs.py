@@ -110,7 +110,6 @@ def test_parameters_doc_lists_every_parameter_once_with_its_default():
     assert "| `mode` |" in reducer
 
 
-@pytest.mark.skipif(not hasattr(errors, "error_table"), reason="errors.error_table() is not on this branch yet")
 def test_readme_error_table_is_what_the_generator_writes():
     expected = docs.splice(README.read_text(), docs.render_errors(errors.error_table()))
     assert README.read_text() == expected, "run: trajectory-ensemble docs"

@@ -39,13 +39,10 @@ def default_model() -> str:
 
 
 def model_notice(model: str) -> str:
-    """What the weights are (e.g. ``untrained demo weights``), for plot titles; the model name if unknown."""
-    try:
-        from ..catalog import model_notice as notice
+    """What the weights are (e.g. ``untrained demo weights``), for plot titles."""
+    from ..catalog import model_notice as notice
 
-        return str(notice(model))
-    except Exception:  # noqa: BLE001 - a title must never fail the demo
-        return model
+    return str(notice(model))
 
 
 def toy_installed() -> bool:

@@ -26,12 +26,14 @@ from collections.abc import Sequence
 from typing import Any
 
 import rclpy
+from rclpy._rclpy_pybind11 import RCLError
 from diagnostic_msgs.msg import DiagnosticArray
 from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import CosmosActionCondition
 from rclpy.action import ActionServer, CancelResponse, GoalResponse
 from rclpy.action.server import ServerGoalHandle
 from rclpy.callback_groups import ReentrantCallbackGroup
 from rclpy.executors import MultiThreadedExecutor
+from rclpy.exceptions import InvalidHandle
 from rclpy.node import Node
 from rclpy.qos import QoSProfile, qos_profile_sensor_data
 from rclpy.signals import SignalHandlerOptions
@@ -370,8 +372,8 @@ class TrajectoryEnsembleNode(Node):
             self._last_metrics, self._last_error = metrics, None
         goal_handle.succeed()
         self.tracker.count("succeeded")
-        self.after_result.call(
-            self.get_logger().info,
+        self.after_result.log(
+            self.get_logger(), "info",
             f"goal {goal_id}: {result.size}x {result.spec.reducer} -> {trajectory.horizon}x{trajectory.action_dim} "
             f"in {goal_ms:.0f} ms (engine {float(metrics.get('total_ms') or 0.0):.0f} ms)"
         )
@@ -394,7 +396,7 @@ class TrajectoryEnsembleNode(Node):
         else:
             goal_handle.abort()
         self.tracker.count("canceled")
-        self.after_result.call(self.get_logger().info, f"goal {goal_id} canceled")
+        self.after_result.log(self.get_logger(), "info", f"goal {goal_id} canceled")
         return self._result(plan, ErrorCode.CANCELED, str(error))
 
     def _abort(self, goal_handle: ServerGoalHandle, goal_id: str, plan: GoalPlan | None,
@@ -407,8 +409,8 @@ class TrajectoryEnsembleNode(Node):
         if code in _ENGINE_FAILURE_CODES:
             with self._lock:
                 self._last_error = f"{ErrorCode(code).name}: {message}"
-        self.after_result.call(self.get_logger().warning,
-                               f"goal {goal_id} aborted ({ErrorCode(code).name}): {message}")
+        self.after_result.log(self.get_logger(), "warning",
+                              f"goal {goal_id} aborted ({ErrorCode(code).name}): {message}")
         return self._result(plan, code, message)
 
     # --- update_weights --------------------------------------------------------------------------------------------
@@ -457,8 +459,10 @@ class TrajectoryEnsembleNode(Node):
         )
         try:
             self.diagnostics_pub.publish(build_diagnostics(inputs, self.get_clock().now().to_msg()))
-        except Exception:  # noqa: BLE001 - the context may be shutting down; diagnostics are best effort
-            pass
+        except (InvalidHandle, RCLError) as error:
+            # Expected only while the context shuts down (the publisher is gone); anything else propagates.
+            if rclpy.ok(context=self.context):
+                self.get_logger().warning(f"/diagnostics not published: {type(error).__name__}: {error}")
 
     def shutdown(self) -> None:
         """Refuse new goals and end every running or waiting goal (SHUTDOWN); the engine thread stops."""

@@ -48,7 +48,31 @@ class BurstReport:
         return {k: (dict(v) if isinstance(v, dict) else v) for k, v in self.__dict__.items()}
 
 
-def fire_burst(client: RosClient, count: int, *, answer_timeout_s: float = 60.0,
+def burst_action_client(client: RosClient) -> Any:
+    """An action client on ``client``'s node whose goal/cancel/result queues hold a whole burst.
+
+    A burst needs deep queues at *both* ends: with rclpy's default (KEEP_LAST 10) the client's own request writer
+    overwrites requests DDS has not delivered yet, before the server could see them. The node's side is
+    :data:`~trajectory_ensemble_node.ros.lifecycle.ACTION_SERVICE_QOS`; a client that bursts uses the same.
+    """
+    from rclpy.action import ActionClient
+    from trajectory_ensemble_msgs.action import GenerateTrajectory
+
+    from trajectory_ensemble_node.ros.lifecycle import ACTION_SERVICE_QOS
+
+    import rclpy
+
+    # Its own node: two action clients of one action on one node see each other's goal responses.
+    node = rclpy.create_node(f"burst_client_{os.getpid()}_{time.monotonic_ns()}", context=client.context)
+    client.executor.add_node(node)
+    action = ActionClient(node, GenerateTrajectory, "/trajectory_ensemble/generate_trajectory",
+                          goal_service_qos_profile=ACTION_SERVICE_QOS, result_service_qos_profile=ACTION_SERVICE_QOS,
+                          cancel_service_qos_profile=ACTION_SERVICE_QOS)
+    assert action.wait_for_server(timeout_sec=60.0), "action server not found by the burst client"
+    return action
+
+
+def fire_burst(client: RosClient, count: int, *, action: Any = None, answer_timeout_s: float = 60.0,
                terminal_timeout_s: float = 60.0, **goal_fields: Any) -> BurstReport:
     """Send ``count`` goals back to back (no pacing), then wait for every answer and every accepted goal's result.
 
@@ -57,9 +81,23 @@ def fire_burst(client: RosClient, count: int, *, answer_timeout_s: float = 60.0,
         count (`int`): Goals to send.
         answer_timeout_s (`float`): How long after the last send every goal must be accepted or rejected.
         terminal_timeout_s (`float`): How long after the last send every accepted goal must be terminal.
+        action (`ActionClient`, *optional*): The client to send with (default: :func:`burst_action_client`).
         **goal_fields: Fields of each ``GenerateTrajectory.Goal``.
     """
-    futures = [client.action.send_goal_async(client.Goal(**goal_fields)) for _ in range(count)]
+    action = action or burst_action_client(client)
+    results: list[Any] = []
+
+    def on_answer(future: Any) -> None:
+        # Ask for the result at once, as real clients do: the server keeps a result only ~10 s after the end.
+        handle = future.result()
+        if handle is not None and handle.accepted:
+            results.append(handle.get_result_async())
+
+    futures = []
+    for _ in range(count):
+        future = action.send_goal_async(client.Goal(**goal_fields))
+        future.add_done_callback(on_answer)
+        futures.append(future)
     last_send = time.monotonic()
     report = BurstReport(sent=count)
     deadline = last_send + answer_timeout_s
@@ -68,18 +106,16 @@ def fire_burst(client: RosClient, count: int, *, answer_timeout_s: float = 60.0,
     report.answer_s = time.monotonic() - last_send
     handles = [f.result() for f in futures if f.done()]
     report.unanswered = count - len(handles)
-    results = []
     for handle in handles:
         if handle.accepted:
             report.accepted += 1
-            results.append(handle.get_result_async())
         else:
             report.rejected += 1
     deadline = last_send + terminal_timeout_s
-    while time.monotonic() < deadline and not all(f.done() for f in results):
+    while time.monotonic() < deadline and not (len(results) == report.accepted and all(f.done() for f in results)):
         time.sleep(0.02)
     report.terminal_s = time.monotonic() - last_send
-    for future in results:
+    for future in list(results):
         if not future.done():
             continue
         response = future.result()

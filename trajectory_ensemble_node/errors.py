@@ -39,6 +39,9 @@ class ErrorCode(enum.IntEnum):
     # Configuration and weights.
     STATS_FILE_INVALID = 50
     WEIGHTS_REJECTED = 51
+    # Input size limits (refused before any model work).
+    INSTRUCTION_TOO_LONG = 60
+    IMAGE_TOO_LARGE = 61
 
 
 class AbortReason(str, enum.Enum):
@@ -172,3 +175,26 @@ class WeightUpdateError(TrajectoryEnsembleError, ValueError):
     """A weight update was rejected; in strict mode nothing was changed."""
 
     code = ErrorCode.WEIGHTS_REJECTED
+
+
+# --- input size limits ----------------------------------------------------------------------------------------------
+
+
+class InputTooLargeError(TrajectoryEnsembleError, ValueError):
+    """An input is above a configured size limit; refused before any model work."""
+
+    code = ErrorCode.INVALID_REQUEST
+
+
+class InstructionTooLongError(InputTooLargeError):
+    """The instruction has more characters than ``max_instruction_chars`` or more tokens than
+    ``max_instruction_tokens``."""
+
+    code = ErrorCode.INSTRUCTION_TOO_LONG
+
+
+class ImageTooLargeError(InputTooLargeError):
+    """An image message has more bytes than ``max_image_bytes`` or more pixels than ``max_image_pixels``."""
+
+    code = ErrorCode.IMAGE_TOO_LARGE
+    cause = "size"

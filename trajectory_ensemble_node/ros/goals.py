@@ -180,9 +180,14 @@ class GoalRecord:
     def preempt(self, by: str) -> None:
         """A newer goal takes this goal's slot: stop its group at the next step (unless it already has its result)."""
         with self._lock:
-            if self.preempted_by is None and not self.cancel_requested and not self.completed:
+            woken = self.preempted_by is None and not self.cancel_requested and not self.completed
+            if woken:
                 self.preempted_by = by
         self._cancel_handle()
+        if woken:
+            # End the goal now rather than when the engine reaches the group: under a burst, goals waiting on the
+            # engine each hold an executor thread, and new goals would wait for a free one unanswered.
+            self.events.put(None)
 
     def request_cancel(self) -> bool:
         """The client canceled: stop the group at the next step.

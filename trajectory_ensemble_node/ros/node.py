@@ -46,7 +46,14 @@ from trajectory_msgs.msg import JointTrajectory
 
 from ..contract import EnsembleResult
 from ..engine import GroupRequest, ProgressEvent
-from ..errors import ErrorCode, GroupCanceledError, GroupPreemptedError, TrajectoryEnsembleError
+from ..errors import (
+    ErrorCode,
+    GroupCanceledError,
+    GroupPreemptedError,
+    ImageTooLargeError,
+    InstructionTooLongError,
+    TrajectoryEnsembleError,
+)
 from ..models.cosmos3 import Cosmos3ActionModel, RolloutSpec
 from ..models.cosmos3.loading import load_pipeline, model_notice, resolve_device
 from ..normalization import ActionNormalizer
@@ -62,6 +69,16 @@ from .deferred import Deferred
 from .diagnostics import DiagnosticsInputs, build_diagnostics
 from .faults import FaultInjector
 from .goals import GoalPlan, GoalRecord, GoalTracker, goal_id_str, plan_goal
+from .input_limits import InputLimits, check_image_size, check_instruction, token_counter
+from .lifecycle import (
+    ACTION_SERVICE_QOS,
+    DUPLICATE_CHECK_PERIOD_S,
+    arm_exit_deadline,
+    check_params_files,
+    check_parameter_types,
+    report_duplicates,
+    warn_raw_reducer,
+)
 from .observations import Observation, ObservationBuffer
 from .weight_updates import DISABLED_MESSAGE, resolve_update_path
 
@@ -109,6 +126,11 @@ class TrajectoryEnsembleNode(Node):
         self.faults = FaultInjector(self.model.adapter) if os.environ.get(node_params.TESTING_ENV) == "1" else None
         if self.faults is not None and p.fault_injection:
             self.faults.arm(p.fault_injection)
+        self.limits = InputLimits(p.max_instruction_chars, p.max_instruction_tokens, p.max_image_bytes,
+                                  p.max_image_pixels)
+        self._count_tokens = token_counter(pipe)
+        check_instruction(p.instruction, self.limits, self._count_tokens, source="the instruction parameter")
+        warn_raw_reducer(self, p.reducer, p.action_stats_file)
         self.add_on_set_parameters_callback(self._on_set_parameters)
 
         self.tracker = GoalTracker(p.goal_policy, p.max_concurrent_goals)
@@ -136,13 +158,20 @@ class TrajectoryEnsembleNode(Node):
         self.diagnostics_pub = self.create_publisher(DiagnosticArray, "/diagnostics", reliable)
 
         self.model.engine.start()
+        # Deep goal/cancel/result queues: with rclpy's default (KEEP_LAST 10) a burst of goals is dropped unanswered.
         self.action_server = ActionServer(
             self, GenerateTrajectory, "~/generate_trajectory", execute_callback=self._execute,
             goal_callback=self._on_goal, handle_accepted_callback=self._on_accepted,
             cancel_callback=self._on_cancel, callback_group=self._cb,
+            goal_service_qos_profile=ACTION_SERVICE_QOS, result_service_qos_profile=ACTION_SERVICE_QOS,
+            cancel_service_qos_profile=ACTION_SERVICE_QOS,
         )
         self.create_service(UpdateWeights, "~/update_weights", self._on_update_weights, callback_group=self._cb)
         self.create_timer(DIAGNOSTICS_PERIOD_S, self.publish_diagnostics, callback_group=self._cb)
+        self._same_name_count = report_duplicates(self, 1)
+        self.create_timer(DUPLICATE_CHECK_PERIOD_S,
+                          lambda: setattr(self, "_same_name_count", report_duplicates(self, self._same_name_count)),
+                          callback_group=self._cb)
         self.after_result = Deferred(AFTER_RESULT_S, "after-result")
         self._startup(
             f"ready: action {self.resolve_topic_name('~/generate_trajectory')}, images {image_topics}, "
@@ -188,10 +217,13 @@ class TrajectoryEnsembleNode(Node):
     def _on_set_parameters(self, changes: Sequence[Any]) -> Any:
         from rcl_interfaces.msg import SetParametersResult
 
+        problem = check_parameter_types(changes)
+        if problem is not None:
+            return SetParametersResult(successful=False, reason=problem)
         for change in changes:
             if change.name != "fault_injection":
                 continue  # read_only descriptors already refuse the others
-            value = change.value if isinstance(change.value, str) else ""
+            value = change.value
             try:
                 node_params.check_fault_injection(value)
             except node_params.ParameterError as error:
@@ -204,6 +236,13 @@ class TrajectoryEnsembleNode(Node):
     # --- subscriptions ---------------------------------------------------------------------------------------------
 
     def _on_image(self, topic: str, msg: Image) -> None:
+        try:
+            check_image_size(msg, self.limits)
+        except ImageTooLargeError as error:
+            # Checked from the header fields, before any conversion or copy of the data.
+            self.observations.count_rejection(topic, error.cause, f"{type(error).__name__}: {error}")
+            self.get_logger().warning(f"rejected a frame on {topic}: {error}", throttle_duration_sec=5.0)
+            return
         error = self.observations.offer_image(topic, msg)
         if error is not None and self.observations.first_rejection(error):
             self.get_logger().warning(
@@ -212,6 +251,12 @@ class TrajectoryEnsembleNode(Node):
             )
 
     def _on_instruction(self, msg: String) -> None:
+        try:
+            check_instruction(msg.data, self.limits, self._count_tokens, source="~/instruction")
+        except InstructionTooLongError as error:
+            self.get_logger().warning(f"ignored: {error}; keeping the previous instruction",
+                                      throttle_duration_sec=5.0)
+            return
         with self._lock:
             self._instruction = msg.data or self.params.instruction
 
@@ -262,8 +307,11 @@ class TrajectoryEnsembleNode(Node):
         """
         goal_id = record.goal_id
         if record.plan is None:
+            # Size limits first: O(1) on characters, so a hostile instruction costs nothing further.
+            check_instruction(goal_handle.request.instruction, self.limits, self._count_tokens)
             record.plan = plan_goal(goal_handle.request, self.params, default_instruction=self.default_instruction(),
                                     valid_reducers=self.model.adapter.valid_reducers())
+            warn_raw_reducer(self, record.plan.spec.reducer, self.params.action_stats_file)
         # Everything that can refuse the goal runs before admission, so a bad goal never preempts a good one.
         observation, request = self._build(goal_id, record.plan, record)
         if not block:
@@ -288,6 +336,9 @@ class TrajectoryEnsembleNode(Node):
                 self._start(goal_handle, record, block=True)
             assert record.handle is not None and record.plan is not None
             self._relay_feedback(goal_handle, record, record.plan)
+            preempted = record.stop_error()
+            if isinstance(preempted, GroupPreemptedError) and not record.handle.done():
+                raise preempted  # woken by the preemption; the engine drops the group at its next step
             result = record.handle.result(timeout=0)
             stop = record.claim_success()
             if stop is not None:
@@ -467,7 +518,8 @@ class TrajectoryEnsembleNode(Node):
     def shutdown(self) -> None:
         """Refuse new goals and end every running or waiting goal (SHUTDOWN); the engine thread stops."""
         self.tracker.close()
-        self.model.engine.stop()
+        # Bounded: main() exits within SHUTDOWN_DEADLINE_S whatever the engine thread is doing.
+        self.model.engine.stop(timeout=2.0)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -485,7 +537,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     rclpy.init(args=argv, signal_handler_options=SignalHandlerOptions.NO)
     stop = threading.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, lambda *_: stop.set())
+        signal.signal(signum, lambda *_: (stop.set(), arm_exit_deadline()))
     try:
         node = TrajectoryEnsembleNode()
     except TrajectoryEnsembleError as error:
@@ -493,6 +545,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         rclpy.try_shutdown()
         return 2
     p = node.params
+    check_params_files(node, argv)
     # Goal threads block on the engine; leave room for them plus cancels, feedback, subscriptions and the timer.
     threads = 4 + p.max_concurrent_goals + (8 if p.goal_policy == "queue" else 1)
     executor = MultiThreadedExecutor(num_threads=threads)
@@ -502,8 +555,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             executor.spin_once(timeout_sec=0.2)
         node.get_logger().info("shutting down: ending every goal")
         node.shutdown()
-        # Keep spinning so that the aborted goals' results (and their status) reach their clients.
-        deadline = time.monotonic() + 5.0
+        # Keep spinning so that the aborted goals' results (and their status) reach their clients; bounded well
+        # inside SHUTDOWN_DEADLINE_S, after which the watchdog ends the process anyway.
+        deadline = time.monotonic() + 1.5
         while node.tracker.num_active and time.monotonic() < deadline:
             executor.spin_once(timeout_sec=0.05)
         linger = time.monotonic() + 0.5
@@ -511,7 +565,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             executor.spin_once(timeout_sec=0.05)
     finally:
         node.after_result.stop()
-        executor.shutdown(timeout_sec=2.0)
+        executor.shutdown(timeout_sec=1.0)
         node.destroy_node()
         rclpy.try_shutdown()
     return 0

@@ -163,6 +163,8 @@ class GoalRecord:
     handle: GroupHandle | None = None
     preempted_by: str | None = None
     cancel_requested: bool = False
+    shutting_down: bool = False
+    """The node is shutting down: the goal ends SHUTDOWN now, without waiting for the engine."""
     completed: bool = False
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -230,7 +232,17 @@ class GoalRecord:
         with self._lock:
             return self._stop_error_locked()
 
+    def end_for_shutdown(self) -> None:
+        """The node is shutting down: wake the goal's thread so it ends SHUTDOWN at once (unless already committed)."""
+        with self._lock:
+            if self.completed:
+                return
+            self.shutting_down = True
+        self.events.put(None)
+
     def _stop_error_locked(self) -> GroupAbortedError | None:
+        if self.shutting_down:
+            return EngineShutdownError(self.goal_id, "the node is shutting down")
         if self.preempted_by is not None:
             return GroupPreemptedError(self.goal_id, f"preempted by {self.preempted_by}")
         if self.cancel_requested:
@@ -365,10 +377,13 @@ class GoalTracker:
     # --- node -------------------------------------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Shutdown: waiting goals end with SHUTDOWN; no new goal is accepted."""
+        """Shutdown: every running or waiting goal ends with SHUTDOWN now; no new goal is accepted."""
         with self._cond:
             self._closed = True
+            records = list(self._active.values())
             self._cond.notify_all()
+        for record in records:
+            record.end_for_shutdown()
 
     @property
     def num_active(self) -> int:

@@ -48,6 +48,7 @@ from ..contract import EnsembleResult
 from ..engine import GroupRequest, ProgressEvent
 from ..errors import (
     ErrorCode,
+    EngineShutdownError,
     GroupCanceledError,
     GroupPreemptedError,
     ImageTooLargeError,
@@ -74,6 +75,7 @@ from .lifecycle import (
     ACTION_SERVICE_QOS,
     DUPLICATE_CHECK_PERIOD_S,
     arm_exit_deadline,
+    exit_now,
     check_params_files,
     check_parameter_types,
     report_duplicates,
@@ -336,9 +338,9 @@ class TrajectoryEnsembleNode(Node):
                 self._start(goal_handle, record, block=True)
             assert record.handle is not None and record.plan is not None
             self._relay_feedback(goal_handle, record, record.plan)
-            preempted = record.stop_error()
-            if isinstance(preempted, GroupPreemptedError) and not record.handle.done():
-                raise preempted  # woken by the preemption; the engine drops the group at its next step
+            stop_now = record.stop_error()
+            if isinstance(stop_now, (GroupPreemptedError, EngineShutdownError)) and not record.handle.done():
+                raise stop_now  # woken by a preemption or shutdown; the engine drops the group at its next step
             result = record.handle.result(timeout=0)
             stop = record.claim_success()
             if stop is not None:
@@ -518,8 +520,10 @@ class TrajectoryEnsembleNode(Node):
     def shutdown(self) -> None:
         """Refuse new goals and end every running or waiting goal (SHUTDOWN); the engine thread stops."""
         self.tracker.close()
-        # Bounded: main() exits within SHUTDOWN_DEADLINE_S whatever the engine thread is doing.
-        self.model.engine.stop(timeout=2.0)
+        # On its own thread: the engine stops only after the step it is in (an encode can take seconds), and the
+        # executor must keep spinning meanwhile so the goals' SHUTDOWN results reach their clients.
+        threading.Thread(target=self.model.engine.stop, kwargs={"timeout": 2.0}, name="engine-stop",
+                         daemon=True).start()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -568,4 +572,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         executor.shutdown(timeout_sec=1.0)
         node.destroy_node()
         rclpy.try_shutdown()
+    if stop.is_set():
+        exit_now(0)  # interpreter teardown took seconds more, with the exit watchdog already frozen
     return 0

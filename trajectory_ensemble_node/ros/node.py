@@ -481,8 +481,9 @@ class TrajectoryEnsembleNode(Node):
             response.success, response.message = False, str(error)
             self.get_logger().warning(f"update_weights refused: {error}")
             return response
-        except Exception as error:  # noqa: BLE001 - a service must answer, whatever failed
+        except Exception as error:  # noqa: BLE001 - a service must answer, whatever failed; logged, not hidden
             response.success, response.message = False, f"{type(error).__name__}: {error}"
+            self.get_logger().error(f"update_weights failed unexpectedly: {response.message}")
             return response
         response.success = True
         response.weights_version = int(report.weights_version)

@@ -200,9 +200,14 @@ class GoalRecord:
         with self._lock:
             if self.completed:
                 return False
+            woken = self.preempted_by is None and not self.cancel_requested
             if self.preempted_by is None:
                 self.cancel_requested = True
         self._cancel_handle()
+        if woken:
+            # End the goal now: the engine may be inside an encode it cannot interrupt (seconds on a loaded CPU);
+            # it drops the group at its next step, and nothing of it is ever published.
+            self.events.put(None)
         return True
 
     def claim_success(self) -> GroupAbortedError | None:

@@ -339,8 +339,8 @@ class TrajectoryEnsembleNode(Node):
             assert record.handle is not None and record.plan is not None
             self._relay_feedback(goal_handle, record, record.plan)
             stop_now = record.stop_error()
-            if isinstance(stop_now, (GroupPreemptedError, EngineShutdownError)) and not record.handle.done():
-                raise stop_now  # woken by a preemption or shutdown; the engine drops the group at its next step
+            if isinstance(stop_now, (GroupCanceledError, EngineShutdownError)) and not record.handle.done():
+                raise stop_now  # woken by a cancel, preemption or shutdown; the engine drops the group later
             result = record.handle.result(timeout=0)
             stop = record.claim_success()
             if stop is not None:

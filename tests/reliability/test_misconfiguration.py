@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -20,7 +21,7 @@ import yaml
 pytest.importorskip("rclpy")
 pytest.importorskip("trajectory_ensemble_msgs")
 
-from _node_harness import NODE, Stamps, serve_node, write_params  # noqa: E402
+from _node_harness import NODE, RosClient, Stamps, serve_node, write_params  # noqa: E402
 from _reliability_harness import wait_for_log  # noqa: E402
 from action_msgs.msg import GoalStatus  # noqa: E402
 from sensor_msgs.msg import JointState  # noqa: E402
@@ -124,13 +125,15 @@ def test_a_second_node_with_the_same_name_a_foreign_params_file_and_a_raw_reduce
         while "] ready: " not in log.read_text(errors="replace") and time.monotonic() < deadline:
             assert second.poll() is None, log.read_text(errors="replace")
             time.sleep(0.2)
-        text = lambda: log.read_text(errors="replace")  # noqa: E731
-        RosWait = __import__("_node_harness").RosClient.wait
-        RosWait(lambda: f"2 nodes named /{NODE}" in text(), 30.0, "the duplicate-name error in the second node")
+
+        def text() -> str:
+            return log.read_text(errors="replace")
+
+        RosClient.wait(lambda: f"2 nodes named /{NODE}" in text(), 30.0, "the duplicate-name error in the second node")
         assert f"params file {str(foreign)!r} has no section for this node (/{NODE})" in text()
         assert "reducer 'pose_gripper' needs physical units" in text() and "action_stats_file" in text()
         # The first node notices too (its periodic check), so whichever started first also says so.
         assert wait_for_log(node, f"2 nodes named /{NODE}", timeout_s=30.0)
     finally:
-        second.send_signal(2)
+        second.send_signal(signal.SIGINT)
         second.wait(30)

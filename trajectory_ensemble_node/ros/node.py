@@ -26,9 +26,9 @@ from collections.abc import Sequence
 from typing import Any
 
 import rclpy
-from rclpy._rclpy_pybind11 import RCLError
 from diagnostic_msgs.msg import DiagnosticArray
 from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import CosmosActionCondition
+from rclpy._rclpy_pybind11 import RCLError
 from rclpy.action import ActionServer, CancelResponse, GoalResponse
 from rclpy.action.server import ServerGoalHandle
 from rclpy.callback_groups import ReentrantCallbackGroup
@@ -47,8 +47,8 @@ from trajectory_msgs.msg import JointTrajectory
 from ..contract import EnsembleResult
 from ..engine import GroupRequest, ProgressEvent
 from ..errors import (
-    ErrorCode,
     EngineShutdownError,
+    ErrorCode,
     GroupCanceledError,
     GroupPreemptedError,
     ImageTooLargeError,
@@ -75,9 +75,9 @@ from .lifecycle import (
     ACTION_SERVICE_QOS,
     DUPLICATE_CHECK_PERIOD_S,
     arm_exit_deadline,
-    exit_now,
-    check_params_files,
     check_parameter_types,
+    check_params_files,
+    exit_now,
     report_duplicates,
     warn_raw_reducer,
 )

@@ -15,6 +15,7 @@ MSG_BUILD := $(CURDIR)/msg/build
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 PYTEST_ARGS ?=
 BENCH_ARGS ?=
+SOAK_ARGS ?=
 
 # Everything the interface build reads; a change to any of these rebuilds the interfaces.
 MSG_SOURCES := $(shell find msg -type f -not -path 'msg/build/*' 2>/dev/null)
@@ -25,7 +26,7 @@ ROS_BUILD_ENV := AMENT_PREFIX_PATH=$(VENV) CMAKE_PREFIX_PATH=$(VENV):$(VENV)/lib
 # $(call require,COMMAND,APT PACKAGES): stop with one line naming the package when COMMAND is missing.
 require = command -v $(1) >/dev/null 2>&1 || { echo "error: $(1) not found; install it with: sudo apt install $(2)" >&2; exit 1; }
 
-.PHONY: test demo bench venv interfaces colcon clean
+.PHONY: test demo bench soak venv interfaces colcon clean
 
 test: $(VENV)/.stamp-interfaces
 	@# pytest exits 5 when it collects nothing; that must fail the build, never pass quietly.
@@ -36,6 +37,12 @@ demo: $(VENV)/.stamp-interfaces
 
 bench: $(VENV)/.stamp-interfaces
 	$(VENV)/bin/trajectory-ensemble bench $(BENCH_ARGS)
+
+# The long reliability storms of tests/reliability (issue 20): 500-goal soak with RSS growth, a 200-goal burst per
+# goal policy, cancel storms, killed clients, a frame flood, hostile weight paths, every engine fault, SIGTERM.
+# Under 20 minutes on 2 cores; writes bench/results/soak.json and docs/reliability.md.
+soak: $(VENV)/.stamp-interfaces
+	PYTHONPATH=$(CURDIR) $(VPY) tests/reliability/soak.py $(SOAK_ARGS)
 
 venv: $(VENV)/.stamp-project
 

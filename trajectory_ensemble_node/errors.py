@@ -46,6 +46,9 @@ class ErrorCode(enum.IntEnum):
     WEIGHTS_REJECTED = 51
     INVALID_PARAMETERS = 52
     MODEL_LOAD_FAILED = 53
+    # Input size limits (refused before any model work).
+    INSTRUCTION_TOO_LONG = 60
+    IMAGE_TOO_LARGE = 61
 
 
 ERROR_KINDS = ("ok", "refusal", "observation", "engine failure", "lifecycle", "configuration")
@@ -86,6 +89,10 @@ _TABLE: dict[ErrorCode, tuple[str, str]] = {
     ErrorCode.INVALID_PARAMETERS: ("configuration", "A node parameter is invalid; the node did not start."),
     ErrorCode.MODEL_LOAD_FAILED: ("configuration", "The model could not be loaded (path, format, device or dtype); "
                                                    "the node did not start."),
+    ErrorCode.INSTRUCTION_TOO_LONG: ("refusal", "The instruction is longer than max_instruction_chars or "
+                                                "max_instruction_tokens; nothing was run."),
+    ErrorCode.IMAGE_TOO_LARGE: ("observation", "A camera image is larger than max_image_bytes or max_image_pixels; "
+                                               "it was dropped and the last good frame kept."),
 }
 
 
@@ -357,3 +364,26 @@ class BagError(TrajectoryEnsembleError, ValueError):
 
 class InterfaceDefinitionError(TrajectoryEnsembleError, FileNotFoundError):
     """The ``trajectory_ensemble_msgs`` ``.msg`` files cannot be found to register them in the typestore."""
+
+
+# --- input size limits ----------------------------------------------------------------------------------------------
+
+
+class InputTooLargeError(TrajectoryEnsembleError, ValueError):
+    """An input is above a configured size limit; refused before any model work."""
+
+    code = ErrorCode.INVALID_REQUEST
+
+
+class InstructionTooLongError(InputTooLargeError):
+    """The instruction has more characters than ``max_instruction_chars`` or more tokens than
+    ``max_instruction_tokens``."""
+
+    code = ErrorCode.INSTRUCTION_TOO_LONG
+
+
+class ImageTooLargeError(InputTooLargeError):
+    """An image message has more bytes than ``max_image_bytes`` or more pixels than ``max_image_pixels``."""
+
+    code = ErrorCode.IMAGE_TOO_LARGE
+    cause = "size"

@@ -123,9 +123,13 @@ class EnsembleService:
         """Run the engine on its own background thread (the node's mode)."""
         self.engine.start()
 
-    def stop(self) -> None:
-        """Stop the background thread; unfinished groups end with ``EngineShutdownError``."""
-        self.engine.stop()
+    def stop(self, timeout: float | None = 10.0) -> None:
+        """Stop the background thread; unfinished groups end with ``EngineShutdownError``.
+
+        Args:
+            timeout (`float`, *optional*): Seconds to wait for the step in progress to end.
+        """
+        self.engine.stop(timeout)
 
     # --- gauges ----------------------------------------------------------------------------------------------------
 

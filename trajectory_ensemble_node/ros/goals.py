@@ -130,6 +130,8 @@ class GoalRecord:
     handle: GroupHandle | None = None
     preempted_by: str | None = None
     cancel_requested: bool = False
+    shutting_down: bool = False
+    """The node is shutting down: the goal ends SHUTDOWN now, without waiting for the engine."""
     completed: bool = False
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -147,9 +149,14 @@ class GoalRecord:
     def preempt(self, by: str) -> None:
         """A newer goal takes this goal's slot: stop its group at the next step (unless it already has its result)."""
         with self._lock:
-            if self.preempted_by is None and not self.cancel_requested and not self.completed:
+            woken = self.preempted_by is None and not self.cancel_requested and not self.completed
+            if woken:
                 self.preempted_by = by
         self._cancel_handle()
+        if woken:
+            # End the goal now rather than when the engine reaches the group: under a burst, goals waiting on the
+            # engine each hold an executor thread, and new goals would wait for a free one unanswered.
+            self.events.put(None)
 
     def request_cancel(self) -> bool:
         """The client canceled: stop the group at the next step.
@@ -160,9 +167,14 @@ class GoalRecord:
         with self._lock:
             if self.completed:
                 return False
+            woken = self.preempted_by is None and not self.cancel_requested
             if self.preempted_by is None:
                 self.cancel_requested = True
         self._cancel_handle()
+        if woken:
+            # End the goal now: the engine may be inside an encode it cannot interrupt (seconds on a loaded CPU);
+            # it drops the group at its next step, and nothing of it is ever published.
+            self.events.put(None)
         return True
 
     def claim_success(self) -> GroupAbortedError | None:
@@ -192,7 +204,17 @@ class GoalRecord:
         with self._lock:
             return self._stop_error_locked()
 
+    def end_for_shutdown(self) -> None:
+        """The node is shutting down: wake the goal's thread so it ends SHUTDOWN at once (unless already committed)."""
+        with self._lock:
+            if self.completed:
+                return
+            self.shutting_down = True
+        self.events.put(None)
+
     def _stop_error_locked(self) -> GroupAbortedError | None:
+        if self.shutting_down:
+            return EngineShutdownError(self.goal_id, "the node is shutting down")
         if self.preempted_by is not None:
             return GroupPreemptedError(self.goal_id, f"preempted by {self.preempted_by}")
         if self.cancel_requested:
@@ -327,10 +349,13 @@ class GoalTracker:
     # --- node -------------------------------------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Shutdown: waiting goals end with SHUTDOWN; no new goal is accepted."""
+        """Shutdown: every running or waiting goal ends with SHUTDOWN now; no new goal is accepted."""
         with self._cond:
             self._closed = True
+            records = list(self._active.values())
             self._cond.notify_all()
+        for record in records:
+            record.end_for_shutdown()
 
     @property
     def num_active(self) -> int:

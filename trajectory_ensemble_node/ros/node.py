@@ -28,10 +28,12 @@ from typing import Any
 import rclpy
 from diagnostic_msgs.msg import DiagnosticArray
 from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import CosmosActionCondition
+from rclpy._rclpy_pybind11 import RCLError
 from rclpy.action import ActionServer, CancelResponse, GoalResponse
 from rclpy.action.server import ServerGoalHandle
 from rclpy.callback_groups import ReentrantCallbackGroup
 from rclpy.executors import MultiThreadedExecutor
+from rclpy.exceptions import InvalidHandle
 from rclpy.node import Node
 from rclpy.qos import QoSProfile, qos_profile_sensor_data
 from rclpy.signals import SignalHandlerOptions
@@ -46,9 +48,12 @@ from ..catalog import load_model, model_notice
 from ..contract import EnsembleResult, check_reducer
 from ..engine import GroupRequest, ProgressEvent
 from ..errors import (
+    EngineShutdownError,
     ErrorCode,
     GroupCanceledError,
     GroupPreemptedError,
+    ImageTooLargeError,
+    InstructionTooLongError,
     InvalidSpecError,
     ParameterError,
     TrajectoryEnsembleError,
@@ -68,6 +73,17 @@ from .deferred import Deferred
 from .diagnostics import DiagnosticsInputs, build_diagnostics
 from .faults import FaultInjector
 from .goals import GoalPlan, GoalRecord, GoalTracker, goal_id_str, plan_goal
+from .input_limits import InputLimits, check_image_size, check_instruction, token_counter
+from .lifecycle import (
+    ACTION_SERVICE_QOS,
+    DUPLICATE_CHECK_PERIOD_S,
+    arm_exit_deadline,
+    check_parameter_types,
+    check_params_files,
+    exit_now,
+    report_duplicates,
+    warn_raw_reducer,
+)
 from .observations import Observation, ObservationBuffer
 from .weight_updates import DISABLED_MESSAGE, resolve_update_path
 
@@ -115,6 +131,11 @@ class TrajectoryEnsembleNode(Node):
                        else None)
         if self.faults is not None and p.fault_injection:
             self.faults.arm(p.fault_injection)
+        self.limits = InputLimits(p.max_instruction_chars, p.max_instruction_tokens, p.max_image_bytes,
+                                  p.max_image_pixels)
+        self._count_tokens = token_counter(pipe)
+        check_instruction(p.instruction, self.limits, self._count_tokens, source="the instruction parameter")
+        warn_raw_reducer(self, p.reducer, p.action_stats_file)
         self.add_on_set_parameters_callback(self._on_set_parameters)
 
         self.tracker = GoalTracker(p.goal_policy, p.max_concurrent_goals)
@@ -142,13 +163,20 @@ class TrajectoryEnsembleNode(Node):
         self.diagnostics_pub = self.create_publisher(DiagnosticArray, "/diagnostics", reliable)
 
         self.model.start()
+        # Deep goal/cancel/result queues: with rclpy's default (KEEP_LAST 10) a burst of goals is dropped unanswered.
         self.action_server = ActionServer(
             self, GenerateTrajectory, "~/generate_trajectory", execute_callback=self._execute,
             goal_callback=self._on_goal, handle_accepted_callback=self._on_accepted,
             cancel_callback=self._on_cancel, callback_group=self._cb,
+            goal_service_qos_profile=ACTION_SERVICE_QOS, result_service_qos_profile=ACTION_SERVICE_QOS,
+            cancel_service_qos_profile=ACTION_SERVICE_QOS,
         )
         self.create_service(UpdateWeights, "~/update_weights", self._on_update_weights, callback_group=self._cb)
         self.create_timer(DIAGNOSTICS_PERIOD_S, self.publish_diagnostics, callback_group=self._cb)
+        self._same_name_count = report_duplicates(self, 1)
+        self.create_timer(DUPLICATE_CHECK_PERIOD_S,
+                          lambda: setattr(self, "_same_name_count", report_duplicates(self, self._same_name_count)),
+                          callback_group=self._cb)
         self.after_result = Deferred(AFTER_RESULT_S, "after-result")
         self._startup(
             f"ready: action {self.resolve_topic_name('~/generate_trajectory')}, images {image_topics}, "
@@ -194,10 +222,13 @@ class TrajectoryEnsembleNode(Node):
     def _on_set_parameters(self, changes: Sequence[Any]) -> Any:
         from rcl_interfaces.msg import SetParametersResult
 
+        problem = check_parameter_types(changes)
+        if problem is not None:
+            return SetParametersResult(successful=False, reason=problem)
         for change in changes:
             if change.name != "fault_injection":
                 continue  # read_only descriptors already refuse the others
-            value = change.value if isinstance(change.value, str) else ""
+            value = change.value
             try:
                 node_params.check_fault_injection(value)
             except ParameterError as error:
@@ -210,6 +241,13 @@ class TrajectoryEnsembleNode(Node):
     # --- subscriptions ---------------------------------------------------------------------------------------------
 
     def _on_image(self, topic: str, msg: Image) -> None:
+        try:
+            check_image_size(msg, self.limits)
+        except ImageTooLargeError as error:
+            # Checked from the header fields, before any conversion or copy of the data.
+            self.observations.count_rejection(topic, error.cause, f"{type(error).__name__}: {error}")
+            self.get_logger().warning(f"rejected a frame on {topic}: {error}", throttle_duration_sec=5.0)
+            return
         error = self.observations.offer_image(topic, msg)
         if error is not None and self.observations.first_rejection(error):
             self.get_logger().warning(
@@ -218,6 +256,12 @@ class TrajectoryEnsembleNode(Node):
             )
 
     def _on_instruction(self, msg: String) -> None:
+        try:
+            check_instruction(msg.data, self.limits, self._count_tokens, source="~/instruction")
+        except InstructionTooLongError as error:
+            self.get_logger().warning(f"ignored: {error}; keeping the previous instruction",
+                                      throttle_duration_sec=5.0)
+            return
         with self._lock:
             self._instruction = msg.data or self.params.instruction
 
@@ -268,8 +312,11 @@ class TrajectoryEnsembleNode(Node):
         """
         goal_id = record.goal_id
         if record.plan is None:
+            # Size limits first: O(1) on characters, so a hostile instruction costs nothing further.
+            check_instruction(goal_handle.request.instruction, self.limits, self._count_tokens)
             record.plan = plan_goal(goal_handle.request, self.params, default_instruction=self.default_instruction(),
                                     valid_reducers=self.model.valid_reducers())
+            warn_raw_reducer(self, record.plan.spec.reducer, self.params.action_stats_file)
         # Everything that can refuse the goal runs before admission, so a bad goal never preempts a good one.
         observation, request = self._build(goal_id, record.plan, record)
         if not block:
@@ -294,6 +341,9 @@ class TrajectoryEnsembleNode(Node):
                 self._start(goal_handle, record, block=True)
             assert record.handle is not None and record.plan is not None
             self._relay_feedback(goal_handle, record, record.plan)
+            stop_now = record.stop_error()
+            if isinstance(stop_now, (GroupCanceledError, EngineShutdownError)) and not record.handle.done():
+                raise stop_now  # woken by a cancel, preemption or shutdown; the engine drops the group later
             result = record.handle.result(timeout=0)
             stop = record.claim_success()
             if stop is not None:
@@ -378,8 +428,8 @@ class TrajectoryEnsembleNode(Node):
             self._last_metrics, self._last_error = metrics, None
         goal_handle.succeed()
         self.tracker.count("succeeded")
-        self.after_result.call(
-            self.get_logger().info,
+        self.after_result.log(
+            self.get_logger(), "info",
             f"goal {goal_id}: {result.size}x {result.spec.reducer} -> {trajectory.horizon}x{trajectory.action_dim} "
             f"in {goal_ms:.0f} ms (engine {float(metrics.get('total_ms') or 0.0):.0f} ms)"
         )
@@ -402,7 +452,7 @@ class TrajectoryEnsembleNode(Node):
         else:
             goal_handle.abort()
         self.tracker.count("canceled")
-        self.after_result.call(self.get_logger().info, f"goal {goal_id} canceled")
+        self.after_result.log(self.get_logger(), "info", f"goal {goal_id} canceled")
         return self._result(plan, ErrorCode.CANCELED, str(error))
 
     def _abort(self, goal_handle: ServerGoalHandle, goal_id: str, plan: GoalPlan | None,
@@ -415,8 +465,8 @@ class TrajectoryEnsembleNode(Node):
         if code in _ENGINE_FAILURE_CODES:
             with self._lock:
                 self._last_error = f"{ErrorCode(code).name}: {message}"
-        self.after_result.call(self.get_logger().warning,
-                               f"goal {goal_id} aborted ({ErrorCode(code).name}): {message}")
+        self.after_result.log(self.get_logger(), "warning",
+                              f"goal {goal_id} aborted ({ErrorCode(code).name}): {message}")
         return self._result(plan, code, message)
 
     # --- update_weights --------------------------------------------------------------------------------------------
@@ -434,8 +484,9 @@ class TrajectoryEnsembleNode(Node):
             response.success, response.message = False, str(error)
             self.get_logger().warning(f"update_weights refused: {error}")
             return response
-        except Exception as error:  # noqa: BLE001 - a service must answer, whatever failed
+        except Exception as error:  # noqa: BLE001 - a service must answer, whatever failed; logged, not hidden
             response.success, response.message = False, f"{type(error).__name__}: {error}"
+            self.get_logger().error(f"update_weights failed unexpectedly: {response.message}")
             return response
         response.success = True
         response.weights_version = int(report.weights_version)
@@ -465,13 +516,18 @@ class TrajectoryEnsembleNode(Node):
         )
         try:
             self.diagnostics_pub.publish(build_diagnostics(inputs, self.get_clock().now().to_msg()))
-        except Exception:  # noqa: BLE001 - the context may be shutting down; diagnostics are best effort
-            pass
+        except (InvalidHandle, RCLError) as error:
+            # Expected only while the context shuts down (the publisher is gone); anything else propagates.
+            if rclpy.ok(context=self.context):
+                self.get_logger().warning(f"/diagnostics not published: {type(error).__name__}: {error}")
 
     def shutdown(self) -> None:
         """Refuse new goals and end every running or waiting goal (SHUTDOWN); the engine thread stops."""
         self.tracker.close()
-        self.model.stop()
+        # On its own thread: the engine stops only after the step it is in (an encode can take seconds), and the
+        # executor must keep spinning meanwhile so the goals' SHUTDOWN results reach their clients.
+        threading.Thread(target=self.model.stop, kwargs={"timeout": 2.0}, name="engine-stop",
+                         daemon=True).start()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -489,7 +545,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     rclpy.init(args=argv, signal_handler_options=SignalHandlerOptions.NO)
     stop = threading.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, lambda *_: stop.set())
+        signal.signal(signum, lambda *_: (stop.set(), arm_exit_deadline()))
     try:
         node = TrajectoryEnsembleNode()
     except TrajectoryEnsembleError as error:
@@ -497,6 +553,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         rclpy.try_shutdown()
         return 2
     p = node.params
+    check_params_files(node, argv)
     # Goal threads block on the engine; leave room for them plus cancels, feedback, subscriptions and the timer.
     threads = 4 + p.max_concurrent_goals + (8 if p.goal_policy == "queue" else 1)
     executor = MultiThreadedExecutor(num_threads=threads)
@@ -506,8 +563,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             executor.spin_once(timeout_sec=0.2)
         node.get_logger().info("shutting down: ending every goal")
         node.shutdown()
-        # Keep spinning so that the aborted goals' results (and their status) reach their clients.
-        deadline = time.monotonic() + 5.0
+        # Keep spinning so that the aborted goals' results (and their status) reach their clients; bounded well
+        # inside SHUTDOWN_DEADLINE_S, after which the watchdog ends the process anyway.
+        deadline = time.monotonic() + 1.5
         while node.tracker.num_active and time.monotonic() < deadline:
             executor.spin_once(timeout_sec=0.05)
         linger = time.monotonic() + 0.5
@@ -515,7 +573,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             executor.spin_once(timeout_sec=0.05)
     finally:
         node.after_result.stop()
-        executor.shutdown(timeout_sec=2.0)
+        executor.shutdown(timeout_sec=1.0)
         node.destroy_node()
         rclpy.try_shutdown()
+    if stop.is_set():
+        exit_now(0)  # interpreter teardown took seconds more, with the exit watchdog already frozen
     return 0

@@ -51,7 +51,7 @@ BYTES_PER_PIXEL: dict[str, int] = {encoding: size for encoding, (size, _) in _EN
 """Bytes per pixel of each supported encoding (a row holds at least ``width * BYTES_PER_PIXEL[encoding]`` bytes)."""
 
 
-FRAME_REJECT_CAUSES = ("encoding", "step", "data_length", "dimensions")
+FRAME_REJECT_CAUSES = ("encoding", "step", "data_length", "dimensions", "size")
 """Every ``FrameError.cause``; diagnostics report a counter for each."""
 
 
@@ -154,6 +154,8 @@ class JointStateSample:
     positions: np.ndarray
     stamp: Any
     received: float
+    velocities: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    efforts: np.ndarray = field(default_factory=lambda: np.zeros(0))
 
 
 @dataclass(frozen=True)
@@ -180,6 +182,9 @@ class Observation:
 class _TopicCounters:
     received: int = 0
     rejected: dict[str, int] = field(default_factory=lambda: dict.fromkeys(FRAME_REJECT_CAUSES, 0))
+    refused_since_good: int = 0
+    """Frames refused since the last good one (the root cause a goal error quotes)."""
+    last_refusal: str = ""
 
 
 class ObservationBuffer:
@@ -222,14 +227,37 @@ class ObservationBuffer:
         try:
             image = image_to_rgb(msg.encoding, int(msg.height), int(msg.width), int(msg.step), msg.data)
         except FrameError as error:
-            with self._lock:
-                counters.rejected[error.cause] += 1
+            self.count_rejection(topic, error.cause, str(error))
             return error
         frame = Frame(topic, image, msg.header.stamp, msg.header.frame_id, received)
         with self._lock:
             counters.received += 1
+            counters.refused_since_good = 0
             self._frames[topic] = frame
         return None
+
+    def count_rejection(self, topic: str, cause: str, message: str) -> None:
+        """Count a frame refused on ``topic`` (here or by a check before :meth:`offer_image`, e.g. its size).
+
+        Args:
+            topic (`str`): One of ``image_topics``.
+            cause (`str`): One of :data:`FRAME_REJECT_CAUSES`.
+            message (`str`): The refusal, quoted in the errors of goals that then find no usable frame.
+        """
+        counters = self._counters[topic]
+        with self._lock:
+            counters.rejected[cause] += 1
+            counters.refused_since_good += 1
+            counters.last_refusal = message
+
+    def _refusals(self, topic: str) -> str:
+        # "; 8 frames refused since: <why>": the root cause a goal error carries (caller holds no lock).
+        with self._lock:
+            counters = self._counters[topic]
+            count, last = counters.refused_since_good, counters.last_refusal
+        if not count:
+            return ""
+        return f"; {count} frame(s) refused on it since, the last because: {last}"
 
     def first_rejection(self, error: FrameError) -> bool:
         """True the first time a rejection cause is seen (so the node logs each cause once, not at camera rate)."""
@@ -243,7 +271,8 @@ class ObservationBuffer:
         """Store a ``sensor_msgs/JointState`` (positions checked for NaN when a goal uses them, not here)."""
         sample = JointStateSample(
             self.state_topic, tuple(msg.name), np.asarray(msg.position, dtype=np.float64), msg.header.stamp,
-            self._clock(),
+            self._clock(), np.asarray(getattr(msg, "velocity", ()), dtype=np.float64),
+            np.asarray(getattr(msg, "effort", ()), dtype=np.float64),
         )
         with self._lock:
             self._state = sample
@@ -268,11 +297,15 @@ class ObservationBuffer:
             state = self._state
         for topic, frame in zip(self.image_topics, frames):
             if frame is None:
+                why = self._refusals(topic)
+                if why:
+                    raise NoObservationError(f"no usable image on {topic}{why}")
                 raise NoObservationError(f"no image received yet on {topic}")
             age = now - frame.received
             if age > max_age_s:
                 raise StaleObservationError(
                     f"latest image on {topic} is {age:.2f} s old (max_observation_age_s={max_age_s:g})"
+                    + self._refusals(topic)
                 )
         if require_state:
             if state is None:
@@ -283,12 +316,7 @@ class ObservationBuffer:
                     f"latest joint state on {self.state_topic} is {age:.2f} s old "
                     f"(max_observation_age_s={max_age_s:g})"
                 )
-            positions = _named_positions(state)
-            bad = [name or str(i) for i, (name, value) in enumerate(positions) if not math.isfinite(value)]
-            if bad:
-                raise NonFiniteStateError(
-                    f"joint state on {self.state_topic} holds NaN/Inf positions (joints {', '.join(bad[:8])})"
-                )
+            check_state(state, self.state_topic)
         oldest = min(frames, key=lambda f: f.received)  # type: ignore[union-attr]
         image = tile_views([f.image for f in frames])  # type: ignore[union-attr]
         return Observation(
@@ -322,6 +350,31 @@ class ObservationBuffer:
             return sum(c.received for c in self._counters.values())
 
 
-def _named_positions(state: JointStateSample) -> list[tuple[str, float]]:
-    names = list(state.names) + [""] * max(0, len(state.positions) - len(state.names))
-    return [(names[i], float(v)) for i, v in enumerate(state.positions)]
+def _named(names_: Sequence[str], values: np.ndarray) -> list[tuple[str, float]]:
+    names = list(names_) + [""] * max(0, len(values) - len(names_))
+    return [(names[i], float(v)) for i, v in enumerate(values)]
+
+
+def check_state(state: JointStateSample, topic: str) -> None:
+    """Refuse a joint state a goal cannot use: empty, or NaN/Inf in positions, velocities or efforts.
+
+    Velocities and efforts may be absent (``JointState`` allows empty arrays), but when given they must be finite:
+    an ``-inf`` velocity means the driver is broken, whatever the positions say.
+
+    Args:
+        state (`JointStateSample`): The latest sample.
+        topic (`str`): Its topic (quoted in the error).
+
+    Raises:
+        NonFiniteStateError: empty, or a non-finite value (the field and the joints are named).
+    """
+    if len(state.positions) == 0:
+        raise NonFiniteStateError(f"joint state on {topic} is empty (no positions)")
+    for field_name, values in (("positions", state.positions), ("velocities", state.velocities),
+                               ("efforts", state.efforts)):
+        bad = [name or str(i) for i, (name, value) in enumerate(_named(state.names, values))
+               if not math.isfinite(value)]
+        if bad:
+            raise NonFiniteStateError(
+                f"joint state on {topic} holds NaN/Inf {field_name} (joints {', '.join(bad[:8])})"
+            )

@@ -99,6 +99,14 @@ PARAMETERS: tuple[ParamSpec, ...] = (
               "enable_weight_updates"),
     ParamSpec("rollout_dir", "", "folder rollout records are written to; empty = rollout goals are refused"),
     ParamSpec("rollout_noise_level", 0.7, "Flow-GRPO noise level of rollout goals", ">= 0"),
+    ParamSpec("max_instruction_chars", 2000, "instructions (goal or ~/instruction) with more characters are refused "
+              "before any work", ">= 1"),
+    ParamSpec("max_instruction_tokens", 512, "instructions with more tokens (the pipeline's tokenizer) are refused "
+              "before any model work; 0 = characters only", ">= 0"),
+    ParamSpec("max_image_bytes", 64 * 1024 * 1024, "image messages with more data bytes are refused on arrival",
+              ">= 1"),
+    ParamSpec("max_image_pixels", 4096 * 4096, "image messages with more width*height pixels are refused on arrival",
+              ">= 1"),
     ParamSpec("fault_injection", "", "TEST ONLY: arm one engine fault for the next goal; refused unless "
               f"{TESTING_ENV}=1", '"" (off), ' + ", ".join(FAULTS), read_only=False),
 )
@@ -141,6 +149,10 @@ class NodeParams:
     weights_dir: str
     rollout_dir: str
     rollout_noise_level: float
+    max_instruction_chars: int
+    max_instruction_tokens: int
+    max_image_bytes: int
+    max_image_pixels: int
     fault_injection: str
 
     @property
@@ -248,6 +260,9 @@ def validate(raw: Mapping[str, Any], *, env: Mapping[str, str] | None = None) ->
     need(p["goal_policy"] in GOAL_POLICIES, f"goal_policy: {p['goal_policy']!r} is not one of {list(GOAL_POLICIES)}")
     need(p["max_concurrent_goals"] >= 1, f"max_concurrent_goals: must be >= 1, got {p['max_concurrent_goals']}")
     need(p["rollout_noise_level"] >= 0, f"rollout_noise_level: must be >= 0, got {p['rollout_noise_level']}")
+    for name in ("max_instruction_chars", "max_image_bytes", "max_image_pixels"):
+        need(p[name] >= 1, f"{name}: must be >= 1, got {p[name]}")
+    need(p["max_instruction_tokens"] >= 0, f"max_instruction_tokens: must be >= 0, got {p['max_instruction_tokens']}")
     need(not p["enable_weight_updates"] or p["weights_dir"] != "",
          "weights_dir: must be set when enable_weight_updates is true (the only folder updates are read from)")
     if p["weights_dir"]:

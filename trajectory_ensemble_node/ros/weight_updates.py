@@ -7,6 +7,9 @@ Anyone on the ROS graph can call a service, so the request's path is untrusted i
 - only files under ``weights_dir`` are read: a relative path is taken relative to it, an absolute path must lie
   inside it, any ``..`` component is refused, and symlinks are resolved before the check (a link inside
   ``weights_dir`` pointing elsewhere is refused);
+- a refusal names the broken rule and quotes only the request: never the resolved target (a symlink's
+  destination, ``/proc/<pid>/...``), and a missing path and one outside ``weights_dir`` get the same message, so
+  the service cannot be used to learn what exists on the host;
 - safetensors only: pickle files (``.bin``, ``.pt``, ``.pth``, ``.ckpt``, ``.pkl``) can run code when loaded and are
   never opened.
 
@@ -52,11 +55,15 @@ def resolve_update_path(weights_dir: str, requested: str) -> Path:
     root = Path(weights_dir).resolve(strict=True)
     candidate = Path(requested) if Path(requested).is_absolute() else root / requested
     try:
-        resolved = candidate.resolve(strict=True)
-    except (FileNotFoundError, RuntimeError):
-        raise WeightsPathError(f"path {requested!r} does not exist under weights_dir") from None
-    if not resolved.is_relative_to(root):
-        raise WeightsPathError(f"path {requested!r} resolves to {str(resolved)!r}, outside weights_dir {str(root)!r}")
+        resolved: Path | None = candidate.resolve(strict=True)
+    except (OSError, RuntimeError):
+        resolved = None
+    if resolved is None or not resolved.is_relative_to(root):
+        # One message for both: telling "missing" from "outside" would let any caller probe which paths exist, and
+        # quoting the resolved target would reveal symlink destinations and the host's layout.
+        raise WeightsPathError(f"path {requested!r} is refused by the rule 'an existing file inside weights_dir': "
+                               f"it does not exist there, or resolves outside weights_dir (symlinks followed); the "
+                               f"two are not told apart")
     if resolved.is_dir():
         for name in _DIRECTORY_CANDIDATES:
             inner = resolved / name

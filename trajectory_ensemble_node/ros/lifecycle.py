@@ -1,0 +1,158 @@
+"""The node's guards at startup, at parameter changes and at shutdown (issue 20: fail loud, exit in bounded time).
+
+- :data:`ACTION_SERVICE_QOS`: the action server's goal, cancel and result service queues. rclpy's default keeps the
+  last 10 requests, so a burst of goals from one client was dropped without an answer (16 of 200 seen). A deep
+  KEEP_LAST queue holds a whole burst; every request then gets an accept, a reject or a result.
+- :func:`arm_exit_deadline`: SIGINT/SIGTERM start a graceful shutdown (every goal ends SHUTDOWN) and arm a watchdog:
+  if the process is still alive :data:`SHUTDOWN_DEADLINE_S` later, wherever it is stuck (a long encode on the
+  engine thread, a DDS call), it exits hard with :data:`FORCED_EXIT_CODE`.
+- :func:`report_duplicates`, :func:`check_params_files`, :func:`warn_raw_reducer`: the warnings of
+  :mod:`.startup_checks`, logged on the node.
+- :func:`check_parameter_types`: SetParameters with a value of the wrong type is refused by name (the parameters
+  are declared with dynamic typing so YAML ints can fill float parameters, which lets rclpy accept any type).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from rclpy.qos import HistoryPolicy, QoSProfile, ReliabilityPolicy
+
+from . import params as node_params
+from .startup_checks import count_same_name, params_files_from_args, raw_reducer_without_stats, unmatched_params_files
+
+ACTION_SERVICE_QOS = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=1000, reliability=ReliabilityPolicy.RELIABLE)
+"""Goal/cancel/result service queues: deep enough for a burst of hundreds of goals (rclpy's default is 10)."""
+SHUTDOWN_DEADLINE_S = 4.0
+"""After SIGINT/SIGTERM the process is gone within this many seconds, graceful or not."""
+FORCED_EXIT_CODE = 3
+"""Exit status when the graceful shutdown did not finish within :data:`SHUTDOWN_DEADLINE_S`."""
+DUPLICATE_CHECK_PERIOD_S = 5.0
+"""How often the graph is checked for another node with this node's fully qualified name."""
+
+_deadline_lock = threading.Lock()
+_deadline_armed = False
+
+
+def arm_exit_deadline(deadline_s: float = SHUTDOWN_DEADLINE_S) -> None:
+    """Start (once) a watchdog that ends the process ``deadline_s`` from now if it has not exited by then.
+
+    Args:
+        deadline_s (`float`): Seconds the graceful shutdown may take.
+    """
+    global _deadline_armed
+    with _deadline_lock:
+        if _deadline_armed:
+            return
+        _deadline_armed = True
+
+    def watchdog() -> None:
+        time.sleep(deadline_s)
+        # os.write, not print: the interpreter may be mid-shutdown, and this line must still reach the log.
+        os.write(sys.stderr.fileno(), (f"[trajectory_ensemble] graceful shutdown took more than {deadline_s:g} s; "
+                                       f"exiting now ({FORCED_EXIT_CODE})\n").encode())
+        os._exit(FORCED_EXIT_CODE)
+
+    threading.Thread(target=watchdog, name="exit-deadline", daemon=True).start()
+
+
+def exit_now(code: int) -> None:
+    """End the process at once after a signal-driven shutdown, skipping the interpreter's teardown.
+
+    By then every goal has ended, the executor, the node and the rclpy context are shut down explicitly. What is
+    left is interpreter finalization, where C-level teardown (DDS participants, torch) took 4-5 s on a loaded
+    2-core machine, with daemon threads (the exit watchdog) already frozen, so a SIGINT could exceed the bound.
+
+    Args:
+        code (`int`): The exit status.
+    """
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass  # a closed or broken stream: nothing left to flush into it
+    os._exit(code)
+
+
+def report_duplicates(node: Any, previous: int) -> int:
+    """Log an ERROR when the number of nodes sharing this node's fully qualified name changed to more than one.
+
+    Args:
+        node (`rclpy.node.Node`): This node.
+        previous (`int`): The count at the last check (1 at startup: only this node).
+
+    Returns:
+        `int`: The count now.
+    """
+    count = count_same_name(node.get_node_names_and_namespaces(), node.get_name(), node.get_namespace())
+    if count > 1 and count != previous:
+        node.get_logger().error(
+            f"{count} nodes named {node.get_fully_qualified_name()} are on the graph: each serves every goal and "
+            f"publishes on {node.resolve_topic_name('~/trajectory')}; stop the others or start this one under "
+            f"another name or namespace (--ros-args -r __node:=NAME or -r __ns:=/NS)"
+        )
+    elif count <= 1 < previous:
+        node.get_logger().info(f"{node.get_fully_qualified_name()} is the only node with its name again")
+    return max(count, 1)
+
+
+def check_params_files(node: Any, argv: Sequence[str]) -> None:
+    """Warn for each ``--params-file`` with no section that applies to this node (ROS ignores it silently).
+
+    Args:
+        node (`rclpy.node.Node`): This node.
+        argv (`Sequence[str]`): The node's command line.
+    """
+    name = node.get_fully_qualified_name()
+    for path, sections in unmatched_params_files(params_files_from_args(argv), name):
+        node.get_logger().warning(
+            f"params file {path!r} has no section for this node ({name}); its sections {sections} apply to other "
+            f"nodes, so every parameter they set is ignored here and this node runs on defaults "
+            f"(key the file by {name!r} or '/**/{node.get_name()}')"
+        )
+
+
+_warned_reducers: set[str] = set()
+
+
+def warn_raw_reducer(node: Any, reducer: str, action_stats_file: str) -> None:
+    """Warn (once per reducer) that a raw-space reducer runs without action statistics.
+
+    Args:
+        node (`rclpy.node.Node`): This node.
+        reducer (`str`): The reducer about to be used (the parameter at startup, a goal's choice later).
+        action_stats_file (`str`): The ``action_stats_file`` parameter.
+    """
+    message = raw_reducer_without_stats(reducer, action_stats_file)
+    if message is not None and reducer not in _warned_reducers:
+        _warned_reducers.add(reducer)
+        node.get_logger().warning(message)
+
+
+def check_parameter_types(changes: Sequence[Any]) -> str | None:
+    """The refusal for a SetParameters request holding a value of the wrong type, or ``None``.
+
+    Args:
+        changes (`Sequence[rclpy.parameter.Parameter]`): The requested changes.
+    """
+    specs = {spec.name: spec for spec in node_params.PARAMETERS}
+    for change in changes:
+        spec = specs.get(change.name)
+        if spec is None:
+            continue
+        value = change.value
+        expected = type(spec.default)
+        ok = (isinstance(value, bool) if expected is bool
+              else isinstance(value, int) and not isinstance(value, bool) if expected is int
+              else isinstance(value, (int, float)) and not isinstance(value, bool) if expected is float
+              else isinstance(value, (list, tuple)) if expected is list
+              else isinstance(value, expected))
+        if not ok:
+            return (f"{change.name}: expected a {expected.__name__}, got {value!r} ({type(value).__name__}); "
+                    f"nothing was changed")
+    return None

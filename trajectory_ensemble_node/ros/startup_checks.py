@@ -1,0 +1,129 @@
+"""Misconfigurations the node reports loudly instead of running on silently (issue 20).
+
+- **Duplicate node names.** Two nodes with the same fully qualified name both serve every goal and both publish on
+  ``~/trajectory``. The node *warns* (ERROR severity, at startup and whenever the count changes) rather than
+  refusing to start: a crashed node's graph entry outlives it until its DDS lease expires, so a respawned node
+  would refuse in a loop; and discovery is eventually consistent, so a start-time refusal protects only the node
+  that happens to start second. A periodic check catches both orders, and both nodes say so.
+- **Params files without a section for this node.** A YAML keyed by another node name is ignored by ROS without a
+  word, and the node runs on defaults; :func:`unmatched_params_files` finds those files in the ROS arguments.
+- **Raw-space reducers without action statistics.** ``pose_gripper`` needs physical units (rotation matrices); on
+  normalized actions its result is not a pose mean. Warned, not refused: models without statistics (``tiny``, new
+  embodiments) still serve the normalized-space reducers, and the warning names the missing parameter.
+
+Nothing here imports rclpy at module level.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import yaml
+
+from ..reducers import available_reducers, get_reducer
+
+
+def count_same_name(names_and_namespaces: Iterable[tuple[str, str]], name: str, namespace: str) -> int:
+    """How many nodes on the graph have this node's fully qualified name (itself included).
+
+    Args:
+        names_and_namespaces (`Iterable[tuple[str, str]]`): ``Node.get_node_names_and_namespaces()``.
+        name (`str`), namespace (`str`): This node's.
+    """
+    return sum(1 for n, ns in names_and_namespaces if n == name and ns == namespace)
+
+
+def params_files_from_args(args: Sequence[str]) -> list[str]:
+    """The ``--params-file`` paths in a ROS command line (only those after ``--ros-args``).
+
+    Args:
+        args (`Sequence[str]`): The node's argv.
+    """
+    files: list[str] = []
+    in_ros = False
+    for i, arg in enumerate(args):
+        if arg == "--ros-args":
+            in_ros = True
+        elif arg == "--":
+            in_ros = False
+        elif in_ros and arg == "--params-file" and i + 1 < len(args):
+            files.append(args[i + 1])
+    return files
+
+
+def _sections(tree: Any, prefix: str = "") -> list[str]:
+    # Keys holding ros__parameters, with nested namespace keys joined by "/" (both YAML forms ROS accepts).
+    found: list[str] = []
+    if not isinstance(tree, dict):
+        return found
+    for key, value in tree.items():
+        path = f"{prefix}/{str(key).strip('/')}" if prefix else str(key)
+        if not isinstance(value, dict):
+            continue
+        if "ros__parameters" in value:
+            found.append(path)
+        found += _sections({k: v for k, v in value.items() if k != "ros__parameters"}, path)
+    return found
+
+
+def section_matches(section: str, fully_qualified_name: str) -> bool:
+    """Whether a params-file section key applies to a node, with ROS's wildcards.
+
+    ``*`` matches within one name segment, ``**`` any number of segments; a key without a leading ``/`` is
+    relative to the root namespace.
+
+    Args:
+        section (`str`): The YAML key (e.g. ``/**/trajectory_ensemble``, ``trajectory_ensemble``, ``/robot/*``).
+        fully_qualified_name (`str`): The node's (e.g. ``/robot/trajectory_ensemble``).
+    """
+    pattern = [p for p in section.strip("/").split("/") if p]
+    target = [p for p in fully_qualified_name.strip("/").split("/") if p]
+
+    def match(i: int, j: int) -> bool:
+        if i == len(pattern):
+            return j == len(target)
+        if pattern[i] == "**":
+            return any(match(i + 1, k) for k in range(j, len(target) + 1))
+        return j < len(target) and fnmatch.fnmatchcase(target[j], pattern[i]) and match(i + 1, j + 1)
+
+    return match(0, 0)
+
+
+def unmatched_params_files(paths: Sequence[str], fully_qualified_name: str) -> list[tuple[str, list[str]]]:
+    """Params files none of whose sections applies to this node.
+
+    Args:
+        paths (`Sequence[str]`): ``--params-file`` paths.
+        fully_qualified_name (`str`): The node's fully qualified name.
+
+    Returns:
+        `list[tuple[str, list[str]]]`: (path, the sections it has) for each file that applies to nothing here.
+            Unreadable files are left to rcl, which already fails on them.
+    """
+    unmatched = []
+    for path in paths:
+        try:
+            with open(path, encoding="utf-8") as handle:
+                tree = yaml.safe_load(handle)
+        except (OSError, yaml.YAMLError):
+            continue  # rcl refused the file before the node existed; nothing to add
+        sections = _sections(tree)
+        if not any(section_matches(s, fully_qualified_name) for s in sections):
+            unmatched.append((path, sections))
+    return unmatched
+
+
+def raw_reducer_without_stats(reducer: str, action_stats_file: str) -> str | None:
+    """The warning for a raw-space reducer that will run on normalized actions, or ``None``.
+
+    Args:
+        reducer (`str`): A reducer name.
+        action_stats_file (`str`): The ``action_stats_file`` parameter.
+    """
+    if action_stats_file or reducer not in available_reducers() or get_reducer(reducer).space != "raw":
+        return None
+    return (f"reducer {reducer!r} needs physical units (it reduces in raw space) but action_stats_file is not set: "
+            f"it runs on normalized actions and its result is not a {reducer} mean in any physical sense; set "
+            f"action_stats_file, or use a normalized-space reducer")

@@ -181,11 +181,10 @@ def test_readme_python_api_snippet_runs_on_the_tiny_model():
 
 @pytest.mark.ros
 @pytest.mark.slow
-def test_readme_client_snippet_gets_a_trajectory_from_the_node_over_dds(tmp_path, ros_domain_id):
+def test_readme_client_snippet_gets_a_trajectory_from_the_node_over_dds(tmp_path, ros_domain_id, ros_env):
     pytest.importorskip("rclpy")
     pytest.importorskip("trajectory_ensemble_msgs")
     from _node_harness import serve_node
-    from conftest import ros_subprocess_env
 
     snippet = one_block("python", "ActionClient")
     # The snippet asks for 8 candidates and mode: the node must allow 8 and mode must fit droid_lerobot.
@@ -193,7 +192,7 @@ def test_readme_client_snippet_gets_a_trajectory_from_the_node_over_dds(tmp_path
     node, client = next(served)
     try:
         client.publish_image(2000)  # the camera frame the goal is served from
-        done = subprocess.run([sys.executable, "-c", snippet], env=ros_subprocess_env(ros_domain_id),
+        done = subprocess.run([sys.executable, "-c", snippet], env=ros_env,
                               capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, done.stderr[-3000:] + node.log()[-3000:]
         assert "refused or failed" not in done.stdout and "base_seed" in done.stdout, done.stdout

@@ -38,9 +38,9 @@ sys.path.insert(0, str(HERE.parent))
 
 from _node_harness import NS, serve_node  # noqa: E402
 from _reliability_harness import fire_burst, rss_bytes  # noqa: E402
-from conftest import pick_ros_domain_id, ros_subprocess_env  # noqa: E402
 
 from trajectory_ensemble_node.errors import ErrorCode  # noqa: E402
+from trajectory_ensemble_node.tools.launcher import pick_domain_id, ros_env  # noqa: E402
 
 SUCCEEDED, CANCELED, ABORTED = 4, 5, 6
 SOAK_PARAMS = {"num_inference_steps": 1, "candidate_count": 2, "max_observation_age_s": 600.0,
@@ -120,7 +120,7 @@ _KILLED_CLIENT = textwrap.dedent("""
 
 
 def killed_clients(client: Any, count: int, domain_id: int, check: Checks) -> dict[str, Any]:
-    env = ros_subprocess_env(domain_id)
+    env = ros_env(domain_id)
     killed = 0
     for _ in range(count):
         proc = subprocess.Popen([sys.executable, "-c", _KILLED_CLIENT, f"{NS}/generate_trajectory"], env=env,
@@ -284,7 +284,7 @@ def main() -> int:
     parser.add_argument("--json", type=Path, default=REPO / "bench" / "results" / "soak.json")
     parser.add_argument("--doc", type=Path, default=REPO / "docs" / "reliability.md")
     args = parser.parse_args()
-    domain_id = pick_ros_domain_id()
+    domain_id = pick_domain_id(environ={})
     os.environ["ROS_DOMAIN_ID"] = str(domain_id)
     os.environ.setdefault("ROS_AUTOMATIC_DISCOVERY_RANGE", "LOCALHOST")
     check = Checks()

@@ -109,12 +109,12 @@ def test_update_weights_refusals_name_the_rule_and_reveal_nothing(served):
 
 def test_a_second_node_with_the_same_name_a_foreign_params_file_and_a_raw_reducer_is_loud(served, tmp_path):
     node, _ = served
-    from conftest import ros_subprocess_env
+    from trajectory_ensemble_node.tools.launcher import ros_env
 
     own = write_params(tmp_path / "own.yaml", {"reducer": "pose_gripper"})
     foreign = tmp_path / "foreign.yaml"
     foreign.write_text(yaml.safe_dump({"some_other_node": {"ros__parameters": {"chunk_size": 4}}}))
-    env = {**ros_subprocess_env(int(os.environ["ROS_DOMAIN_ID"])), "TRAJECTORY_ENSEMBLE_TESTING": "1"}
+    env = {**ros_env(int(os.environ["ROS_DOMAIN_ID"])), "TRAJECTORY_ENSEMBLE_TESTING": "1"}
     log = tmp_path / "second.log"
     with open(log, "wb") as out:
         second = subprocess.Popen(

@@ -106,4 +106,12 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as error:
         print(f"error: {error}", file=sys.stderr)
         return EXIT_USAGE
-    return echo(args, log=lambda line: print(line, flush=True))
+    try:
+        return echo(args, log=lambda line: print(line, flush=True))
+    except BrokenPipeError:
+        # The reader went away (``| head``): that ends the echo, it is not an error. Point stdout at devnull so the
+        # interpreter's own flush at exit does not raise again.
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_OK

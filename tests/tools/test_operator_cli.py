@@ -196,3 +196,10 @@ def test_without_a_node_each_command_says_what_it_waited_for_and_exits_unreachab
                                   "/nobody_here/trajectory_ensemble/generate_trajectory after 3 s")
     params = cli(env, "params", "list", "--node", "/nobody_here/trajectory_ensemble", "--wait", "3")
     assert params.returncode == 3 and "no parameter services /nobody_here/trajectory_ensemble/" in params.stderr
+
+
+def test_a_goal_past_its_timeout_is_canceled_and_exits_timeout(served, env):
+    proc = cli(env, "send-goal", "--count", "8", "--timeout", "2", "--toy-scene", "8")
+    assert proc.returncode == 6, proc.stdout + proc.stderr
+    assert "(no result after --timeout 2 s); waiting for its terminal state" in proc.stdout
+    assert "result: CANCELED" in proc.stdout.splitlines()

@@ -49,7 +49,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      f"such parameter\n  {EXIT_USAGE}  bad arguments, or a value that does not convert to the "
                      f"parameter's type\n  {EXIT_UNREACHABLE}  the node's parameter services did not appear within "
                      "--wait")
-    parser.add_argument("--node", default=DEFAULT_NODE, help=f"the node's fully qualified name (default {DEFAULT_NODE})")
+    parser.add_argument("--node", default=DEFAULT_NODE,
+                        help=f"the node's fully qualified name (default {DEFAULT_NODE})")
     parser.add_argument("--wait", type=float, default=30.0, metavar="S",
                         help="seconds to wait for the node's parameter services (30)")
     # The same flags after the action too ("params list --node /x"); SUPPRESS keeps an unset one from overriding.

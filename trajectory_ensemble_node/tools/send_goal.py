@@ -42,6 +42,8 @@ EXIT_CODES = f"""exit status:
   {EXIT_CANCELED}    the goal was canceled (Ctrl-C here, or another client)
   {EXIT_TIMEOUT}    no terminal state within --timeout (the goal was canceled)
   {EXIT_INTERRUPTED}  Ctrl-C twice: stopped waiting before the goal ended"""
+GOAL_RESPONSE_TIMEOUT_S = 30.0
+"""How long the node may take to accept or reject a goal once the action server is there."""
 CANCEL_GRACE_S = 30.0
 """How long a canceled goal (Ctrl-C, --timeout) may take to reach its terminal state before the command gives up."""
 TOY_FRAME_REPEATS = 3
@@ -233,8 +235,8 @@ def send_goal(args: argparse.Namespace, log: Callable[[str], None] = print) -> i
                 early.append(_feedback_line(msg.feedback))
 
         sent = client.send_goal_async(build_goal(GenerateTrajectory.Goal, args), feedback_callback=on_feedback)
-        if not session.wait_future(sent, args.wait, lambda: interrupts.count > 1):
-            log(f"result: no answer to the goal from {action_name} within {args.wait:g} s")
+        if not session.wait_future(sent, GOAL_RESPONSE_TIMEOUT_S, lambda: interrupts.count > 1):
+            log(f"result: no answer to the goal from {action_name} within {GOAL_RESPONSE_TIMEOUT_S:g} s")
             return EXIT_UNREACHABLE if not interrupts.count else EXIT_INTERRUPTED
         handle = sent.result()
         goal_id = uuid.UUID(bytes=bytes(bytearray(handle.goal_id.uuid)))

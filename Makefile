@@ -78,7 +78,7 @@ $(VENV)/.stamp-interfaces: $(VENV)/.stamp-project $(MSG_SOURCES)
 	touch $@
 
 # The colcon workspace: ros2_ws/src links back to this folder and to msg/, so both packages build
-# from the same files. Same command as in README.md.
+# from the same files. Same command as in docs/development.md.
 colcon: $(VENV)/.stamp-project
 	cd ros2_ws && source ../.venv/bin/activate && \
 		AMENT_PREFIX_PATH=$$VIRTUAL_ENV \

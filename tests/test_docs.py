@@ -110,9 +110,21 @@ def test_parameters_doc_lists_every_parameter_once_with_its_default():
     assert "| `mode` |" in reducer
 
 
-def test_readme_error_table_is_what_the_generator_writes():
-    expected = docs.splice(README.read_text(), docs.render_errors(errors.error_table()))
+def test_readme_error_table_and_errors_doc_are_what_the_generator_writes():
+    table = errors.error_table()
+    expected = docs.splice(README.read_text(), docs.render_error_summary(table))
     assert README.read_text() == expected, "run: trajectory-ensemble docs"
+    assert (ROOT / docs.ERRORS_DOC).read_text() == docs.render_errors_doc(table), "run: trajectory-ensemble docs"
+
+
+def test_readme_error_summary_names_every_code_once_under_its_kind():
+    table = [("CANCELED", 40, "lifecycle", "the client canceled the goal"),
+             ("OK", 0, "ok", "the trajectory is in the result"),
+             ("PREEMPTED", 41, "lifecycle", "a newer goal took over")]
+    summary = docs.render_error_summary(table)
+    assert "| ok | 0 `OK` |" in summary
+    assert "| lifecycle | 40 `CANCELED`, 41 `PREEMPTED` |" in summary
+    assert "(docs/errors.md)" in summary
 
 
 def test_error_table_renders_one_row_per_code_in_code_order_between_the_markers():

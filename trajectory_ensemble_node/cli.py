@@ -1,4 +1,4 @@
-"""``trajectory-ensemble``: serve, demo, replay, bench, train-toy.
+"""``trajectory-ensemble``: serve, demo, replay, send-goal, diagnostics, params, bench, train-toy.
 
 Each subcommand lives in the module that owns its concept and exposes ``add_arguments(parser)`` and
 ``run(args) -> int``; this file only dispatches, importing a module when its command runs, so that (for example)
@@ -17,9 +17,14 @@ _COMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("trajectory_ensemble_node.ros.serve", "run the ROS 2 node (same as the trajectory_ensemble_node executable)"),
     "demo": ("trajectory_ensemble_node.tools.demo", "the main job: node + bundled bag + goals, plots under out/"),
     "replay": ("trajectory_ensemble_node.tools.replay", "replay a rosbag2 into the node and record its trajectories"),
+    "send-goal": ("trajectory_ensemble_node.tools.send_goal",
+                  "send one GenerateTrajectory goal to a running node; print feedback and result"),
+    "diagnostics": ("trajectory_ensemble_node.tools.diagnostics_echo", "print a running node's /diagnostics statuses"),
+    "params": ("trajectory_ensemble_node.tools.param_cli",
+               "list, get or set a running node's parameters (its parameter services)"),
     "bench": ("trajectory_ensemble_node.bench.cli", "batched candidates vs sequential upstream (and --quality, --ros)"),
     "train-toy": ("trajectory_ensemble_node.toy.train", "train the toy bimodal obstacle policy on CPU"),
-    "docs": ("trajectory_ensemble_node.tools.docs", "write docs/parameters.md and the README's error table from the code"),
+    "docs": ("trajectory_ensemble_node.tools.docs", "write docs/parameters.md, docs/errors.md and the README's error table from the code"),
 }
 
 

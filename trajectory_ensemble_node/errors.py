@@ -355,7 +355,20 @@ class NodeStartError(TrajectoryEnsembleError, RuntimeError):
 
 
 class NodeUnreachableError(TrajectoryEnsembleError, ConnectionError):
-    """The node's action server did not answer (not running, other ROS_DOMAIN_ID, or other namespace)."""
+    """The node's action server or services did not appear (not running, other ROS_DOMAIN_ID, or other name)."""
+
+
+class ParameterValueError(TrajectoryEnsembleError, ValueError):
+    """A value given on the command line cannot be converted to the parameter's type; the message quotes it."""
+
+    code = ErrorCode.INVALID_PARAMETERS
+
+
+class ParameterRefusedError(TrajectoryEnsembleError, RuntimeError):
+    """The node refused a parameter request (unknown parameter, read-only, or its own check); the message is its
+    reason."""
+
+    code = ErrorCode.INVALID_PARAMETERS
 
 
 class BagError(TrajectoryEnsembleError, ValueError):

@@ -6,6 +6,7 @@ node in a subprocess on the tiny model (the end-to-end contract), and no node at
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import threading
@@ -166,17 +167,19 @@ def test_replay_into_stand_in(tmp_path: Path, standin: _StandIn) -> None:
 
 
 def test_replay_fails_clearly_without_node(tmp_path: Path, ros_env: dict[str, str]) -> None:
-    """No node: exit status 3 and one line naming the action server."""
+    """No node: while it waits, replay says for what and since when; then exit status 3 and one error line."""
     _write_bag(tmp_path / "in", frames=2, size=8)
     proc = subprocess.run(
-        [sys.executable, "-m", "trajectory_ensemble_node.cli", "replay", str(tmp_path / "in"), "--wait", "1",
+        [sys.executable, "-m", "trajectory_ensemble_node.cli", "replay", str(tmp_path / "in"), "--wait", "3",
          "--node-namespace", "/nobody_here", "--out", str(tmp_path / "out")],
         env=ros_env, capture_output=True, text=True, timeout=120,
     )
     assert proc.returncode == 3, proc.stderr
+    assert re.fullmatch(r"waiting for the action server /nobody_here/generate_trajectory \(since \d\d:\d\d:\d\d, "
+                        r"up to 3 s\)", proc.stdout.splitlines()[0]), proc.stdout
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert lines == [lines[0]] and lines[0].startswith("error: node not reachable: no action server "
-                                                       "/nobody_here/generate_trajectory"), proc.stderr
+                                                       "/nobody_here/generate_trajectory after 3 s"), proc.stderr
 
 
 @pytest.mark.slow

@@ -6,8 +6,8 @@ are on aggregated counts and mean clearances over two dozen held-out scenes, wit
 weights showed on four disjoint scene/seed sets (offsets 1000..4000, base seeds 77..80, N=4: mean 20-23 vs mode 0-3
 collisions of 24; mean clearance -0.09..-0.11 vs mode +0.09..+0.10), not on one lucky draw.
 
-Not asserted here: the absolute single-candidate collision rate (8% of the 50 reported held-out scenes, 10.4% of all
-candidates; see bench/results/quality-toy.md). It needs the 50-scene benchmark, not a test-sized sample.
+Not asserted here: the absolute single-candidate collision rate (7.0% of the 500 reported held-out scenes, 9.0% of
+all candidates; see bench/results/quality-toy.md). It needs the benchmark's sample size, not a test-sized one.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from trajectory_ensemble_node.toy import (
 
 SCENES = 24
 COUNT = 4
-# Held-out scenes of their own (the quality bench uses offsets 0..49); base seed per scene = BASE_SEED + i.
+# Held-out scenes of their own (the quality bench uses offsets 0..499); base seed per scene = BASE_SEED + i.
 SCENE_OFFSET = 1000
 BASE_SEED = 77
 

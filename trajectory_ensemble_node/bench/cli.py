@@ -21,7 +21,7 @@ from .workload import DTYPES, PipelineSource, Workload
 DEFAULT_NS = (1, 2, 4, 8, 10)
 # Steps by device. 10 on CUDA. On CPU 4, the published guidance-3.0 pair (4 steps / CFG 3.0): with 10 steps one
 # `bench` upstream call takes ~16 s on one core, and the whole default run (5 reps x (10 upstream calls + 2 x 25
-# batched candidates), plus memory) would take ~50 min instead of fitting in 25 (README, "Benchmark").
+# batched candidates), plus memory) would take ~50 min instead of fitting in 25 (docs/benchmarks.md).
 CPU_STEPS = 4
 CUDA_STEPS = 10
 CFG_TOPOLOGIES = ("fused", "separate")
@@ -83,7 +83,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     run = parser.add_argument_group("workload and repetitions")
     run.add_argument("--steps", type=int, default=None,
-                     help=f"denoising steps (default {CPU_STEPS} on CPU, {CUDA_STEPS} on CUDA; see README)")
+                     help=f"denoising steps (default {CPU_STEPS} on CPU, {CUDA_STEPS} on CUDA; see docs/benchmarks.md)")
     run.add_argument("--chunk", type=int, default=16, help="action chunk size; the video has chunk+1 frames (16)")
     run.add_argument("--tier", type=int, default=256, help="resolution tier of the conditioning canvas (256)")
     run.add_argument("--guidance", type=float, default=3.0, help="CFG scale, > 1 runs two branches (3.0)")
@@ -91,7 +91,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     run.add_argument("--prompt-cache", choices=("cold", "warm"), default="cold",
                      help="cold: nothing retained from earlier groups (as after start or a weight update); warm: the same "
                           "instruction as the group before, so the text prefixes retained from it are reused "
-                          "(default cold; see README)")
+                          "(default cold; see docs/benchmarks.md)")
     run.add_argument("--row-blocks", choices=("auto", "off"), default="auto",
                      help="auto: the engine's default (decoder layers run token-wise work per candidate block on "
                           "CPU); off: whole layers, to measure what blocking gives (default auto)")
@@ -99,14 +99,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     run.add_argument("--topologies", type=_names(CFG_TOPOLOGIES), default=CFG_TOPOLOGIES,
                      help="batched CFG topologies (default fused,separate)")
     run.add_argument("--threads", type=int, default=None,
-                     help="torch.set_num_threads; 0 keeps torch's default (default: 1 on CPU, 0 on CUDA; see README)")
+                     help="torch.set_num_threads; 0 keeps torch's default (default: 1 on CPU, 0 on CUDA; see docs/benchmarks.md)")
     run.add_argument("--memory", choices=("auto", "skip"), default="auto",
                      help="peak memory per case: fresh subprocess per case on CPU, CUDA counters on GPU (auto)")
     run.add_argument("--work", choices=("count", "skip"), default="count",
                      help="FLOPs per group of every case, by kind (GEMM, attention, conv), from one extra untimed "
                           "call each after the timing (default count)")
     run.add_argument("--memory-steps", type=int, default=None,
-                     help="denoising steps of the memory runs (default: 1 on CPU, --steps on CUDA; see README)")
+                     help="denoising steps of the memory runs (default: 1 on CPU, --steps on CUDA; see docs/benchmarks.md)")
     run.add_argument("--memory-jobs", type=int, default=2,
                      help="CPU memory subprocesses run at once, after all timing is done (default 2)")
     run.add_argument("--out", type=Path, default=Path("out/bench"), help="output directory (default out/bench)")

@@ -17,6 +17,12 @@ from ..errors import ErrorCode
 from . import bags
 from .plots import GoalPlot, candidate_spread, plot_channels, plot_toy_scenes
 
+DEFAULT_WAIT_S = 300.0
+"""How long replay waits for the node's action server by default. The server appears only once the model is loaded:
+10-16 s for the 4.5 MB toy policy on a shared 2-core machine, minutes for a real checkpoint (Cosmos3-Nano is about
+17 GiB in bf16, read from disk and moved to the device before the first goal can be served). Waiting costs nothing
+when the node is already up, and the progress line says what is awaited."""
+
 
 @dataclass
 class ReplayOptions:
@@ -38,7 +44,7 @@ class ReplayOptions:
         node_namespace (`str`): The node's fully qualified name.
         image_topic (`str`, *optional*), state_topic (`str`, *optional*), instruction_topic (`str`, *optional*):
             Bag topics to play; default: the only topic of that type.
-        wait_s (`float`): Seconds to wait for the node's action server.
+        wait_s (`float`): Seconds to wait for the node's action server (:data:`DEFAULT_WAIT_S`).
         goal_timeout_s (`float`): Seconds to wait for one goal.
         plot (`bool`): Write the PNG plots.
     """
@@ -59,7 +65,7 @@ class ReplayOptions:
     image_topic: str | None = None
     state_topic: str | None = None
     instruction_topic: str | None = None
-    wait_s: float = 10.0
+    wait_s: float = DEFAULT_WAIT_S
     goal_timeout_s: float = 300.0
     plot: bool = True
 

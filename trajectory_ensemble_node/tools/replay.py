@@ -29,7 +29,16 @@ from typing import Any
 
 from ..errors import NodeUnreachableError
 from . import bags
-from .playback import GoalOutcome, PlaybackClock, ReplayOptions, ReplayReport, goal_times, resolve_inputs
+from .playback import (
+    DEFAULT_WAIT_S,
+    GoalOutcome,
+    PlaybackClock,
+    ReplayOptions,
+    ReplayReport,
+    goal_times,
+    resolve_inputs,
+)
+from .ros_client import domain_text, wait_with_progress
 
 EXIT_OK = 0
 EXIT_GOALS_FAILED = 1
@@ -99,12 +108,14 @@ class _RosSession:
         self.executor.spin_until_future_complete(future, timeout_sec=timeout_s)
         return future.done()
 
-    def wait_for_node(self, timeout_s: float) -> None:
-        """Wait for the action server, then (briefly) for the node's subscriptions and publishers to match."""
-        if not self.client.wait_for_server(timeout_sec=timeout_s):
+    def wait_for_node(self, timeout_s: float, log: Any = print) -> None:
+        """Wait for the action server (saying so every few seconds), then briefly for the node's subscriptions and
+        publishers to match."""
+        if not wait_with_progress(self.client.server_is_ready, self.spin_for, timeout_s,
+                                  f"the action server {self.action_name}", log):
             raise NodeUnreachableError(
                 f"node not reachable: no action server {self.action_name} after {timeout_s:g} s "
-                f"(is the node running, in this ROS_DOMAIN_ID, under namespace {self.action_name.rsplit('/', 1)[0]}?)"
+                f"(is the node running, on {domain_text()}, under the name {self.action_name.rsplit('/', 1)[0]}?)"
             )
         # Discovery of topics completes independently of the action; a first frame sent before it would be lost.
         deadline = time.monotonic() + min(timeout_s, 5.0)
@@ -181,7 +192,7 @@ def replay(opts: ReplayOptions, log: Any = print) -> ReplayReport:
                           trajectory_topic=session.output_topics[0])
     recorder: bags.BagRecorder | None = None
     try:
-        session.wait_for_node(opts.wait_s)
+        session.wait_for_node(opts.wait_s, log)
         recorder = bags.BagRecorder(out_bag, opts.storage,
                                     custom_data={"trajectory_ensemble.replayed_bag": str(opts.bag)})
         schedule = goal_times(info, image_topic, opts)
@@ -303,7 +314,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--image-topic", default=None, help="bag image topic (needed when the bag has several)")
     parser.add_argument("--state-topic", default=None, help="bag JointState topic (default: the only one, if any)")
     parser.add_argument("--instruction-topic", default=None, help="bag String topic (default: the only one, if any)")
-    parser.add_argument("--wait", type=float, default=10.0, metavar="S", help="seconds to wait for the node (10)")
+    parser.add_argument("--wait", type=float, default=DEFAULT_WAIT_S, metavar="S",
+                        help=f"seconds to wait for the node's action server to appear ({DEFAULT_WAIT_S:g}: a node "
+                             "started just before replay serves only once its model is loaded, and a real "
+                             "checkpoint takes minutes)")
     parser.add_argument("--goal-timeout", type=float, default=300.0, metavar="S", help="seconds per goal (300)")
     parser.add_argument("--no-plot", action="store_true", help="skip the PNG plots")
 

@@ -10,19 +10,24 @@ Procedure (fixed seeds, held-out scenes that training never sees):
    (:mod:`.task`), and mode agreement: execute the first ``REPLAN_AFTER`` waypoints of the reduced chunk, draw N
    fresh candidates from the state reached (base seed ``base_seed + SECOND_CHUNK_SEED_OFFSET + i``), reduce them with
    the same reducer, and check both chunks pass the obstacle on the same side. The second draws cost up to one
-   group per distinct reduced chunk, so agreement is measured at ``--agreement-ns`` (default N = 1, 2, 8) only.
+   group per distinct reduced chunk, so agreement is measured at ``--agreement-ns`` (default N = 1, 2, 8) only, and
+   on the first ``--agreement-scenes`` scenes (default: all), so a run with many scenes for the collision rates can
+   keep agreement at a size it can afford.
 3. 95% intervals: Wilson score intervals for rates; percentile bootstrap over scenes (2000 resamples, fixed seed)
    for the mean final error.
 
 Output: JSON ``{"quality": {REDUCER: {"N": {"collision_rate": ..., "final_error": ..., "mode_agreement": ...}}},
-"settings": ..., "definitions": ..., "diagnostics": ...}``, plus a markdown table and a PNG plot beside it.
+"settings": ..., "definitions": ..., "diagnostics": ...}``, plus a markdown table and a PNG plot beside it. The
+settings record the UTC date and the git commit of the run, and the markdown repeats them.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import math
+import subprocess
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -62,6 +67,8 @@ def add_quality_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--agreement-ns", type=str, default="1,2,8",
                         help="candidate counts at which mode agreement is measured ('' = none); each costs a second "
                              "draw per distinct reduced chunk")
+    parser.add_argument("--agreement-scenes", type=int, default=None,
+                        help="measure mode agreement on the first this many scenes only (default: all)")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     parser.add_argument("--scene-batch", type=int, default=1, help="scenes submitted together (throughput only)")
 
@@ -142,6 +149,7 @@ def evaluate(
     steps: int,
     base_seed: int,
     agreement_ns: Sequence[int] = (1, 2, 8),
+    agreement_scenes: int | None = None,
     scene_batch: int = 1,
     log=print,
 ) -> dict[str, Any]:
@@ -154,6 +162,7 @@ def evaluate(
         steps (`int`): Denoising steps.
         base_seed (`int`): Base seed of scene 0.
         agreement_ns (`Sequence[int]`): Candidate counts at which the second chunks (mode agreement) are drawn.
+        agreement_scenes (`int`, *optional*): Draw second chunks for the first this many scenes only (all if None).
         scene_batch (`int`): Scenes whose groups are submitted together (throughput only).
         log (`Callable[[str], None]`): Progress output.
     """
@@ -165,6 +174,7 @@ def evaluate(
     sides_at_max: list[list[int]] = []
     candidate_collisions = [0, 0]
     started = time.perf_counter()
+    agreement_limit = len(scenes) if agreement_scenes is None else agreement_scenes
     for first in range(0, len(scenes), scene_batch):
         indexes = list(range(first, min(first + scene_batch, len(scenes))))
         keys = [(i, n) for i in indexes for n in ns]
@@ -182,7 +192,7 @@ def evaluate(
                 record["clearance"].append(float(task.clearance(scene, chunk)))
                 record["final_error"].append(task.final_error(scene, chunk))
         if agreement_ns:
-            jobs = [(i, n, chunk, owners) for i, n in keys if n in agreement_ns
+            jobs = [(i, n, chunk, owners) for i, n in keys if n in agreement_ns and i < agreement_limit
                     for chunk, owners in _unique_chunks(chunks[(i, n)])]
             seconds = _draw(
                 model,
@@ -221,6 +231,7 @@ def summarize(evaluation: dict[str, Any], ns: Sequence[int]) -> dict[str, Any]:
                 agreed = int(sum(record["agree"]))
                 entry["mode_agreement"] = agreed / len(record["agree"])
                 entry["mode_agreement_ci95"] = list(wilson(agreed, len(record["agree"])))
+                entry["mode_agreement_scenes"] = len(record["agree"])
             quality[name][str(n)] = entry
     sides = np.asarray(evaluation["sides_at_max"], dtype=np.float64)
     above = (sides > 0).mean(axis=1) if sides.size else np.zeros(0)
@@ -254,6 +265,17 @@ DEFINITIONS = {
 }
 
 
+def git_commit() -> str | None:
+    """``git describe --always --dirty`` of this checkout, or None outside a git work tree."""
+    try:
+        return subprocess.run(
+            ["git", "describe", "--always", "--dirty"], cwd=Path(__file__).resolve().parent,
+            capture_output=True, text=True, timeout=10, check=True,
+        ).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
 def run(args: argparse.Namespace) -> int:
     """Run the quality bench and write JSON, markdown and PNG; returns 0."""
     torch.set_num_threads(getattr(args, "threads", 1))
@@ -261,22 +283,30 @@ def run(args: argparse.Namespace) -> int:
     steps = int(getattr(args, "steps", task.NUM_INFERENCE_STEPS))
     base_seed = int(getattr(args, "base_seed", 0))
     agreement_ns = [int(n) for n in str(getattr(args, "agreement_ns", "1,2,8")).split(",") if n]
+    agreement_scenes = getattr(args, "agreement_scenes", None)
+    # Taken before the run: the code may be committed or edited while a long run goes on.
+    started = datetime.datetime.now(datetime.timezone.utc)
+    commit = git_commit()
     from ..models.cosmos3 import Cosmos3ActionModel
 
     pipe = load_toy_pipeline(path=getattr(args, "pipeline", None))
     model = Cosmos3ActionModel(pipe, max_batch_candidates=128)
     scenes = task.heldout_scenes(args.scenes, seed=args.scene_seed)
     evaluation = evaluate(model, scenes, ns, steps=steps, base_seed=base_seed,
-                          agreement_ns=agreement_ns,
+                          agreement_ns=agreement_ns, agreement_scenes=agreement_scenes,
                           scene_batch=int(getattr(args, "scene_batch", 1)),
                           log=lambda m: print(m, flush=True))
     result = summarize(evaluation, ns)
     result["settings"] = {
+        "date": started.strftime("%Y-%m-%d %H:%M UTC"),
+        "commit": commit,
         "scenes": args.scenes,
         "scene_seeds": [scenes[0].seed, scenes[-1].seed] if scenes else [],
         "base_seed": base_seed,
         "ns": ns,
         "agreement_ns": agreement_ns,
+        "agreement_scenes": min(args.scenes, agreement_scenes) if agreement_scenes is not None else args.scenes,
+        "threads": getattr(args, "threads", 1),
         "num_inference_steps": steps,
         "guidance_scale": task.GUIDANCE_SCALE,
         "domain_name": task.DOMAIN_NAME,

@@ -43,10 +43,16 @@ def markdown_table(result: dict[str, Any]) -> str:
     ns = list(next(iter(quality.values())).keys())
     settings = result.get("settings", {})
     header = "| reducer | " + " | ".join(f"N={n}" for n in ns) + " |\n|---|" + "---|" * len(ns) + "\n"
+    run_line = ""
+    if settings.get("date") or settings.get("commit"):
+        run_line = f"Run {settings.get('date', '?')}, commit {settings.get('commit', '?')}. "
+    agreement_scenes = settings.get("agreement_scenes", settings.get("scenes"))
+    agreement_note = (f" Mode agreement on the first {agreement_scenes} scenes."
+                      if agreement_scenes != settings.get("scenes") else "")
     parts = [
-        (f"Held-out scenes: {settings.get('scenes', '?')} (seeds {settings.get('scene_seeds', '?')}), "
+        (f"{run_line}Held-out scenes: {settings.get('scenes', '?')} (seeds {settings.get('scene_seeds', '?')}), "
         f"{settings.get('num_inference_steps', '?')} denoising steps, no CFG. 95% intervals in brackets: Wilson for "
-        "rates, bootstrap over scenes for the mean error.\n"),
+        f"rates, bootstrap over scenes for the mean error.{agreement_note}\n"),
         "**Collision rate** (lower is better)\n\n" + header
         + "".join(f"| {name} | " + " | ".join(_rate(quality[name][n], "collision_rate") for n in ns) + " |\n"
                   for name in names),
@@ -136,7 +142,8 @@ def write_plot(
         axis.grid(alpha=0.3)
     axes[0].legend(fontsize=8)
     settings = result.get("settings", {})
-    fig.suptitle(f"toy obstacle task, {settings.get('scenes', '?')} held-out scenes, shipped weights")
+    fig.suptitle(f"toy obstacle task, {settings.get('scenes', '?')} held-out scenes, shipped weights "
+                 f"(run {settings.get('date', '?')}, commit {settings.get('commit', '?')})")
     axis = axes[3]
     if example is not None and candidates is not None:
         axis.imshow(task.render(example), extent=(-1, 1, -1, 1))

@@ -1,0 +1,285 @@
+"""``trajectory-ensemble send-goal``: send one ``GenerateTrajectory`` goal from a shell, print its feedback and result.
+
+What ``ros2 action send_goal`` would do, on an install without the ``ros2`` CLI. Every goal field is a flag; the exit
+status is the goal's terminal state, so a script can branch on it. ``--toy-scene SEED`` first publishes one rendered
+toy-task scene on the node's image topic, to try the node without a camera.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from ..errors import ErrorCode, NodeUnreachableError
+from .ros_client import (
+    DEFAULT_NODE,
+    ClientSession,
+    check_node_name,
+    domain_text,
+    wait_with_progress,
+)
+
+EXIT_SUCCEEDED = 0
+EXIT_ABORTED = 1
+EXIT_USAGE = 2
+EXIT_UNREACHABLE = 3
+EXIT_REJECTED = 4
+EXIT_CANCELED = 5
+EXIT_TIMEOUT = 6
+EXIT_INTERRUPTED = 130
+EXIT_CODES = f"""exit status:
+  {EXIT_SUCCEEDED}    the goal succeeded
+  {EXIT_ABORTED}    the goal was aborted (the printed error code says why)
+  {EXIT_USAGE}    bad arguments
+  {EXIT_UNREACHABLE}    no action server <node>/generate_trajectory within --wait
+  {EXIT_REJECTED}    the node rejected the goal
+  {EXIT_CANCELED}    the goal was canceled (Ctrl-C here, or another client)
+  {EXIT_TIMEOUT}    no terminal state within --timeout (the goal was canceled)
+  {EXIT_INTERRUPTED}  Ctrl-C twice: stopped waiting before the goal ended"""
+GOAL_RESPONSE_TIMEOUT_S = 30.0
+"""How long the node may take to accept or reject a goal once the action server is there."""
+CANCEL_GRACE_S = 30.0
+"""How long a canceled goal (Ctrl-C, --timeout) may take to reach its terminal state before the command gives up."""
+TOY_FRAME_REPEATS = 3
+"""The toy frame is published this many times (same stamp): one lost sample must not leave the node without it."""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the ``send-goal`` flags to ``parser``."""
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.epilog = EXIT_CODES
+    goal = parser.add_argument_group("goal fields (unset = the node's defaults)")
+    goal.add_argument("--count", type=int, default=0, metavar="N", help="candidate_count (0 = node default)")
+    goal.add_argument("--reducer", default="", help="reducer name ('' = node default)")
+    goal.add_argument("--instruction", default="", help="instruction ('' = the node's ~/instruction or default)")
+    goal.add_argument("--seed", type=int, default=None, help="base seed (sets use_seed); default: the node picks one")
+    goal.add_argument("--return-candidates", action="store_true", help="return every candidate in the result")
+    goal.add_argument("--rollout", action="store_true", help="record an RL rollout (needs the node's rollout_dir)")
+    where = parser.add_argument_group("node and waiting")
+    where.add_argument("--node", default=DEFAULT_NODE, help=f"the node's fully qualified name (default {DEFAULT_NODE})")
+    where.add_argument("--wait", type=float, default=30.0, metavar="S",
+                       help="seconds to wait for the node's action server to appear (30)")
+    where.add_argument("--timeout", type=float, default=300.0, metavar="S",
+                       help="seconds from acceptance to the terminal state; then the goal is canceled (300)")
+    scene = parser.add_argument_group("trying the node without a camera")
+    scene.add_argument("--toy-scene", type=int, default=None, metavar="SEED",
+                       help="first publish the rendered toy-task scene SEED (256x256 rgb8, stamped now) on the image "
+                            "topic")
+    scene.add_argument("--image-topic", default=None,
+                       help="topic for --toy-scene (default <node>/observation/image)")
+    parser.add_argument("--print-data", action="store_true", help="also print the trajectory (and candidates) rows")
+
+
+def _check_args(args: argparse.Namespace) -> None:
+    check_node_name(args.node)
+    if args.count < 0:
+        raise ValueError(f"--count must be >= 0, got {args.count}")
+    if args.seed is not None and not 0 <= args.seed < 2**64:
+        raise ValueError(f"--seed must be in [0, 2**64), got {args.seed}")
+    if args.wait < 0 or args.timeout <= 0:
+        raise ValueError(f"--wait must be >= 0 and --timeout > 0, got --wait {args.wait:g} --timeout {args.timeout:g}")
+    if args.toy_scene is not None and args.toy_scene < 0:
+        raise ValueError(f"--toy-scene must be >= 0, got {args.toy_scene}")
+
+
+def build_goal(goal_class: Any, args: argparse.Namespace) -> Any:
+    """The ``GenerateTrajectory.Goal`` the flags describe."""
+    goal = goal_class(instruction=args.instruction, candidate_count=args.count, reducer=args.reducer,
+                      return_candidates=args.return_candidates, rollout=args.rollout)
+    if args.seed is not None:
+        goal.use_seed, goal.seed = True, int(args.seed)
+    return goal
+
+
+def toy_scene_frame(seed: int, stamp_ns: int) -> bytes:
+    """CDR bytes of a ``sensor_msgs/Image`` of the rendered toy scene ``seed`` (what the toy policy was trained on)."""
+    from ..toy.task import make_scene, render
+    from . import bags
+
+    return bags.serialize(bags.image_msg(render(make_scene(seed)), stamp_ns, "toy_camera"))
+
+
+def publish_toy_scene(session: ClientSession, topic: str, seed: int, wait_s: float,
+                      log: Callable[[str], None]) -> None:
+    """Publish the toy scene ``seed`` on ``topic`` once the node subscribes to it.
+
+    Raises:
+        NodeUnreachableError: Nobody subscribes to ``topic`` within ``wait_s``.
+    """
+    from rclpy.qos import QoSProfile
+    from sensor_msgs.msg import Image
+
+    # Reliable matches the node's best-effort (sensor-data) subscription too.
+    publisher = session.node.create_publisher(Image, topic, QoSProfile(depth=10))
+    if not wait_with_progress(lambda: publisher.get_subscription_count() > 0, session.spin_for, wait_s,
+                              f"a subscriber on {topic}", log):
+        raise NodeUnreachableError(f"nobody subscribes to {topic} after {wait_s:g} s; is it the node's image topic "
+                                   f"(parameter image_topics)? pass --image-topic")
+    stamp_ns = time.time_ns()
+    data = toy_scene_frame(seed, stamp_ns)
+    for _ in range(TOY_FRAME_REPEATS):
+        publisher.publish(data)
+    # Frames and goals travel on separate DDS readers: give the node a moment to take the frame in first.
+    session.spin_for(0.3)
+    log(f"published toy scene {seed} on {topic} (256x256 rgb8, stamp {stamp_ns // 10**9}.{stamp_ns % 10**9:09d})")
+
+
+def _code_name(code: int) -> str:
+    try:
+        return ErrorCode(code).name
+    except ValueError:
+        return "UNKNOWN"
+
+
+def _stamp(msg: Any) -> str:
+    return f"{int(msg.header.stamp.sec)}.{int(msg.header.stamp.nanosec):09d}"
+
+
+def result_lines(status: str, result: Any, print_data: bool = False) -> list[str]:
+    """The printed result: status, error, seed, weights version, trajectory shape, candidates, metrics.
+
+    Args:
+        status (`str`): Terminal status name (``SUCCEEDED``, ``ABORTED``, ``CANCELED``).
+        result (`GenerateTrajectory.Result`): What the node returned.
+        print_data (`bool`): Also print the trajectory (and candidates) rows.
+    """
+    lines = [f"result: {status}",
+             f"  error: {result.error_code} {_code_name(int(result.error_code))}"
+             + (f": {result.error_message}" if result.error_message else ""),
+             f"  base_seed: {result.base_seed}",
+             f"  weights_version: {result.weights_version}"]
+    trajectory = result.trajectory
+    if int(trajectory.horizon) > 0:
+        lines.append(
+            f"  trajectory: {trajectory.horizon} x {trajectory.action_dim} (horizon x action_dim), reducer "
+            f"{trajectory.reducer}, {trajectory.candidate_count} candidates, dt {trajectory.dt:g} s, "
+            f"{'normalized' if trajectory.normalized else 'physical units'}, domain {trajectory.domain_name}, "
+            f"stamp {_stamp(trajectory)}")
+        if print_data:
+            width = int(trajectory.action_dim)
+            data = list(trajectory.data)
+            lines += [f"    {k}: " + " ".join(f"{v:+.4f}" for v in data[k * width:(k + 1) * width])
+                      for k in range(int(trajectory.horizon))]
+    candidates = result.candidates
+    if len(candidates.seeds):
+        lines.append(f"  candidates: {len(candidates.seeds)} x {candidates.horizon} x {candidates.action_dim}, "
+                     f"seeds {list(candidates.seeds)}")
+        if print_data:
+            size = int(candidates.horizon) * int(candidates.action_dim)
+            data = list(candidates.data)
+            lines += [f"    candidate {i}: " + " ".join(f"{v:+.4f}" for v in data[i * size:(i + 1) * size])
+                      for i in range(len(candidates.seeds))]
+    if result.rollout_path:
+        lines.append(f"  rollout_path: {result.rollout_path}")
+    lines += [f"  metrics.{kv.key}: {kv.value}" for kv in result.metrics]
+    return lines
+
+
+class _Interrupts:
+    """Counts Ctrl-C presses (SIGINT) while installed, instead of raising KeyboardInterrupt mid-spin."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._previous: Any = None
+
+    def __enter__(self) -> _Interrupts:
+        self._previous = signal.signal(signal.SIGINT, self._on_signal)
+        return self
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        self.count += 1
+
+    def __exit__(self, *exc: object) -> None:
+        signal.signal(signal.SIGINT, self._previous)
+
+
+def send_goal(args: argparse.Namespace, log: Callable[[str], None] = print) -> int:
+    """Send the goal ``args`` describe and follow it to its terminal state; returns the exit status.
+
+    Raises:
+        NodeUnreachableError: No action server (or, with ``--toy-scene``, no image subscriber) within ``--wait``.
+    """
+    from action_msgs.msg import GoalStatus
+    from rclpy.action import ActionClient
+    from trajectory_ensemble_msgs.action import GenerateTrajectory
+
+    names = {v: k[len("STATUS_"):] for k, v in vars(GoalStatus).items() if k.startswith("STATUS_")}
+    action_name = f"{args.node}/generate_trajectory"
+    with ClientSession("trajectory_ensemble_send_goal") as session, _Interrupts() as interrupts:
+        client = ActionClient(session.node, GenerateTrajectory, action_name)
+        if not wait_with_progress(lambda: interrupts.count > 0 or client.server_is_ready(), session.spin_for,
+                                  args.wait, f"the action server {action_name}", log) or interrupts.count:
+            if interrupts.count:
+                return EXIT_INTERRUPTED
+            servers = session.action_servers()
+            raise NodeUnreachableError(
+                f"node not reachable: no action server {action_name} after {args.wait:g} s on {domain_text()}; "
+                + (f"GenerateTrajectory servers seen: {', '.join(servers)}" if servers
+                   else "no GenerateTrajectory server seen (is the node running and ready?)"))
+        if args.toy_scene is not None:
+            publish_toy_scene(session, args.image_topic or f"{args.node}/observation/image", args.toy_scene,
+                              args.wait, log)
+        # Feedback can arrive before the goal response is handled: hold it until the "accepted" line is out.
+        early: list[str] | None = []
+
+        def on_feedback(msg: Any) -> None:
+            if early is None:
+                log(_feedback_line(msg.feedback))
+            else:
+                early.append(_feedback_line(msg.feedback))
+
+        sent = client.send_goal_async(build_goal(GenerateTrajectory.Goal, args), feedback_callback=on_feedback)
+        if not session.wait_future(sent, GOAL_RESPONSE_TIMEOUT_S, lambda: interrupts.count > 1):
+            log(f"result: no answer to the goal from {action_name} within {GOAL_RESPONSE_TIMEOUT_S:g} s")
+            return EXIT_UNREACHABLE if not interrupts.count else EXIT_INTERRUPTED
+        handle = sent.result()
+        goal_id = uuid.UUID(bytes=bytes(bytearray(handle.goal_id.uuid)))
+        if not handle.accepted:
+            log(f"goal {goal_id}: rejected by {action_name} (see the node's log and /diagnostics)")
+            log("result: REJECTED")
+            return EXIT_REJECTED
+        log(f"goal {goal_id}: accepted by {action_name}")
+        for line in early:
+            log(line)
+        early = None
+        result_future = handle.get_result_async()
+        timed_out = False
+        if not session.wait_future(result_future, args.timeout, lambda: interrupts.count > 0):
+            timed_out = not interrupts.count
+            why = "Ctrl-C" if interrupts.count else f"no result after --timeout {args.timeout:g} s"
+            log(f"canceling goal {goal_id} ({why}); waiting for its terminal state (Ctrl-C again: stop waiting)")
+            handle.cancel_goal_async()
+            if not session.wait_future(result_future, CANCEL_GRACE_S, lambda: interrupts.count > 1):
+                log(f"result: no terminal state {CANCEL_GRACE_S:g} s after the cancel request"
+                    if interrupts.count < 2 else "result: stopped waiting (Ctrl-C twice)")
+                return EXIT_INTERRUPTED if interrupts.count > 1 else EXIT_TIMEOUT
+        response = result_future.result()
+        status = names.get(response.status, str(response.status))
+        for line in result_lines(status, response.result, args.print_data):
+            log(line)
+        if timed_out:
+            return EXIT_TIMEOUT
+        return {"SUCCEEDED": EXIT_SUCCEEDED, "CANCELED": EXIT_CANCELED}.get(status, EXIT_ABORTED)
+
+
+def _feedback_line(feedback: Any) -> str:
+    return f"feedback: {feedback.stage} {feedback.step}/{feedback.total_steps}"
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run ``trajectory-ensemble send-goal``; the exit status is listed in ``--help``."""
+    try:
+        _check_args(args)
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        return send_goal(args, log=lambda line: print(line, flush=True))
+    except NodeUnreachableError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return EXIT_UNREACHABLE

@@ -14,7 +14,8 @@ Modes (:data:`STEP_CAPTURE_MODES`):
 - ``"cuda_graph"``: one ``torch.cuda.CUDAGraph`` per shape key, recorded after a warm-up on a side stream and
   replayed; CUDA devices only (:class:`StepCaptureError` elsewhere).
 - ``"compile"``: one ``torch.compile(dynamic=False)`` function per shape key; on CPU through inductor's C++
-  backend, on CUDA with ``mode="reduce-overhead"`` (inductor kernels inside CUDA graphs).
+  backend, on CUDA with ``mode="reduce-overhead"`` (inductor kernels inside CUDA graphs). Compiled stacks run whole
+  layers, without the CPU row blocks of ``layers.py`` (see :meth:`StepCapture._row_block_rows`).
 
 What a shape key holds (:meth:`StepCapture.key`): the row counts of both pathways, dtype and device, the attention
 layout with its prefix identities replaced by their positions, the lengths of the cached prefixes, and the row
@@ -241,8 +242,9 @@ class StepCapture:
             else None
             for slot in layout.prefixes
         ) if cache is not None else ()
+        blocks = layout.row_blocks(self._row_block_rows()) if self._row_block_rows() else None
         return (self.mode, tuple(und_seq.shape), tuple(gen_seq.shape), gen_seq.dtype, str(gen_seq.device), canonical,
-                kv_lengths, cache is not None, self.processor.row_blocks())
+                kv_lengths, cache is not None, blocks)
 
     def run_stack(self, und_seq: torch.Tensor, gen_seq: torch.Tensor,
                   rotary_emb: RotaryTables) -> tuple[torch.Tensor, torch.Tensor]:
@@ -296,11 +298,17 @@ class StepCapture:
             if entry.kv.refill(sources):
                 entry.kv_refills += 1
 
+    def _row_block_rows(self) -> int | None:
+        # Compiled code runs whole layers: traced row blocks unroll once per candidate block, so compile time grew
+        # with N (tiny config, 2-core host: 55 s at N=1, 325 s at N=4), and inductor's fusion already avoids the
+        # large intermediates row blocks exist for. A CUDA graph replays the eager kernels, so it keeps them.
+        return self.row_block_rows if self.mode == "cuda_graph" else None
+
     @contextlib.contextmanager
     def _entry_layout(self, entry: CaptureEntry) -> Iterator[None]:
         # The captured code reads the canonical layout and the static keys/values, never the live ones, and has no
         # per-layer cancel callback (checked before the replay instead).
-        with self.processor.use_layout(entry.layout, None, entry.kv, self.row_block_rows):
+        with self.processor.use_layout(entry.layout, None, entry.kv, self._row_block_rows()):
             yield
 
     def _replay(self, entry: CaptureEntry) -> tuple[torch.Tensor, torch.Tensor]:

@@ -216,7 +216,7 @@ def test_bad_parameters_are_all_reported_by_name():
         assert expected in text, expected
     with pytest.raises(params.ParameterError, match="reducer: .*pose_gripper.*width 2"):
         params.validate({"reducer": "pose_gripper", "domain_name": "pusht"}, env={})
-    with pytest.raises(params.ParameterError, match="step_capture: 'cuda_graph' needs a CUDA device, but device is 'cpu'"):
+    with pytest.raises(params.ParameterError, match="step_capture: .cuda_graph. needs a CUDA device, but device is"):
         params.validate({"step_capture": "cuda_graph", "device": "cpu"}, env={})
     with pytest.raises(params.ParameterError, match="reducer: 'nope' is not a reducer"):
         params.validate({"reducer": "nope"}, env={})

@@ -39,7 +39,7 @@ from . import memory as memory_mod
 from .report import device_label, load_average, machine_info, versions
 from .runner import Progress, Stats, parity, to_jsonable, token_counts
 from .work import count_work
-from .workload import DTYPES, BatchedRunner, PipelineSource, UpstreamRunner, Workload, module_bytes, synchronize
+from .workload import DTYPES, BatchedRunner, PipelineSource, UpstreamRunner, Workload, module_bytes
 
 SCHEMA = "trajectory_ensemble.bench.serving/1"
 
@@ -223,10 +223,6 @@ def measure(settings: ServingSettings, log: Progress) -> dict[str, Any]:
         for key, fn in cases_mem.items():
             cases[key]["memory"] = memory_mod.measure_cuda(fn, device)
     add_rates(cases, bf16_peak_tflops(device, settings.dtype))
-    del runner, upstream, pipe
-    gc.collect()
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
     return result
 
 
@@ -290,6 +286,10 @@ def run(args: argparse.Namespace) -> int:
     load_start, code_versions = load_average(), versions()
     log = Progress(quiet=args.quiet)
     result = measure(settings, log)
+    # The pipeline went out of scope with measure(); give its memory back before the next config in this process.
+    gc.collect()
+    if settings.device.type == "cuda":
+        torch.cuda.empty_cache()
     settings = replace(settings, modes=tuple(result["modes_measured"]))
     peak = bf16_peak_tflops(settings.device, settings.dtype)
     document = {

@@ -261,6 +261,10 @@ class PickleWeightsError(ModelLoadError):
     """A checkpoint holds pickle weights with no safetensors alongside, and ``allow_pickle`` is off."""
 
 
+class StepCaptureError(UnsupportedModeError):
+    """``step_capture`` cannot run here: CUDA graphs asked for on a device that is not CUDA, or a capture failed."""
+
+
 class RolloutError(UnsupportedModeError):
     """A rollout request whose log-probabilities would not be valid; refused (fail closed), nothing is written."""
 

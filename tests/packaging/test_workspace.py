@@ -30,7 +30,8 @@ ACTION_NAME = f"/{NODE_NAME}/generate_trajectory"
 PARAMETER_NAMES = {
     "model", "device", "dtype", "instruction", "domain_name", "chunk_size", "resolution_tier",
     "view_point", "fps", "num_inference_steps", "guidance_scale", "candidate_count", "reducer",
-    "max_candidates", "max_batch_candidates", "prefix_retain", "cfg_mode", "action_stats_file", "action_stats_method",
+    "max_candidates", "max_batch_candidates", "prefix_retain", "cfg_mode", "step_capture", "action_stats_file",
+    "action_stats_method",
     "max_observation_age_s", "goal_policy", "max_concurrent_goals", "publish_candidates",
     "joint_names", "image_topics", "allow_pickle_weights", "enable_weight_updates", "weights_dir",
     "rollout_dir", "seed", "require_state", "rollout_noise_level", "fault_injection",

@@ -32,16 +32,19 @@ def test_bad_parameters_are_all_reported_by_name():
     with pytest.raises(params.ParameterError) as info:
         params.validate({"goal_policy": "drop", "fps": 0, "joint_names": ["a", "b"], "modle": "x", "chunk_size": "8",
                          "enable_weight_updates": True, "domain_name": "droid_lerobot", "prefix_retain": -1,
-                         "cfg_mode": "both"}, env={})
+                         "cfg_mode": "both", "step_capture": "graphs"}, env={})
     text = str(info.value)
     for expected in ("goal_policy: 'drop'", "fps: must be > 0", "modle: unknown parameter", "chunk_size: expected",
                      "prefix_retain: must be >= 0, got -1",
                      "cfg_mode: 'both' is not one of ['auto', 'fused', 'separate']",
+                     "step_capture: 'graphs' is not one of ['off', 'cuda_graph', 'compile']",
                      "joint_names: 2 names ['a', 'b'] but domain_name 'droid_lerobot' has action width 10",
                      "weights_dir: must be set"):
         assert expected in text, expected
     with pytest.raises(params.ParameterError, match="reducer: .*pose_gripper.*width 2"):
         params.validate({"reducer": "pose_gripper", "domain_name": "pusht"}, env={})
+    with pytest.raises(params.ParameterError, match="step_capture: .cuda_graph. needs a CUDA device, but device is"):
+        params.validate({"step_capture": "cuda_graph", "device": "cpu"}, env={})
     with pytest.raises(params.ParameterError, match="reducer: unknown reducer 'nope'"):
         params.validate({"reducer": "nope"}, env={})
     assert params.validate({"fps": 15, "joint_names": [f"j{i}" for i in range(10)], "domain_name": "droid_lerobot"},

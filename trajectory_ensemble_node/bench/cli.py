@@ -71,8 +71,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                             "SingleThreadedExecutor; its cost is inside the measured latency")
 
     what = parser.add_argument_group("model")
-    what.add_argument("--config", choices=("tiny", "bench", "large"), default=None,
-                      help="random-weight config from build_pipeline (default: bench on CPU, large on CUDA)")
+    what.add_argument("--config", choices=("tiny", "bench", "large", "nano"), default=None,
+                      help="random-weight config from build_pipeline (default: bench on CPU, large on CUDA); nano: "
+                           "Cosmos3-Nano's shape, built on the device, measured by the serving benchmark "
+                           "(bench/serving.py)")
     what.add_argument("--model", default=None, metavar="PATH",
                       help="benchmark a Cosmos3OmniPipeline checkpoint directory instead of a random-weight config")
     what.add_argument("--device", default=None, help="cpu or cuda[:i] (default: cuda when available)")
@@ -114,6 +116,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     run.add_argument("--replot", type=Path, default=None, metavar="JSON",
                      help="re-render the markdown, plot and derived headline of an existing benchmark JSON, next to "
                           "it (no measurement)")
+    from .serving import add_arguments as add_serving_arguments
+
+    add_serving_arguments(parser)
 
 
 def resolve_settings(args: argparse.Namespace):
@@ -196,6 +201,22 @@ def run(args: argparse.Namespace) -> int:
         return _delegate("quality", args)
     if args.ros:
         return _delegate("ros", args)
+    if args.dry_shapes:
+        if args.config != "nano":
+            raise SystemExit(f"error: --dry-shapes needs --config nano, got {args.config!r}")
+        from .nano import dry_shapes
+
+        print("\n".join(dry_shapes()))
+        return 0
+    if args.replot and args.replot.is_file() and '"trajectory_ensemble.bench.serving/' in args.replot.read_text()[:200]:
+        from .serving_report import replot
+
+        print(replot(args.replot))
+        return 0
+    if args.step_capture or args.config == "nano":
+        from . import serving
+
+        return serving.run(args)
 
     from .report import (
         build_document,

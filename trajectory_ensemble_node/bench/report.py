@@ -203,11 +203,14 @@ def build_document(
 def file_stem(settings: Settings) -> str:
     """``<model>_<device>``, e.g. ``bench_cpu-2core`` or ``large_cuda-nvidia-h200``: says where it was measured."""
     model = Path(settings.source.model_path).name if settings.source.model_path else settings.source.config
-    if settings.device.type == "cuda":
-        device = "cuda-" + re.sub(r"[^a-z0-9]+", "-", torch.cuda.get_device_name(settings.device).lower()).strip("-")
-    else:
-        device = f"cpu-{os.cpu_count()}core"
-    return f"{model}_{device}"
+    return f"{model}_{device_label(settings.device)}"
+
+
+def device_label(device: torch.device) -> str:
+    """``cuda-nvidia-h200`` or ``cpu-2core``: the device part of a results file name."""
+    if device.type == "cuda":
+        return "cuda-" + re.sub(r"[^a-z0-9]+", "-", torch.cuda.get_device_name(device).lower()).strip("-")
+    return f"cpu-{os.cpu_count()}core"
 
 
 def write_outputs(

@@ -259,13 +259,15 @@ class BatchedRunner:
             max_count=self.model.max_candidates,
         )
 
-    def call(self, count: int, *, steps: int | None = None, grad: bool = False) -> BatchedCall:
+    def call(self, count: int, *, steps: int | None = None, grad: bool = False,
+             step_capture: str | None = None) -> BatchedCall:
         """Run one group of ``count`` candidates, timed.
 
         Args:
             count (`int`): N.
             steps (`int`, *optional*): Overrides the workload's steps (memory and grad probes).
             grad (`bool`): Leave autograd as the engine leaves it (only for :func:`probe_grad_mode`).
+            step_capture (`str`, *optional*): The group's ``step_capture`` (``None``: the model's own).
         """
         workload = self.workload
         cache = self.model.adapter.prefix_cache
@@ -282,6 +284,7 @@ class BatchedRunner:
                 fps=FPS,
                 spec=self.spec(count),
                 base_seed=workload.base_seed,
+                step_capture=step_capture,
             )
         synchronize(self.device)
         return BatchedCall(count=count, latency_s=time.perf_counter() - started,

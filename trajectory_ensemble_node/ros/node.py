@@ -119,7 +119,7 @@ class TrajectoryEnsembleNode(Node):
         self._check_toy_settings()
         self.model = Cosmos3ActionModel(
             pipe, max_batch_candidates=p.max_batch_candidates, max_candidates=p.max_candidates,
-            prefix_retain=p.prefix_retain, cfg_mode=p.cfg_mode,
+            prefix_retain=p.prefix_retain, cfg_mode=p.cfg_mode, step_capture=p.step_capture,
             action_stats=self._load_action_stats(),
         )
         try:

@@ -18,7 +18,7 @@ from typing import Any
 
 from ..contract import check_count, check_reducer, check_request
 from ..errors import InvalidSpecError, ParameterError
-from ..models.cosmos3 import CFG_MODES, RESOLUTION_TIERS, VIEW_POINTS, embodiment_widths
+from ..models.cosmos3 import CFG_MODES, RESOLUTION_TIERS, STEP_CAPTURE_MODES, VIEW_POINTS, embodiment_widths
 from ..normalization import NORMALIZATION_METHODS
 
 _WIDTHS = embodiment_widths()
@@ -79,6 +79,8 @@ PARAMETERS: tuple[ParamSpec, ...] = (
     ParamSpec("cfg_mode", "auto", "CFG branches (guidance_scale > 1) in one forward (fused) or two (separate); auto "
               "fuses groups of more than one candidate and keeps a lone candidate bitwise equal to upstream",
               ", ".join(CFG_MODES)),
+    ParamSpec("step_capture", "off", "each denoising step's decoder stack captured once per shape and replayed: "
+              "cuda_graph (CUDA only) or compile (torch.compile); off = eager", ", ".join(STEP_CAPTURE_MODES)),
     ParamSpec("action_stats_file", "", "per-channel action statistics JSON; empty = publish normalized actions"),
     ParamSpec("action_stats_method", "quantile", "normalization of action_stats_file",
               ", ".join(NORMALIZATION_METHODS)),
@@ -135,6 +137,7 @@ class NodeParams:
     max_batch_candidates: int
     prefix_retain: int
     cfg_mode: str
+    step_capture: str
     action_stats_file: str
     action_stats_method: str
     max_observation_age_s: float
@@ -254,6 +257,10 @@ def validate(raw: Mapping[str, Any], *, env: Mapping[str, str] | None = None) ->
     need(p["max_batch_candidates"] >= 1, f"max_batch_candidates: must be >= 1, got {p['max_batch_candidates']}")
     need(p["prefix_retain"] >= 0, f"prefix_retain: must be >= 0, got {p['prefix_retain']}")
     need(p["cfg_mode"] in CFG_MODES, f"cfg_mode: {p['cfg_mode']!r} is not one of {list(CFG_MODES)}")
+    need(p["step_capture"] in STEP_CAPTURE_MODES,
+         f"step_capture: {p['step_capture']!r} is not one of {list(STEP_CAPTURE_MODES)}")
+    need(p["step_capture"] != "cuda_graph" or p["device"].split(":")[0] in ("cuda", "auto"),
+         f"step_capture: 'cuda_graph' needs a CUDA device, but device is {p['device']!r}")
     need(p["action_stats_method"] in NORMALIZATION_METHODS,
          f"action_stats_method: {p['action_stats_method']!r} is not one of {list(NORMALIZATION_METHODS)}")
     need(p["max_observation_age_s"] > 0, f"max_observation_age_s: must be > 0, got {p['max_observation_age_s']}")

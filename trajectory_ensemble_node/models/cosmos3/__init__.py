@@ -5,6 +5,7 @@ internals.
 """
 
 from .adapter import CFG_MODES, Cosmos3Adapter, Cosmos3Request
+from .capture import STEP_CAPTURE_MODES, StepCaptureError
 from .embodiments import RESOLUTION_TIERS, VIEW_POINTS, embodiment_widths
 from .loading import PICKLE_SUFFIXES, load_pipeline, resolve_device, resolve_dtype
 from .model import Cosmos3ActionModel, WeightUpdateReport
@@ -15,6 +16,7 @@ __all__ = [
     "CFG_MODES",
     "PICKLE_SUFFIXES",
     "RESOLUTION_TIERS",
+    "STEP_CAPTURE_MODES",
     "UNTRAINED_NOTICE",
     "VIEW_POINTS",
     "Cosmos3ActionModel",
@@ -23,6 +25,7 @@ __all__ = [
     "RolloutError",
     "RolloutResult",
     "RolloutSpec",
+    "StepCaptureError",
     "WeightUpdateReport",
     "build_pipeline",
     "embodiment_widths",

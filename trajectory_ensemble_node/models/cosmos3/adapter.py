@@ -19,6 +19,7 @@ from ...errors import InvalidSpecError, UnsupportedModeError
 from ...contract import allowed_reducers
 from ...engine.adapter import AdapterCapabilities, CandidateOutput, Slice
 from .attention import PrefixKVCache, install_fanout
+from .capture import StepCapture, check_step_capture
 from .conditioning import GroupConditioning, draw_initial_latents, encode_conditioning
 from .layers import default_row_block_rows, install_row_blocks
 from .packing import PackItem, pack_forward, split_predictions
@@ -46,6 +47,8 @@ class Cosmos3Request:
     request_id: str = ""
     seeds: tuple[int, ...] = ()
     candidate_ids: tuple[int, ...] = ()
+    # None: the adapter's own step_capture (see ``capture.py``).
+    step_capture: str | None = None
     conditioning: GroupConditioning | None = field(default=None, repr=False)
 
 
@@ -84,6 +87,8 @@ class Cosmos3Adapter:
         row_block_rows (`int | str`, *optional*): Run each layer's token-wise work in row ranges of at least this
             many rows, cut at candidate boundaries (``layers.py``). ``"auto"`` (default): 256 on CPU, off on CUDA.
             ``None`` or 0: whole layers.
+        step_capture (`str`): ``"off"`` (default), ``"cuda_graph"`` or ``"compile"``: each forward's decoder stack
+            captured once per shape and replayed (``capture.py``); a request's own ``step_capture`` overrides it.
 
     Why ``auto`` keeps ``count=1`` separate: BLAS libraries (MKL, cuBLAS) pick GEMM kernels by row count, and a
     row's result can change in the last bits with the kernel. A lone candidate with separate branches has exactly
@@ -109,7 +114,8 @@ class Cosmos3Adapter:
     )
 
     def __init__(self, pipe: Cosmos3OmniPipeline, *, cfg_mode: str = "auto", prefix_cache: bool = True,
-                 prefix_retain: int = 8, row_block_rows: int | str | None = "auto") -> None:
+                 prefix_retain: int = 8, row_block_rows: int | str | None = "auto",
+                 step_capture: str = "off") -> None:
         if cfg_mode not in CFG_MODES:
             raise InvalidSpecError(f"cfg_mode must be one of {list(CFG_MODES)}, got {cfg_mode!r}.")
         if not (row_block_rows is None or row_block_rows == "auto"
@@ -133,6 +139,8 @@ class Cosmos3Adapter:
         # (identical values, so bitwise-neutral).
         self.prefix_cache = PrefixKVCache(retain=prefix_retain) if prefix_cache else None
         self._weights_version = 0
+        self.step_capture_mode = check_step_capture(step_capture, self.device)
+        self.step_capture = StepCapture(pipe.transformer, self.processor, row_block_rows=self.row_block_rows)
 
     # --- declared properties ----------------------------------------------------------------------------------------
 
@@ -245,7 +253,11 @@ class Cosmos3Adapter:
             if pending:
                 cache.adopt(pending)
         packed = pack_forward(items, self.device, cached=cache.is_complete if cache is not None else None)
-        with self.processor.use_layout(packed.layout, should_abort, cache, self.row_block_rows):
+        # Co-batched groups that disagree on step_capture run eagerly: it computes the same either way.
+        modes = {state.request.step_capture or self.step_capture_mode for state, *_ in targets}
+        capture_mode = modes.pop() if len(modes) == 1 else "off"
+        with (self.processor.use_layout(packed.layout, should_abort, cache, self.row_block_rows),
+              self.step_capture.active(capture_mode)):
             preds_vision, _, preds_action = self.transformer(**packed.kwargs, return_dict=False)
         if cache is not None:
             computed = packed.layout.computed

@@ -18,6 +18,7 @@ from ...reducers import get_reducer
 from ...seeding import candidate_seeds, fresh_base_seed
 from ...service import EnsembleService
 from .adapter import Cosmos3Adapter, Cosmos3Request
+from .capture import check_step_capture
 from .conditioning import check_action_request
 from .rollout import RolloutSpec
 from .weights import apply_update, fuse_qkv_projections, load_update_source, plan_update
@@ -72,6 +73,9 @@ class Cosmos3ActionModel(EnsembleService):
         row_block_rows (`int | str`, *optional*): Each decoder layer's token-wise work (norms, projections, MLP) runs
             in row ranges of at least this many rows, cut at candidate boundaries, still inside one forward per step
             (see ``models/cosmos3/layers.py``). ``"auto"`` (default): 256 on CPU, off on CUDA; ``None``/0: off.
+        step_capture (`str`): ``"off"`` (default), ``"cuda_graph"`` (CUDA only) or ``"compile"``: each step's decoder
+            stack captured once per shape and replayed (``models/cosmos3/capture.py``); ``generate`` takes the same
+            keyword per group.
     """
 
     def __init__(
@@ -89,12 +93,13 @@ class Cosmos3ActionModel(EnsembleService):
         prefix_cache: bool = True,
         prefix_retain: int = 8,
         row_block_rows: int | str | None = "auto",
+        step_capture: str = "off",
     ) -> None:
         self.pipe = pipe
         if fuse_qkv:
             fuse_qkv_projections(pipe.transformer)
         adapter = Cosmos3Adapter(pipe, cfg_mode=cfg_mode, prefix_cache=prefix_cache, prefix_retain=prefix_retain,
-                                 row_block_rows=row_block_rows)
+                                 row_block_rows=row_block_rows, step_capture=step_capture)
         if generator_device is not None:
             adapter.generator_device = torch.device(generator_device)
         super().__init__(
@@ -122,6 +127,7 @@ class Cosmos3ActionModel(EnsembleService):
         rollout: RolloutSpec | None = None,
         request_id: str | None = None,
         on_progress: Callable[[ProgressEvent], None] | None = None,
+        step_capture: str | None = None,
     ) -> GroupRequest:
         """Validate and build a group request, before any model work.
 
@@ -145,6 +151,8 @@ class Cosmos3ActionModel(EnsembleService):
             if not isinstance(rollout, RolloutSpec):
                 raise InvalidSpecError(f"rollout must be a RolloutSpec, got {type(rollout).__name__}.")
             rollout.check_steps(num_inference_steps)
+        if step_capture is not None:
+            check_step_capture(step_capture, self.device)
         if base_seed is None:
             base_seed = fresh_base_seed()
         seeds = candidate_seeds(base_seed, spec.count, spec.seed_policy)
@@ -161,6 +169,7 @@ class Cosmos3ActionModel(EnsembleService):
             request_id=group.request_id,
             seeds=seeds,
             candidate_ids=group.candidate_ids,
+            step_capture=step_capture,
         )
         return GroupRequest(
             group=group,

@@ -154,7 +154,7 @@ def test_docs_check_reports_a_stale_file_and_writing_fixes_it(tmp_path):
     (tmp_path / "README.md").write_text(f"# x\n{docs.ERRORS_BEGIN}\n{docs.ERRORS_END}\n")
     table = [("OK", 0, "success", "done")]
     files = docs.expected_files(tmp_path, PARAMETERS, table)
-    assert sorted(p.name for p in docs.out_of_date(files)) == ["README.md", "parameters.md"]
+    assert sorted(p.name for p in docs.out_of_date(files)) == ["README.md", "errors.md", "parameters.md"]
     for path, content in files.items():
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(content)

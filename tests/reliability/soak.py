@@ -243,7 +243,7 @@ def write_doc(path: Path, figures: dict[str, Any]) -> None:
         "**Method.** The node runs as a subprocess (the random `tiny` model, 1 step, 2 candidates, CPU) and is "
         "driven over real DDS on loopback by a test client, as `tests/reliability` does; every loop is bounded "
         "in goals and seconds. Several engineers shared the 2 CPU cores during this run, so the times are upper "
-        f"bounds. `make soak` is meant to take under 20 minutes; this run took {figures['seconds'] / 60:.1f}, "
+        f"bounds. `make soak` is meant to take under 20 minutes; this run took {figures['seconds'] / 60:.1f} minutes, "
         f"{s['seconds']:.0f} s of it in the {s['goals']} goals ({s['seconds'] / s['goals']:.1f} s per goal at "
         f"this load).",
         "",

@@ -155,3 +155,32 @@ def pid_alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     return True
+
+
+def publish_until_received(client: RosClient, stamp: int, timeout_s: float = 30.0, **image_fields: Any) -> None:
+    """Publish a good frame until the node's ``/diagnostics`` count it (the image subscription is best effort, and a
+    loaded host drops samples), so a goal's outcome never hangs on a lost frame.
+
+    Args:
+        client (`RosClient`): A connected client.
+        stamp (`int`): The frame's stamp (seconds).
+        timeout_s (`float`): Give up (TimeoutError) after this long.
+        **image_fields: Passed to ``image_msg`` (size, encoding...).
+    """
+    def received() -> int:
+        for array in reversed(client.messages("diagnostics")):
+            for status in array.status:
+                if status.name.endswith(": observations"):
+                    return int({kv.key: kv.value for kv in status.values}.get("frames_received", "0"))
+        return 0
+
+    before = received()
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        client.publish_image(stamp, settle_s=0.0, **image_fields)
+        wait_until = time.monotonic() + 1.5  # diagnostics come at 1 Hz
+        while time.monotonic() < wait_until:
+            if received() > before:
+                return
+            time.sleep(0.05)
+    raise TimeoutError(f"no frame counted by the node within {timeout_s} s")

@@ -20,7 +20,7 @@ pytest.importorskip("rclpy")
 pytest.importorskip("trajectory_ensemble_msgs")
 
 from _node_harness import Stamps, serve_node  # noqa: E402
-from _reliability_harness import fire_burst  # noqa: E402
+from _reliability_harness import fire_burst, publish_until_received  # noqa: E402
 from action_msgs.msg import GoalStatus  # noqa: E402
 
 pytestmark = [pytest.mark.ros, pytest.mark.slow, pytest.mark.reliability]
@@ -43,7 +43,7 @@ def served(request, tmp_path_factory, ros_domain_id):
 
 def test_a_burst_of_200_goals_is_answered_and_ends(served):
     _, client, policy = served
-    client.publish_image(stamps())
+    publish_until_received(client, stamps())
     report = fire_burst(client, BURST, answer_timeout_s=60.0, terminal_timeout_s=60.0)
     assert report.unanswered == 0, report
     assert report.accepted + report.rejected == BURST, report
@@ -54,6 +54,6 @@ def test_a_burst_of_200_goals_is_answered_and_ends(served):
         assert report.rejected == 0, report
         assert report.statuses.get(GoalStatus.STATUS_SUCCEEDED, 0) >= 1, report  # the last goal is served
     # The node keeps serving after the burst.
-    client.publish_image(stamps())
+    publish_until_received(client, stamps())
     after = client.run_goal()
     assert after.status == GoalStatus.STATUS_SUCCEEDED, after.result.error_message

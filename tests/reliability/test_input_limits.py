@@ -17,7 +17,7 @@ pytest.importorskip("rclpy")
 pytest.importorskip("trajectory_ensemble_msgs")
 
 from _node_harness import Stamps, serve_node  # noqa: E402
-from _reliability_harness import wait_for_log  # noqa: E402
+from _reliability_harness import publish_until_received, wait_for_log  # noqa: E402
 from action_msgs.msg import GoalStatus  # noqa: E402
 from std_msgs.msg import String  # noqa: E402
 
@@ -42,7 +42,7 @@ def served(tmp_path_factory, ros_domain_id):
 
 def test_a_1mb_instruction_is_refused_within_1s_and_the_next_goal_succeeds(served):
     _, client = served
-    client.publish_image(stamps())
+    publish_until_received(client, stamps())
     sent = time.monotonic()
     outcome = client.run_goal(instruction="x" * 1_000_000)
     elapsed = time.monotonic() - sent
@@ -57,7 +57,7 @@ def test_a_1mb_instruction_is_refused_within_1s_and_the_next_goal_succeeds(serve
 
 def test_an_instruction_over_the_token_limit_is_refused(served):
     _, client = served
-    client.publish_image(stamps())
+    publish_until_received(client, stamps())
     outcome = client.run_goal(instruction="a" * (MAX_TOKENS * 2))
     assert outcome.result.error_code == ErrorCode.INSTRUCTION_TOO_LONG, outcome.result.error_message
     assert f"max_instruction_tokens={MAX_TOKENS}" in outcome.result.error_message
@@ -69,28 +69,34 @@ def test_the_instruction_topic_is_limited_too(served):
     for _ in range(3):
         client.instruction_pub.publish(msg)
     assert wait_for_log(node, "ignored: ~/instruction has 100000 characters")
-    client.publish_image(stamps())
+    publish_until_received(client, stamps())
     outcome = client.run_goal()  # empty instruction: the previous one is still in force
     assert outcome.status == GoalStatus.STATUS_SUCCEEDED, outcome.result.error_message
 
 
 def test_an_oversized_image_is_refused_and_named_in_the_goal_error(served):
     _, client = served
-    client.publish_image(stamps())
-    client.publish_image(stamps(), height=100, width=100)  # 10,000 pixels > MAX_PIXELS
+    publish_until_received(client, stamps())
+    for _ in range(20):  # until the node counts one (best-effort subscription on a loaded host)
+        client.publish_image(stamps(), height=100, width=100, settle_s=0.0)  # 10,000 pixels > MAX_PIXELS
+        try:
+            client.latest_status("observations", timeout=1.5,
+                                 predicate=lambda v: v.get("frames_rejected_size", "0") != "0")
+            break
+        except TimeoutError:
+            continue
     time.sleep(MAX_AGE_S + 0.5)
-    client.publish_image(stamps(), height=100, width=100)
     outcome = client.run_goal()
     assert outcome.result.error_code == ErrorCode.STALE_OBSERVATION, outcome.result.error_message
     assert "ImageTooLargeError" in outcome.result.error_message
     assert f"max_image_pixels={MAX_PIXELS}" in outcome.result.error_message
     _, values = client.latest_status("observations", predicate=lambda v: v.get("frames_rejected_size", "0") != "0")
-    assert int(values["frames_rejected_size"]) >= 3
+    assert int(values["frames_rejected_size"]) >= 1
 
 
 def test_sigint_during_a_running_goal_ends_the_process_within_5s(served):
     node, client = served
-    client.publish_image(stamps())
+    publish_until_received(client, stamps())
     outcome = client.send_goal()
     assert outcome.accepted
     client.wait(lambda: outcome.feedback, 30.0, "the first feedback")

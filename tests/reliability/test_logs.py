@@ -15,7 +15,7 @@ pytest.importorskip("rclpy")
 pytest.importorskip("trajectory_ensemble_msgs")
 
 from _node_harness import Stamps, serve_node  # noqa: E402
-from _reliability_harness import wait_for_log  # noqa: E402
+from _reliability_harness import publish_until_received, wait_for_log  # noqa: E402
 from action_msgs.msg import GoalStatus  # noqa: E402
 
 from trajectory_ensemble_node.errors import ErrorCode  # noqa: E402
@@ -35,7 +35,7 @@ def test_every_goal_end_line_reaches_the_log(served):
     node, client = served
     ends: list[tuple[str, str]] = []  # (goal id, the line fragment the log must hold)
 
-    client.publish_image(stamps())
+    publish_until_received(client, stamps())
     ok = client.run_goal()
     assert ok.status == GoalStatus.STATUS_SUCCEEDED, ok.result.error_message
     ends.append((ok.goal_id, f"goal {ok.goal_id}: "))
@@ -45,7 +45,7 @@ def test_every_goal_end_line_reaches_the_log(served):
     assert stale.result.error_code == ErrorCode.STALE_OBSERVATION
     ends.append((stale.goal_id, f"goal {stale.goal_id} aborted (STALE_OBSERVATION)"))
 
-    client.publish_image(stamps())
+    publish_until_received(client, stamps())
     unknown = client.run_goal(reducer="no_such_reducer")
     assert unknown.result.error_code == ErrorCode.UNKNOWN_REDUCER
     ends.append((unknown.goal_id, f"goal {unknown.goal_id} aborted (UNKNOWN_REDUCER)"))
@@ -54,7 +54,7 @@ def test_every_goal_end_line_reaches_the_log(served):
     assert above.result.error_code == ErrorCode.CANDIDATE_COUNT_ABOVE_MAX
     ends.append((above.goal_id, f"goal {above.goal_id} aborted (CANDIDATE_COUNT_ABOVE_MAX)"))
 
-    client.publish_image(stamps())
+    publish_until_received(client, stamps())
     again = client.run_goal()
     assert again.status == GoalStatus.STATUS_SUCCEEDED, again.result.error_message
     ends.append((again.goal_id, f"goal {again.goal_id}: "))

@@ -22,7 +22,7 @@ pytest.importorskip("rclpy")
 pytest.importorskip("trajectory_ensemble_msgs")
 
 from _node_harness import NODE, RosClient, Stamps, serve_node, write_params  # noqa: E402
-from _reliability_harness import wait_for_log  # noqa: E402
+from _reliability_harness import publish_until_received, wait_for_log  # noqa: E402
 from action_msgs.msg import GoalStatus  # noqa: E402
 from sensor_msgs.msg import JointState  # noqa: E402
 
@@ -63,7 +63,7 @@ def test_frames_refused_for_their_encoding_are_the_root_cause_in_the_goal_error(
 
 def test_require_state_refuses_an_empty_state_and_non_finite_velocities(served):
     _, client = served
-    client.publish_image(stamps())
+    publish_until_received(client, stamps())
     publish_state(client)  # empty JointState
     empty = client.run_goal()
     assert empty.result.error_code == ErrorCode.NON_FINITE_STATE, empty.result.error_message
@@ -76,7 +76,7 @@ def test_require_state_refuses_an_empty_state_and_non_finite_velocities(served):
     nan = client.run_goal()
     assert nan.result.error_code == ErrorCode.NON_FINITE_STATE and "efforts" in nan.result.error_message
     publish_state(client, position=[0.0] * 7, velocity=[0.1] * 7)
-    client.publish_image(stamps())
+    publish_until_received(client, stamps())
     ok = client.run_goal()
     assert ok.status == GoalStatus.STATUS_SUCCEEDED, ok.result.error_message
 

@@ -1,4 +1,4 @@
-"""``trajectory-ensemble``: serve, demo, replay, bench, train-toy.
+"""``trajectory-ensemble``: serve, demo, replay, bench, train-toy, train-grpo.
 
 Each subcommand lives in the module that owns its concept and exposes ``add_arguments(parser)`` and
 ``run(args) -> int``; this file only dispatches, importing a module when its command runs, so that (for example)
@@ -19,6 +19,8 @@ _COMMANDS: dict[str, tuple[str, str]] = {
     "replay": ("trajectory_ensemble_node.tools.replay", "replay a rosbag2 into the node and record its trajectories"),
     "bench": ("trajectory_ensemble_node.bench.cli", "batched candidates vs sequential upstream (and --quality, --ros)"),
     "train-toy": ("trajectory_ensemble_node.toy.train", "train the toy bimodal obstacle policy on CPU"),
+    "train-grpo": ("trajectory_ensemble_node.toy.grpo_train",
+                   "Flow-GRPO fine-tuning of the toy policy from its own rollout groups (in process or --ros)"),
 }
 
 

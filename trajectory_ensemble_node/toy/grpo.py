@@ -122,6 +122,11 @@ class GroupRecord:
         if recorded != list(self.conditioning.cond_input_ids):
             raise GrpoError(f"record {self.manifest.get('request_id')!r} was made from other prompt tokens than "
                             "the trainer's conditioning; its log-probs cannot be recomputed.")
+        recorded_x0 = self.tensors["condition_vision_latents"].float()
+        ours = self.conditioning.x0_vision.detach().float().cpu()
+        if recorded_x0.shape != ours.shape or not torch.allclose(recorded_x0, ours, atol=1e-4, rtol=0):
+            raise GrpoError(f"record {self.manifest.get('request_id')!r} was made from another observation than the "
+                            "trainer's (its conditioning latents differ).")
         steps = self.steps
         if not steps:
             raise GrpoError(f"record {self.manifest.get('request_id')!r} has no captured SDE step "

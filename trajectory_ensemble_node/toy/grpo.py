@@ -1,4 +1,4 @@
-"""Flow-GRPO on rollout records: recompute recorded SDE log-probs with gradients, and take clipped policy-gradient steps.
+"""Flow-GRPO on rollout records: recompute recorded SDE log-probs with gradients, take clipped policy-gradient steps.
 
 A rollout record (``models/cosmos3/rollout.py``, in memory or read back from its safetensors file) holds, per
 candidate, the latents before and after every captured denoising step. The training forward here runs the
@@ -209,7 +209,7 @@ def recorded_log_probs(record: GroupRecord, steps: Sequence[int] | None = None) 
     return record.tensors["action_log_probs"][:, steps].float()
 
 
-# --- the optimizer step ------------------------------------------------------------------------------------------------
+# --- the optimizer step -----------------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)

@@ -35,7 +35,7 @@ from ..contract import CandidateTrajectorySpec
 from ..models.cosmos3 import Cosmos3ActionModel, RolloutSpec
 from ..models.cosmos3.conditioning import encode_conditioning
 from . import ACTION_SETTINGS, load_toy_pipeline, request_kwargs, task
-from .grpo import GroupRecord, PolicyTrainer, RewardWeights, StepSettings, group_advantages, score
+from .grpo import GroupRecord, GrpoError, PolicyTrainer, RewardWeights, StepSettings, group_advantages, score
 from .quality import wilson
 
 TRAIN_SCENE_RANGE = 100_000
@@ -53,6 +53,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--group-size", type=int, default=8, help="candidates per rollout group (N)")
     parser.add_argument("--steps", type=int, default=task.NUM_INFERENCE_STEPS, help="denoising steps")
     parser.add_argument("--noise-level", type=float, default=0.7, help="Flow-GRPO eta of the rollouts")
+    parser.add_argument("--sde-steps", type=str, default="",
+                        help="steps that take the SDE transition, e.g. '0-5' or '0,1,2' (default: all, as the node's "
+                             "rollout goals; in process only); the others are deterministic and not trained")
     parser.add_argument("--lr", type=float, default=3e-5, help="AdamW learning rate")
     parser.add_argument("--weight-decay", type=float, default=0.0)
     parser.add_argument("--clip", type=float, default=0.2, help="PPO clip range of the per-step ratio")
@@ -96,12 +99,15 @@ class InProcessPolicy:
         noise_level (`float`): Rollout ``eta``.
         rollout_dir (`Path`): Where rollout files are written (each group's record is read back from its file, as
             a trainer fed by a node would).
+        sde_steps (`tuple[int, ...]`, *optional*): SDE steps of the rollouts (``None``: all).
     """
 
-    def __init__(self, pipeline: Path | None, steps: int, noise_level: float, rollout_dir: Path) -> None:
+    def __init__(self, pipeline: Path | None, steps: int, noise_level: float, rollout_dir: Path,
+                 sde_steps: tuple[int, ...] | None = None) -> None:
         self.model = Cosmos3ActionModel(load_toy_pipeline(path=pipeline), max_batch_candidates=64)
         self.steps = steps
         self.noise_level = noise_level
+        self.sde_steps = sde_steps
         self.rollout_dir = rollout_dir
 
     @property
@@ -118,6 +124,7 @@ class InProcessPolicy:
             spec = CandidateTrajectorySpec(count=count, reducer="mean", return_candidates=True)
             handles.append(self.model.submit(**kwargs, spec=spec, base_seed=int(seed),
                                              rollout=RolloutSpec(noise_level=self.noise_level,
+                                                                 sde_steps=self.sde_steps,
                                                                  output_dir=self.rollout_dir)))
         self.model.run_until_idle()
         records = []
@@ -145,6 +152,20 @@ class InProcessPolicy:
 
     def close(self) -> None:
         """Nothing to stop in process."""
+
+
+def parse_steps(text: str) -> tuple[int, ...] | None:
+    """``'0-5'`` or ``'0,2,3'`` to a step tuple; ``''`` to ``None`` (all steps)."""
+    if not text.strip():
+        return None
+    steps: list[int] = []
+    try:
+        for part in text.split(","):
+            low, _, high = part.partition("-")
+            steps.extend(range(int(low), int(high or low) + 1))
+    except ValueError as error:
+        raise GrpoError(f"--sde-steps must look like '0-5' or '0,2,3', got {text!r}.") from error
+    return tuple(sorted(set(steps)))
 
 
 def read_record(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
@@ -297,12 +318,17 @@ def run(args: argparse.Namespace) -> int:
     """Train, write JSON and plot; returns 0 (1 when the iteration-0 ratio check fails)."""
     torch.set_num_threads(args.threads)
     args.work_dir.mkdir(parents=True, exist_ok=True)
+    sde_steps = parse_steps(args.sde_steps)
     if args.ros:
         from .grpo_ros import RosPolicy
 
+        if sde_steps is not None:
+            raise GrpoError(f"--sde-steps {args.sde_steps!r} needs --in-process: the node's rollout goals take the "
+                            "SDE transition on every step.")
+
         policy = RosPolicy(args)
     else:
-        policy = InProcessPolicy(args.pipeline, args.steps, args.noise_level, args.work_dir / "rollouts")
+        policy = InProcessPolicy(args.pipeline, args.steps, args.noise_level, args.work_dir / "rollouts", sde_steps)
     try:
         grpo = train(args, policy, log=lambda m: print(m, flush=True))
         if args.ros:

@@ -317,6 +317,7 @@ def write_plot(result: dict[str, Any], path: Path) -> None:
 def run(args: argparse.Namespace) -> int:
     """Train, write JSON and plot; returns 0 (1 when the iteration-0 ratio check fails)."""
     torch.set_num_threads(args.threads)
+    commit = _commit()  # the code that ran, not whatever HEAD is when the run ends
     args.work_dir.mkdir(parents=True, exist_ok=True)
     sde_steps = parse_steps(args.sde_steps)
     if args.ros:
@@ -336,7 +337,7 @@ def run(args: argparse.Namespace) -> int:
     finally:
         policy.close()
     result = {"grpo": grpo, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-              "commit": _commit(), "torch": torch.__version__}
+              "commit": commit, "torch": torch.__version__}
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(result, indent=1))
     write_plot(result, args.plot or args.json.with_suffix(".png"))

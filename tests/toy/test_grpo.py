@@ -141,3 +141,13 @@ def test_train_grpo_cli_writes_the_json_and_pushes_weights(tmp_path):
     assert grpo["weights_versions"] == [1, 2]
     assert Path(grpo["final_weights"]).is_file() and out.with_suffix(".png").is_file()
     assert grpo["settings"]["heldout_scene_seeds"][0] >= task.HELDOUT_SEED_BASE
+
+
+def test_sde_steps_option_reads_ranges_and_refuses_anything_else():
+    from trajectory_ensemble_node.toy.grpo_train import parse_steps
+
+    assert parse_steps("") is None
+    assert parse_steps("0-5") == (0, 1, 2, 3, 4, 5)
+    assert parse_steps("4,0-1") == (0, 1, 4)
+    with pytest.raises(GrpoError, match="'first'"):
+        parse_steps("first")

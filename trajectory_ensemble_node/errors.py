@@ -404,3 +404,14 @@ class ImageTooLargeError(InputTooLargeError):
 
     code = ErrorCode.IMAGE_TOO_LARGE
     cause = "size"
+
+
+# --- RL fine-tuning of the toy policy (toy/) ------------------------------------------------------------------------
+
+
+class GrpoError(InvalidSpecError):
+    """A rollout record or setting the GRPO trainer cannot use (e.g. no SDE step, a record from another request)."""
+
+
+class RosGrpoError(TrajectoryEnsembleError, RuntimeError):
+    """The node broke a GRPO invariant (wrong or mixed ``weights_version``, a failed goal or weight push)."""

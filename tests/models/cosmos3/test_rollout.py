@@ -67,7 +67,8 @@ def _recompute(tensors: dict[str, torch.Tensor], manifest: dict) -> tuple[torch.
     sigmas = tensors["sigmas"].double()
     points = tensors["latent_points"].tolist()
     captured = tensors["captured_steps"].tolist()
-    below_one = sigmas[(sigmas < 1) & (sigmas > 0)].max().item()
+    one = 1 - 1e-4  # a sigma this close to 1 counts as 1 (grids often start at 1 - 1e-6)
+    below_one = sigmas[(sigmas < one) & (sigmas > 0)].max().item()
     vision_noisy = (tensors["vision_condition_mask"] == 0)  # [T, 1, 1]
     action_noisy = (tensors["action_condition_mask"] == 0) & (
         torch.arange(tensors["action_latents"].shape[-1]) < manifest["raw_action_dim"]
@@ -79,7 +80,7 @@ def _recompute(tensors: dict[str, torch.Tensor], manifest: dict) -> tuple[torch.
     for step in manifest["sde_steps"]:
         sigma, sigma_next = sigmas[step].item(), sigmas[step + 1].item()
         dt = sigma_next - sigma
-        s_for_std = sigma if sigma < 1 else below_one
+        s_for_std = sigma if sigma < one else below_one
         std_t = eta * math.sqrt(s_for_std / (1 - s_for_std))
         s = std_t * math.sqrt(-dt)
         for name, noisy in (("vision", vision_noisy), ("action", action_noisy)):

@@ -9,7 +9,7 @@ A GRPO group is a candidate group: N samples from one observation. In rollout mo
 - on selected steps the Flow-GRPO "sde" transition (sigma ``σ``, next ``σ'``, ``dt = σ' - σ < 0``, velocity ``v``,
   noise level ``η``)::
 
-      std_t = η * sqrt(σ / (1 - σ))          (σ = 1 replaced by the largest grid sigma below 1)
+      std_t = η * sqrt(σ / (1 - σ))          (σ ≥ 1 - SIGMA_ONE_ATOL replaced by the largest grid sigma below that)
       μ     = x * (1 + std_t² dt / (2σ)) + v * (1 + std_t² (1 - σ) / (2σ)) * dt
       s     = std_t * sqrt(-dt);    x' = μ + s ε,   ε from the candidate's own generator (vision, then action)
       log p = mean over the noisy elements of  -(x' - μ)² / (2 s²) - log s - log sqrt(2π)
@@ -41,6 +41,10 @@ from .conditioning import GroupConditioning
 from .steppers import ServingStepper
 
 ROLLOUT_FORMAT_VERSION = 1
+SIGMA_ONE_ATOL = 1e-4
+"""Grid sigmas within this of 1 count as σ = 1 in ``std_t``. Schedulers often start at ``1 - 1e-6`` (timestep
+999.999, e.g. the toy's UniPC grid); taken literally, ``sqrt(σ / (1 - σ))`` is then ~1000 and the first SDE step
+throws the latents to ~1e4, so every later step and the returned chunk are garbage."""
 _LOG_SQRT_2PI = 0.5 * math.log(2.0 * math.pi)
 
 
@@ -173,7 +177,7 @@ class RolloutStepper:
         self.sde_mask = torch.tensor([i in sde for i in range(steps)], dtype=torch.bool)
         self.capture = set(range(steps)) if spec.capture_steps is None else set(spec.capture_steps)
         self.latent_points = sorted(self.capture | {i + 1 for i in self.capture} | {steps})
-        below_one = self.sigmas[(self.sigmas < 1.0) & (self.sigmas > 0)]
+        below_one = self.sigmas[(self.sigmas < 1.0 - SIGMA_ONE_ATOL) & (self.sigmas > 0)]
         if self.sde_mask.any() and below_one.numel() == 0:
             raise RolloutError("the rollout grid has no sigma strictly between 0 and 1; no SDE step is defined.")
         self._sigma_cap = float(below_one.max()) if below_one.numel() else 0.0
@@ -340,13 +344,14 @@ def sde_transition(
         v (`torch.Tensor`): Velocity (same shape).
         sigma (`float`), sigma_next (`float`): Current and next grid sigma (``sigma_next < sigma``).
         noise_level (`float`): ``η``.
-        sigma_cap (`float`): The largest grid sigma below 1, used in ``std_t`` when ``sigma == 1``.
+        sigma_cap (`float`): The largest grid sigma below ``1 - SIGMA_ONE_ATOL``, used in ``std_t`` when ``sigma`` is
+            within ``SIGMA_ONE_ATOL`` of 1.
 
     Returns:
         `tuple`: ``(μ, s)``.
     """
     dt = sigma_next - sigma
-    sigma_std = sigma if sigma < 1.0 else sigma_cap
+    sigma_std = sigma if sigma < 1.0 - SIGMA_ONE_ATOL else sigma_cap
     std_t = noise_level * math.sqrt(sigma_std / (1.0 - sigma_std))
     mean = x * (1.0 + std_t**2 * dt / (2.0 * sigma)) + v * (1.0 + std_t**2 * (1.0 - sigma) / (2.0 * sigma)) * dt
     return mean, std_t * math.sqrt(-dt)

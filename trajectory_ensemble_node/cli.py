@@ -24,7 +24,7 @@ _COMMANDS: dict[str, tuple[str, str]] = {
                "list, get or set a running node's parameters (its parameter services)"),
     "bench": ("trajectory_ensemble_node.bench.cli", "batched candidates vs sequential upstream (and --quality, --ros)"),
     "train-toy": ("trajectory_ensemble_node.toy.train", "train the toy bimodal obstacle policy on CPU"),
-    "train-grpo": ("trajectory_ensemble_node.toy.grpo_train",
+    "train-grpo": ("trajectory_ensemble_node.tools.train_grpo",
                    "Flow-GRPO fine-tuning of the toy policy from its own rollout groups (in process or --ros)"),
     "docs": ("trajectory_ensemble_node.tools.docs", "write docs/parameters.md, docs/errors.md and the README's error table from the code"),
 }

@@ -23,7 +23,7 @@ from trajectory_ensemble_node.toy.grpo import (
     recorded_log_probs,
     score,
 )
-from trajectory_ensemble_node.toy.grpo_train import read_record
+from trajectory_ensemble_node.tools.train_grpo import read_record
 
 
 
@@ -144,7 +144,7 @@ def test_train_grpo_cli_writes_the_json_and_pushes_weights(tmp_path):
 
 
 def test_sde_steps_option_reads_ranges_and_refuses_anything_else():
-    from trajectory_ensemble_node.toy.grpo_train import parse_steps
+    from trajectory_ensemble_node.tools.train_grpo import parse_steps
 
     assert parse_steps("") is None
     assert parse_steps("0-5") == (0, 1, 2, 3, 4, 5)

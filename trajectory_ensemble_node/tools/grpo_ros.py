@@ -29,9 +29,9 @@ import numpy as np
 import torch
 
 from ..errors import RosGrpoError
-from ..tools.launcher import NodeProcess, pick_domain_id, ros_env
-from . import task
-from .grpo_train import read_record
+from ..toy import task
+from .launcher import NodeProcess, pick_domain_id, ros_env
+from .train_grpo import read_record
 
 NODE = "trajectory_ensemble"
 NS = f"/{NODE}"

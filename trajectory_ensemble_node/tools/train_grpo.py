@@ -4,9 +4,9 @@ Each iteration:
 
 1. **Sample**: ``--scenes`` training scenes (seeds in the task's training range), one rollout group of
    ``--group-size`` candidates each (per-candidate seeds, Flow-GRPO SDE steps with log-probs recorded);
-2. **Score**: reward per candidate from the task's metrics (:func:`.grpo.score`);
-3. **Normalize**: group-normalized advantages (:func:`.grpo.group_advantages`);
-4. **Recompute**: the recorded transitions' log-probs with gradients (:func:`.grpo.recompute_log_probs`);
+2. **Score**: reward per candidate from the task's metrics (:func:`..toy.grpo.score`);
+3. **Normalize**: group-normalized advantages (:func:`..toy.grpo.group_advantages`);
+4. **Recompute**: the recorded transitions' log-probs with gradients (:func:`..toy.grpo.recompute_log_probs`);
    the first recompute of every iteration, before the update, must reproduce the record (ratio 1);
 5. **Step**: clipped-ratio policy gradient (optional KL to the starting policy), AdamW;
 6. **Publish**: the new transformer weights as safetensors, pushed to the policy that draws the next groups:
@@ -34,9 +34,17 @@ import torch
 from ..contract import CandidateTrajectorySpec
 from ..models.cosmos3 import Cosmos3ActionModel, RolloutSpec
 from ..models.cosmos3.conditioning import encode_conditioning
-from . import ACTION_SETTINGS, load_toy_pipeline, request_kwargs, task
-from .grpo import GroupRecord, GrpoError, PolicyTrainer, RewardWeights, StepSettings, group_advantages, score
-from .quality import wilson
+from ..toy import ACTION_SETTINGS, load_toy_pipeline, request_kwargs, task
+from ..toy.grpo import (
+    GroupRecord,
+    GrpoError,
+    PolicyTrainer,
+    RewardWeights,
+    StepSettings,
+    group_advantages,
+    score,
+)
+from ..toy.quality import wilson
 
 TRAIN_SCENE_RANGE = 100_000
 """Training scenes are drawn from seeds ``TRAIN_SEED_BASE + [0, TRAIN_SCENE_RANGE)``, far below the held-out base."""

@@ -20,7 +20,6 @@ pytest.importorskip("rclpy")
 pytest.importorskip("trajectory_ensemble_msgs")
 
 from _node_harness import NODE, NS, serve_node, stamp_sec  # noqa: E402
-from conftest import ros_subprocess_env  # noqa: E402
 
 pytestmark = [pytest.mark.ros, pytest.mark.slow]
 
@@ -35,8 +34,8 @@ def served(tmp_path_factory, ros_domain_id):
 
 
 @pytest.fixture
-def env(ros_domain_id):
-    return ros_subprocess_env(ros_domain_id)
+def env(ros_env):
+    return ros_env
 
 
 def cli(env, *args: str, timeout: float = CLI_TIMEOUT_S) -> subprocess.CompletedProcess:

@@ -19,6 +19,8 @@ _COMMANDS: dict[str, tuple[str, str]] = {
     "replay": ("trajectory_ensemble_node.tools.replay", "replay a rosbag2 into the node and record its trajectories"),
     "bench": ("trajectory_ensemble_node.bench.cli", "batched candidates vs sequential upstream (and --quality, --ros)"),
     "train-toy": ("trajectory_ensemble_node.toy.train", "train the toy bimodal obstacle policy on CPU"),
+    "calibrate": ("trajectory_ensemble_node.toy.calibrate",
+                  "conformal threshold of the uncertainty score on the toy task, tested on shifted scenes"),
 }
 
 

@@ -39,6 +39,11 @@ class ErrorCode(enum.IntEnum):
     # Configuration and weights.
     STATS_FILE_INVALID = 50
     WEIGHTS_REJECTED = 51
+    # Trustworthy output: validity, deadlines (issue 17).
+    TOO_FEW_VALID_CANDIDATES = 80
+    REDUCED_TRAJECTORY_INVALID = 81
+    DEADLINE_UNMEETABLE = 82
+    LIMITS_FILE_INVALID = 83
 
 
 class AbortReason(str, enum.Enum):
@@ -172,3 +177,30 @@ class WeightUpdateError(TrajectoryEnsembleError, ValueError):
     """A weight update was rejected; in strict mode nothing was changed."""
 
     code = ErrorCode.WEIGHTS_REJECTED
+
+
+# --- trustworthy output (issue 17) ----------------------------------------------------------------------------------
+
+
+class TooFewValidCandidatesError(GroupFailedError):
+    """Fewer candidates than ``min_valid_candidates`` passed the validity checks; nothing is reduced or published."""
+
+    code = ErrorCode.TOO_FEW_VALID_CANDIDATES
+
+
+class ReducedTrajectoryInvalidError(GroupFailedError):
+    """The reduced trajectory of valid candidates broke a limit (a reducer that is not a convex combination can)."""
+
+    code = ErrorCode.REDUCED_TRAJECTORY_INVALID
+
+
+class DeadlineUnmeetableError(InvalidSpecError):
+    """A deadline that not even one denoising step can meet; refused before any denoising."""
+
+    code = ErrorCode.DEADLINE_UNMEETABLE
+
+
+class LimitsFileError(InvalidSpecError):
+    """An action limits file is unreadable, malformed, or does not fit the action width."""
+
+    code = ErrorCode.LIMITS_FILE_INVALID

@@ -28,6 +28,7 @@ import torch
 
 from ..contract import EnsembleResult
 from ..errors import (
+    DeadlineUnmeetableError,
     EngineShutdownError,
     GroupAbortedError,
     GroupFailedError,
@@ -38,8 +39,11 @@ from ..errors import (
 from ..metrics import now_ms, peak_memory_bytes
 from ..models.base import CandidateModelAdapter, CandidateOutput, ForwardAborted, Slice
 from ..seeding import make_generators
+from ..uncertainty import estimate_uncertainty
+from .deadline import AnytimeAdapter, StepCosts
 from .reduction import reduce_candidates
 from .request import EngineConfig, GroupHandle, GroupRequest, ProgressEvent
+from .validity import DEFAULT_CHECK, check_reduced, screen_candidates, validity_metrics
 
 logger = logging.getLogger("trajectory_ensemble.engine")
 
@@ -63,6 +67,8 @@ class _Run:
     retries: int = 0
     fallback_reason: str | None = None
     pending_slices: int = 0
+    deadline_ms: float | None = None  # absolute, on the now_ms() clock
+    steps_planned: int | None = None
 
     @property
     def request(self) -> GroupRequest:
@@ -96,6 +102,8 @@ class GroupEngine:
         self._thread: threading.Thread | None = None
         self._stopping = False
         self._driving = threading.Lock()
+        # Measured costs, for deadlines (see deadline.py); updated on every group, read only by deadline requests.
+        self.costs = StepCosts()
 
     # --- public API ----------------------------------------------------------------------------------------------
 
@@ -110,8 +118,12 @@ class GroupEngine:
                     f"max_batch_candidates={max_batch}, and oversize_policy='reject'."
                 )
             sequential = self.config.oversize_policy == "sequential"
+        if request.deadline_s is not None:
+            self._check_deadline(request, sequential)
         handle = GroupHandle(request)
         run = _Run(handle=handle, sequential=sequential, submitted_ms=now_ms())
+        if request.deadline_s is not None:
+            run.deadline_ms = run.submitted_ms + 1000.0 * request.deadline_s
         if request.count > max_batch:
             if sequential:
                 run.fallback_reason = (
@@ -126,6 +138,19 @@ class GroupEngine:
             self._lock.notify_all()
         self._progress(run, "queued", 0)
         return handle
+
+    def _check_deadline(self, request: GroupRequest, sequential: bool) -> None:
+        if sequential or not isinstance(self.adapter, AnytimeAdapter):
+            raise InvalidSpecError(
+                f"group {request.request_id!r}: a deadline needs one batched group on an adapter that can re-schedule "
+                f"and stop early ({type(self.adapter).__name__}, sequential={sequential})."
+            )
+        minimum = self.costs.minimum_ms()
+        if minimum is not None and 1000.0 * request.deadline_s < minimum:
+            raise DeadlineUnmeetableError(
+                f"group {request.request_id!r}: deadline {request.deadline_s:.3f} s is shorter than encoding + one "
+                f"denoising step + post-processing as measured here ({minimum / 1000.0:.3f} s)."
+            )
 
     def run_between_groups(self, fn: Callable[[], Any]) -> concurrent.futures.Future:
         """Run ``fn`` on the engine thread when no group is running; admission pauses until it has run.
@@ -276,6 +301,31 @@ class GroupEngine:
             self._fail(run, self._named(run, exc, "preparing"))
             return False
         run.encode_ms += now_ms() - started
+        self.costs.observe("encode_ms", now_ms() - started)
+        if run.deadline_ms is not None:
+            return self._plan_steps(run)
+        return True
+
+    def _plan_steps(self, run: _Run) -> bool:
+        """Fit the group's step count to its deadline (after encoding, so only steps and post-processing remain)."""
+        requested = run.state.num_steps
+        steps = self.costs.steps_that_fit(run.deadline_ms - now_ms(), requested)
+        if steps < 1:
+            self._release(run)
+            self._fail(run, DeadlineUnmeetableError(
+                f"group {run.request.request_id!r}: not one denoising step fits in what is left of its "
+                f"{run.request.deadline_s:.3f} s deadline (step {self.costs.step_ms:.1f} ms)."
+            ))
+            return False
+        try:
+            self.adapter.enable_anytime(run.state)
+            if steps < requested:
+                self.adapter.reschedule(run.state, steps)
+        except BaseException as exc:  # noqa: BLE001
+            self._release(run)
+            self._fail(run, self._named(run, exc, "re-scheduling"))
+            return False
+        run.steps_planned = steps
         return True
 
     def _plan(self) -> list[list[Slice]]:
@@ -297,6 +347,7 @@ class GroupEngine:
         return [f for f in forwards if f]
 
     def _denoise_one_step(self) -> None:
+        iteration_started = now_ms()
         by_state = {id(run.state): run for run in self._running}
         failed: dict[int, BaseException] = {}
         for planned in self._plan():
@@ -342,6 +393,11 @@ class GroupEngine:
                 self._retry_or_fail(run, exc)
                 continue
             run.denoise_ms += now_ms() - started
+            if run.deadline_ms is not None and run.state.step_index < run.state.num_steps:
+                own_step_ms = run.denoise_ms / run.state.step_index
+                if self.costs.one_more_step_overruns(now_ms(), run.deadline_ms, own_step_ms):
+                    # Anytime result: stop here, from the clean estimate of the step just taken.
+                    self.adapter.finish_now(run.state)
             total = run.state.num_steps
             done_steps = run.state.step_index
             if run.sequential:
@@ -350,6 +406,7 @@ class GroupEngine:
             self._progress(run, "denoising", done_steps, total)
             if run.state.step_index >= run.state.num_steps:
                 self._finish_part(run)
+        self.costs.observe("step_ms", now_ms() - iteration_started)
 
     def _finish_part(self, run: _Run) -> None:
         started = now_ms()
@@ -376,18 +433,29 @@ class GroupEngine:
         try:
             candidates = torch.cat([out.candidates for out in run.outputs], dim=0)
             started = now_ms()
-            action, candidates = reduce_candidates(
-                candidates,
+            # Invalid candidates (always NaN/Inf; limits when given) are dropped before the reducer sees them.
+            check = request.validity or DEFAULT_CHECK
+            screening = screen_candidates(candidates, request.normalizer, check, request.request_id)
+            action, reduced_raw = reduce_candidates(
+                screening.survivors,
                 request.spec,
                 request.reducer,
                 request.normalizer,
                 reduce_before_denormalize=self.adapter.capabilities.reduce_before_denormalize,
             )
+            candidates = reduced_raw if screening.raw is None else screening.raw
+            if request.reducer is None and screening.raw is not None:
+                action = screening.raw[0].clone()  # the plain path publishes its (clamped) candidate untouched
+            action, action_clamped = check_reduced(action, check, request.request_id)
             reduce_ms = now_ms() - started
+            self.costs.observe("post_ms", reduce_ms + float(run.outputs[-1].extras.get("postprocess_ms", 0.0)))
             extras: dict[str, Any] = {}
             for out in run.outputs:
                 extras.update(out.extras)
             metrics = self._metrics(run, reduce_ms, extras)
+            metrics.update(validity_metrics(screening, action_clamped))
+            # In model (normalized) space, over the candidates that were reduced.
+            metrics.update(estimate_uncertainty(screening.survivors).metrics(request.uncertainty_threshold))
             result = EnsembleResult(
                 group=request.group,
                 spec=request.spec,
@@ -398,6 +466,8 @@ class GroupEngine:
                 candidates=candidates.float().cpu() if request.spec.return_candidates else None,
                 base_seed=request.base_seed,
                 rollout=extras.get("rollout"),
+                candidate_valid=screening.valid,
+                verdicts=screening.report.verdicts,
             )
         except BaseException as exc:  # noqa: BLE001
             self._fail(run, self._named(run, exc, "reducing"))
@@ -424,7 +494,15 @@ class GroupEngine:
             "total_ms": finished - run.submitted_ms,
             "peak_memory_bytes": peak_memory_bytes(self.device),
             "weights_version": self.adapter.weights_version,
+            # Denoising steps: asked for, planned against the deadline, taken (fewer when it stopped early).
+            "steps_requested": run.outputs[0].extras.get("steps_requested", run.outputs[0].extras.get(
+                "num_inference_steps")),
+            "steps_planned": run.steps_planned or run.outputs[0].extras.get("num_inference_steps"),
+            "steps_used": run.outputs[0].extras.get("steps_used", run.outputs[0].extras.get("num_inference_steps")),
         }
+        if run.deadline_ms is not None:
+            metrics["deadline_ms"] = 1000.0 * run.request.deadline_s
+            metrics["deadline_met"] = finished <= run.deadline_ms
         for key, value in extras.items():
             if key not in ("rollout", "postprocess_ms") and isinstance(value, (int, float, str, type(None))):
                 metrics.setdefault(key, value)

@@ -21,6 +21,8 @@ _COMMANDS: dict[str, tuple[str, str]] = {
     "train-toy": ("trajectory_ensemble_node.toy.train", "train the toy bimodal obstacle policy on CPU"),
     "calibrate": ("trajectory_ensemble_node.toy.calibrate",
                   "conformal threshold of the uncertainty score on the toy task, tested on shifted scenes"),
+    "bench-steps": ("trajectory_ensemble_node.toy.steps",
+                    "collision rate against denoising steps on the toy task, and half-time deadlines"),
 }
 
 

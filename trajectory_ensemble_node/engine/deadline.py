@@ -22,7 +22,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
-from ..errors import InvalidSpecError
+from ..errors import DeadlineUnmeetableError, InvalidSpecError
 
 EMA_WEIGHT = 0.3
 """Weight of the newest measurement in the running cost estimates (recent load matters more)."""
@@ -93,3 +93,61 @@ class StepCosts:
         """Whether another step (at the slower of the engine's and the group's own step time) would be late."""
         step = max(v for v in (self.step_ms, own_step_ms, 0.0) if v is not None)
         return now_ms + SAFETY_FACTOR * (step + (self.post_ms or 0.0)) > deadline_ms
+
+
+def refuse_unmeetable(costs: StepCosts, adapter: Any, request: Any, sequential: bool) -> None:
+    """At submission: raise unless ``request.deadline_s`` can be served at all.
+
+    Raises:
+        InvalidSpecError: the adapter cannot re-schedule and stop early, or the group would run sequentially.
+        DeadlineUnmeetableError: measured encode + one step + post-processing exceed the deadline.
+    """
+    if sequential or not isinstance(adapter, AnytimeAdapter):
+        raise InvalidSpecError(
+            f"group {request.request_id!r}: a deadline needs one batched group on an adapter that can re-schedule "
+            f"and stop early ({type(adapter).__name__}, sequential={sequential})."
+        )
+    minimum = costs.minimum_ms()
+    if minimum is not None and 1000.0 * request.deadline_s < minimum:
+        raise DeadlineUnmeetableError(
+            f"group {request.request_id!r}: deadline {request.deadline_s:.3f} s is shorter than encoding + one "
+            f"denoising step + post-processing as measured here ({minimum / 1000.0:.3f} s)."
+        )
+
+
+def plan_steps(costs: StepCosts, adapter: Any, state: Any, remaining_ms: float, request: Any) -> int:
+    """After encoding: how many steps the group runs; re-schedules it when fewer than requested.
+
+    Returns:
+        `int`: the planned step count (>= 1).
+
+    Raises:
+        DeadlineUnmeetableError: not one step fits in ``remaining_ms``.
+    """
+    requested = state.num_steps
+    steps = costs.steps_that_fit(remaining_ms, requested)
+    if steps < 1:
+        raise DeadlineUnmeetableError(
+            f"group {request.request_id!r}: not one denoising step fits in what is left of its "
+            f"{request.deadline_s:.3f} s deadline ({remaining_ms:.0f} ms left, step {costs.step_ms:.1f} ms)."
+        )
+    adapter.enable_anytime(state)
+    if steps < requested:
+        adapter.reschedule(state, steps)
+    return steps
+
+
+def step_metrics(extras: dict[str, Any], steps_planned: int | None, deadline_s: float | None,
+                 met: bool | None) -> dict[str, Any]:
+    """``steps_requested`` (asked for), ``steps_planned`` (fitted to the deadline), ``steps_used`` (taken; fewer
+    when the group stopped early), and with a deadline ``deadline_ms`` and ``deadline_met``."""
+    steps = extras.get("num_inference_steps")
+    out: dict[str, Any] = {
+        "steps_requested": extras.get("steps_requested", steps),
+        "steps_planned": steps_planned or steps,
+        "steps_used": extras.get("steps_used", steps),
+    }
+    if deadline_s is not None:
+        out["deadline_ms"] = 1000.0 * deadline_s
+        out["deadline_met"] = bool(met)
+    return out

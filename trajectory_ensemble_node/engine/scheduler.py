@@ -28,7 +28,6 @@ import torch
 
 from ..contract import EnsembleResult
 from ..errors import (
-    DeadlineUnmeetableError,
     EngineShutdownError,
     GroupAbortedError,
     GroupFailedError,
@@ -40,7 +39,7 @@ from ..metrics import now_ms, peak_memory_bytes
 from ..models.base import CandidateModelAdapter, CandidateOutput, ForwardAborted, Slice
 from ..seeding import make_generators
 from ..uncertainty import estimate_uncertainty
-from .deadline import AnytimeAdapter, StepCosts
+from .deadline import StepCosts, plan_steps, refuse_unmeetable, step_metrics
 from .reduction import reduce_candidates
 from .request import EngineConfig, GroupHandle, GroupRequest, ProgressEvent
 from .validity import DEFAULT_CHECK, check_reduced, screen_candidates, validity_metrics
@@ -119,7 +118,7 @@ class GroupEngine:
                 )
             sequential = self.config.oversize_policy == "sequential"
         if request.deadline_s is not None:
-            self._check_deadline(request, sequential)
+            refuse_unmeetable(self.costs, self.adapter, request, sequential)
         handle = GroupHandle(request)
         run = _Run(handle=handle, sequential=sequential, submitted_ms=now_ms())
         if request.deadline_s is not None:
@@ -138,19 +137,6 @@ class GroupEngine:
             self._lock.notify_all()
         self._progress(run, "queued", 0)
         return handle
-
-    def _check_deadline(self, request: GroupRequest, sequential: bool) -> None:
-        if sequential or not isinstance(self.adapter, AnytimeAdapter):
-            raise InvalidSpecError(
-                f"group {request.request_id!r}: a deadline needs one batched group on an adapter that can re-schedule "
-                f"and stop early ({type(self.adapter).__name__}, sequential={sequential})."
-            )
-        minimum = self.costs.minimum_ms()
-        if minimum is not None and 1000.0 * request.deadline_s < minimum:
-            raise DeadlineUnmeetableError(
-                f"group {request.request_id!r}: deadline {request.deadline_s:.3f} s is shorter than encoding + one "
-                f"denoising step + post-processing as measured here ({minimum / 1000.0:.3f} s)."
-            )
 
     def run_between_groups(self, fn: Callable[[], Any]) -> concurrent.futures.Future:
         """Run ``fn`` on the engine thread when no group is running; admission pauses until it has run.
@@ -308,24 +294,13 @@ class GroupEngine:
 
     def _plan_steps(self, run: _Run) -> bool:
         """Fit the group's step count to its deadline (after encoding, so only steps and post-processing remain)."""
-        requested = run.state.num_steps
-        steps = self.costs.steps_that_fit(run.deadline_ms - now_ms(), requested)
-        if steps < 1:
-            self._release(run)
-            self._fail(run, DeadlineUnmeetableError(
-                f"group {run.request.request_id!r}: not one denoising step fits in what is left of its "
-                f"{run.request.deadline_s:.3f} s deadline (step {self.costs.step_ms:.1f} ms)."
-            ))
-            return False
         try:
-            self.adapter.enable_anytime(run.state)
-            if steps < requested:
-                self.adapter.reschedule(run.state, steps)
-        except BaseException as exc:  # noqa: BLE001
+            run.steps_planned = plan_steps(self.costs, self.adapter, run.state, run.deadline_ms - now_ms(),
+                                           run.request)
+        except BaseException as exc:  # noqa: BLE001 - every failure becomes a named terminal state
             self._release(run)
-            self._fail(run, self._named(run, exc, "re-scheduling"))
+            self._fail(run, self._named(run, exc, "planning steps"))
             return False
-        run.steps_planned = steps
         return True
 
     def _plan(self) -> list[list[Slice]]:
@@ -494,15 +469,9 @@ class GroupEngine:
             "total_ms": finished - run.submitted_ms,
             "peak_memory_bytes": peak_memory_bytes(self.device),
             "weights_version": self.adapter.weights_version,
-            # Denoising steps: asked for, planned against the deadline, taken (fewer when it stopped early).
-            "steps_requested": run.outputs[0].extras.get("steps_requested", run.outputs[0].extras.get(
-                "num_inference_steps")),
-            "steps_planned": run.steps_planned or run.outputs[0].extras.get("num_inference_steps"),
-            "steps_used": run.outputs[0].extras.get("steps_used", run.outputs[0].extras.get("num_inference_steps")),
         }
-        if run.deadline_ms is not None:
-            metrics["deadline_ms"] = 1000.0 * run.request.deadline_s
-            metrics["deadline_met"] = finished <= run.deadline_ms
+        metrics.update(step_metrics(run.outputs[0].extras, run.steps_planned, run.request.deadline_s,
+                                    None if run.deadline_ms is None else finished <= run.deadline_ms))
         for key, value in extras.items():
             if key not in ("rollout", "postprocess_ms") and isinstance(value, (int, float, str, type(None))):
                 metrics.setdefault(key, value)

@@ -22,6 +22,10 @@ ROS_FREE_MODULES = [
     "trajectory_ensemble_node.seeding",
     "trajectory_ensemble_node.reducers",
     "trajectory_ensemble_node.normalization",
+    "trajectory_ensemble_node.safety",
+    "trajectory_ensemble_node.uncertainty",
+    "trajectory_ensemble_node.engine.validity",
+    "trajectory_ensemble_node.engine.deadline",
 ]
 
 # One fresh interpreter imports the modules in list order (cheaper than one interpreter each: every one loads torch)

@@ -362,17 +362,17 @@ class GroupEngine:
             started = now_ms()
             try:
                 self.adapter.step(run.state)
+                if run.deadline_ms is not None and run.state.step_index < run.state.num_steps:
+                    own_step_ms = (run.denoise_ms + now_ms() - started) / run.state.step_index
+                    if self.costs.one_more_step_overruns(now_ms(), run.deadline_ms, own_step_ms):
+                        # Anytime result: stop here, from the clean estimate of the step just taken.
+                        self.adapter.finish_now(run.state)
             except BaseException as exc:  # noqa: BLE001
                 self._running.remove(run)
                 self._release(run)
                 self._retry_or_fail(run, exc)
                 continue
             run.denoise_ms += now_ms() - started
-            if run.deadline_ms is not None and run.state.step_index < run.state.num_steps:
-                own_step_ms = run.denoise_ms / run.state.step_index
-                if self.costs.one_more_step_overruns(now_ms(), run.deadline_ms, own_step_ms):
-                    # Anytime result: stop here, from the clean estimate of the step just taken.
-                    self.adapter.finish_now(run.state)
             total = run.state.num_steps
             done_steps = run.state.step_index
             if run.sequential:
@@ -380,7 +380,9 @@ class GroupEngine:
                 total *= run.request.count
             self._progress(run, "denoising", done_steps, total)
             if run.state.step_index >= run.state.num_steps:
+                finishing = now_ms()
                 self._finish_part(run)
+                iteration_started += now_ms() - finishing  # post-processing is estimated on its own (post_ms)
         self.costs.observe("step_ms", now_ms() - iteration_started)
 
     def _finish_part(self, run: _Run) -> None:

@@ -119,6 +119,7 @@ def run(args: argparse.Namespace) -> int:
     if args.scenes < 1 or args.heldout < 1 or args.shifted < 1:
         raise SystemExit(f"--scenes, --heldout and --shifted must be >= 1, got {args.scenes}, {args.heldout}, "
                          f"{args.shifted}")
+    commit = _commit()  # the code that runs is the code checked out now, not at the end of a long run
     torch.set_num_threads(args.threads)
     from ..models.cosmos3 import Cosmos3ActionModel
 
@@ -160,7 +161,7 @@ def run(args: argparse.Namespace) -> int:
         "uncertainty": uncertainty,
         "settings": {
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "commit": _commit(),
+            "commit": commit,
             "family": args.family,
             "count": args.count,
             "reducer": args.reducer,

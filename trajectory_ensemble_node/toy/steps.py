@@ -84,6 +84,7 @@ def _deadline_goals(model: Any, scenes: Sequence[task.Scene], count: int, goals:
 
 
 def run(args: argparse.Namespace) -> int:
+    commit = _commit()  # the code that runs is the code checked out now, not at the end of a long run
     torch.set_num_threads(args.threads)
     from ..models.cosmos3 import Cosmos3ActionModel
 
@@ -113,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
         "deadline": deadlines,
         "settings": {
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "commit": _commit(),
+            "commit": commit,
             "scenes": args.scenes,
             "scene_seeds": [scenes[0].seed, scenes[-1].seed],
             "count": args.count,

@@ -43,6 +43,10 @@ ROS_FREE_MODULES = [
     "trajectory_ensemble_node.ros.goals",
     "trajectory_ensemble_node.ros.params",
     "trajectory_ensemble_node.ros.observations",
+    "trajectory_ensemble_node.safety",
+    "trajectory_ensemble_node.uncertainty",
+    "trajectory_ensemble_node.engine.validity",
+    "trajectory_ensemble_node.engine.deadline",
 ]
 
 

@@ -27,6 +27,10 @@ _COMMANDS: dict[str, tuple[str, str]] = {
     "train-grpo": ("trajectory_ensemble_node.tools.train_grpo",
                    "Flow-GRPO fine-tuning of the toy policy from its own rollout groups (in process or --ros)"),
     "docs": ("trajectory_ensemble_node.tools.docs", "write docs/parameters.md, docs/errors.md and the README's error table from the code"),
+    "calibrate": ("trajectory_ensemble_node.toy.calibrate",
+                  "conformal threshold of the uncertainty score on the toy task, tested on shifted scenes"),
+    "bench-steps": ("trajectory_ensemble_node.toy.steps",
+                    "collision rate against denoising steps on the toy task, and half-time deadlines"),
 }
 
 

@@ -291,6 +291,9 @@ class EnsembleResult:
             required when ``spec.return_candidates``.
         base_seed (`int`, *optional*): The request's seed; defaults to ``seeds[0]`` and must equal it.
         rollout (`object`, *optional*): Rollout-mode payload (filled by rollout mode).
+        candidate_valid (`tuple[bool, ...]`, *optional*): Per candidate, whether it passed the validity checks and
+            went into ``action``; rows of ``candidates`` flagged invalid may hold NaN/Inf (shown, never reduced).
+        verdicts (`tuple`, *optional*): Per candidate, its ``safety.CandidateVerdict`` (reasons when dropped).
 
     Raises:
         PartialGroupError: If the ids, seeds or candidates do not describe exactly the whole group, or a shape is
@@ -307,6 +310,8 @@ class EnsembleResult:
     candidates: torch.Tensor | None = None
     base_seed: int | None = None
     rollout: object | None = None
+    candidate_valid: tuple[bool, ...] | None = None
+    verdicts: tuple[object, ...] | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.group, CandidateGroup) or not isinstance(self.spec, CandidateTrajectorySpec):
@@ -363,6 +368,17 @@ class EnsembleResult:
             # The plain path must publish its one candidate untouched.
             if self.spec.reducer == "none" and not torch.equal(candidates[0], action):
                 raise PartialGroupError(f"request {rid!r}: with reducer 'none' the action must equal candidate 0")
+        valid = self.candidate_valid
+        if valid is not None:
+            valid = tuple(bool(v) for v in valid)
+            if len(valid) != size or not any(valid):
+                raise PartialGroupError(
+                    f"request {rid!r}: candidate_valid {valid!r} must flag {size} candidate(s), at least one valid"
+                )
+            object.__setattr__(self, "candidate_valid", valid)
+            if candidates is not None:
+                # Dropped candidates are reported as they came out of the model, NaN included.
+                candidates = candidates[torch.tensor(valid, dtype=torch.bool)]
         # An EnsembleResult is what gets published: it never carries NaN/Inf, whichever path built it.
         try:
             check_finite(action, "action")

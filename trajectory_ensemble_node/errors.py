@@ -49,6 +49,11 @@ class ErrorCode(enum.IntEnum):
     # Input size limits (refused before any model work).
     INSTRUCTION_TOO_LONG = 60
     IMAGE_TOO_LARGE = 61
+    # Trustworthy output: validity, deadlines (issue 17).
+    TOO_FEW_VALID_CANDIDATES = 80
+    REDUCED_TRAJECTORY_INVALID = 81
+    DEADLINE_UNMEETABLE = 82
+    LIMITS_FILE_INVALID = 83
 
 
 ERROR_KINDS = ("ok", "refusal", "observation", "engine failure", "lifecycle", "configuration")
@@ -93,6 +98,14 @@ _TABLE: dict[ErrorCode, tuple[str, str]] = {
                                                 "max_instruction_tokens; nothing was run."),
     ErrorCode.IMAGE_TOO_LARGE: ("observation", "A camera image is larger than max_image_bytes or max_image_pixels; "
                                                "it was dropped and the last good frame kept."),
+    ErrorCode.TOO_FEW_VALID_CANDIDATES: ("engine failure", "Fewer candidates than min_valid_candidates passed the "
+                                                          "validity checks (NaN/Inf, limits); nothing was published."),
+    ErrorCode.REDUCED_TRAJECTORY_INVALID: ("engine failure", "The reduced trajectory broke a limit although its "
+                                                             "candidates passed; nothing was published."),
+    ErrorCode.DEADLINE_UNMEETABLE: ("refusal", "The goal's deadline is shorter than one denoising step; nothing was "
+                                               "run."),
+    ErrorCode.LIMITS_FILE_INVALID: ("configuration", "The action limits file is unreadable, malformed or does not fit "
+                                                     "the action width."),
 }
 
 
@@ -415,3 +428,30 @@ class GrpoError(InvalidSpecError):
 
 class RosGrpoError(TrajectoryEnsembleError, RuntimeError):
     """The node broke a GRPO invariant (wrong or mixed ``weights_version``, a failed goal or weight push)."""
+
+
+# --- trustworthy output (issue 17) ----------------------------------------------------------------------------------
+
+
+class TooFewValidCandidatesError(GroupFailedError):
+    """Fewer candidates than ``min_valid_candidates`` passed the validity checks; nothing is reduced or published."""
+
+    code = ErrorCode.TOO_FEW_VALID_CANDIDATES
+
+
+class ReducedTrajectoryInvalidError(GroupFailedError):
+    """The reduced trajectory of valid candidates broke a limit (a reducer that is not a convex combination can)."""
+
+    code = ErrorCode.REDUCED_TRAJECTORY_INVALID
+
+
+class DeadlineUnmeetableError(InvalidSpecError):
+    """A deadline that not even one denoising step can meet; refused before any denoising."""
+
+    code = ErrorCode.DEADLINE_UNMEETABLE
+
+
+class LimitsFileError(InvalidSpecError):
+    """An action limits file is unreadable, malformed, or does not fit the action width."""
+
+    code = ErrorCode.LIMITS_FILE_INVALID

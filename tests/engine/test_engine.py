@@ -17,7 +17,7 @@ from trajectory_ensemble_node.errors import (
     GroupFailedError,
     GroupPreemptedError,
     InvalidSpecError,
-    NonFiniteCandidatesError,
+    TooFewValidCandidatesError,
 )
 from trajectory_ensemble_node.metrics import GROUP_METRIC_KEYS
 from trajectory_ensemble_node.models.cosmos3 import Cosmos3ActionModel
@@ -182,6 +182,7 @@ def test_preempted_group_names_the_preempting_goal(pipe, reduce_spy):
 
 
 def test_non_finite_candidates_are_never_reduced(pipe, reduce_spy):
+    # Issue 17: a NaN candidate is dropped and the survivors are reduced; it never reaches the reducer.
     model = Cosmos3ActionModel(pipe)
     real_finish = model.adapter.finish
 
@@ -193,8 +194,28 @@ def test_non_finite_candidates_are_never_reduced(pipe, reduce_spy):
     model.adapter.finish = poisoned
     handle = model.submit(**request_kwargs(3))
     model.run_until_idle()
-    with pytest.raises(NonFiniteCandidatesError, match=r"\[1\]"):
+    result = handle.result()
+    assert reduce_spy == [2]
+    assert result.candidate_valid == (True, False, True)
+    assert torch.isfinite(result.action).all()
+
+
+def test_all_non_finite_candidates_fail_the_group(pipe, reduce_spy):
+    model = Cosmos3ActionModel(pipe)
+    real_finish = model.adapter.finish
+
+    def poisoned(state):
+        out = real_finish(state)
+        out.candidates[:, 0, 0] = float("inf")
+        return out
+
+    model.adapter.finish = poisoned
+    handle = model.submit(**request_kwargs(3))
+    model.run_until_idle()
+    with pytest.raises(TooFewValidCandidatesError, match=r"0 of 3 candidates valid") as info:
         handle.result()
+    assert info.value.code == ErrorCode.TOO_FEW_VALID_CANDIDATES
+    assert reduce_spy == []
 
 
 def test_metrics_carry_every_declared_key(pipe):

@@ -122,7 +122,8 @@ def test_candidate_count_above_max_and_unknown_reducer_are_refused_before_any_mo
 @pytest.mark.parametrize(
     ("fault", "code"),
     [("engine_exception", ErrorCode.ENGINE_FAILURE), ("out_of_memory", ErrorCode.OUT_OF_MEMORY),
-     ("nan_candidates", ErrorCode.NON_FINITE_CANDIDATES)],
+     # Non-finite candidates are dropped before reduction; with none left the group fails for too few valid ones.
+     ("nan_candidates", ErrorCode.TOO_FEW_VALID_CANDIDATES)],
 )
 def test_an_engine_failure_aborts_that_goal_only_and_publishes_nothing(client, fault, code):
     assert client.set_parameter("fault_injection", fault).successful

@@ -3,12 +3,18 @@
 See :mod:`.scheduler` for the iteration model and :mod:`.request` for the request/handle types.
 """
 
+from .deadline import StepCosts
 from .reduction import reduce_candidates
 from .request import OVERSIZE_POLICIES, EngineConfig, GroupHandle, GroupRequest, ProgressEvent
 from .scheduler import GroupEngine
+from .validity import POSITION_POLICIES, ValidityCheck, ValidityPolicy
 
 __all__ = [
     "OVERSIZE_POLICIES",
+    "POSITION_POLICIES",
+    "StepCosts",
+    "ValidityCheck",
+    "ValidityPolicy",
     "EngineConfig",
     "GroupEngine",
     "GroupHandle",

@@ -17,6 +17,8 @@ from ..errors import (
 )
 from ..normalization import ActionNormalizer
 from ..reducers import Reducer
+from .deadline import check_deadline
+from .validity import ValidityCheck
 
 OVERSIZE_POLICIES = ("microbatch", "sequential", "reject")
 
@@ -73,6 +75,12 @@ class GroupRequest:
         normalizer (`ActionNormalizer`, *optional*): Denormalizes candidates into robot units when configured.
         on_progress (`Callable[[ProgressEvent], None]`, *optional*): Progress callback.
         max_retries (`int`, *optional*): Overrides the engine's retry budget for this group.
+        validity (`ValidityCheck`, *optional*): Limits, survivors needed, clamp policy, ``dt`` and current state;
+            ``None`` checks NaN/Inf only (see :mod:`.validity`).
+        deadline_s (`float`, *optional*): Seconds from submission by which the result must exist; 0/``None``: none
+            (see :mod:`.deadline`).
+        uncertainty_threshold (`float`, *optional*): Calibrated score threshold; the result metrics then say
+            ``uncertain`` when the score exceeds it.
     """
 
     group: CandidateGroup
@@ -83,8 +91,18 @@ class GroupRequest:
     normalizer: ActionNormalizer | None = None
     on_progress: Callable[[ProgressEvent], None] | None = None
     max_retries: int | None = None
+    validity: ValidityCheck | None = None
+    deadline_s: float | None = None
+    uncertainty_threshold: float | None = None
 
     def __post_init__(self) -> None:
+        self.deadline_s = check_deadline(self.deadline_s)
+        if self.validity is not None and not isinstance(self.validity, ValidityCheck):
+            raise InvalidSpecError(f"validity must be a ValidityCheck, got {type(self.validity).__name__}.")
+        threshold = self.uncertainty_threshold
+        if threshold is not None and (isinstance(threshold, bool) or not isinstance(threshold, (int, float))
+                                      or not 0 <= threshold < float("inf")):
+            raise InvalidSpecError(f"uncertainty_threshold must be a finite number >= 0, got {threshold!r}.")
         if len(self.seeds) != self.spec.count or self.group.size != self.spec.count:
             raise InvalidSpecError(
                 f"Group {self.group.request_id!r} has {self.group.size} candidate ids and {len(self.seeds)} seeds "

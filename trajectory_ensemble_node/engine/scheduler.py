@@ -38,8 +38,11 @@ from ..errors import (
 from ..metrics import now_ms, peak_memory_bytes
 from ..seeding import make_generators
 from .adapter import CandidateModelAdapter, CandidateOutput, ForwardAborted, Slice
+from ..uncertainty import estimate_uncertainty
+from .deadline import StepCosts, plan_steps, refuse_unmeetable, step_metrics
 from .reduction import reduce_candidates
 from .request import EngineConfig, GroupHandle, GroupRequest, ProgressEvent
+from .validity import DEFAULT_CHECK, check_reduced, screen_candidates, validity_metrics
 
 logger = logging.getLogger("trajectory_ensemble.engine")
 
@@ -63,6 +66,8 @@ class _Run:
     retries: int = 0
     fallback_reason: str | None = None
     pending_slices: int = 0
+    deadline_ms: float | None = None  # absolute, on the now_ms() clock
+    steps_planned: int | None = None
 
     @property
     def request(self) -> GroupRequest:
@@ -96,6 +101,8 @@ class GroupEngine:
         self._thread: threading.Thread | None = None
         self._stopping = False
         self._driving = threading.Lock()
+        # Measured costs, for deadlines (see deadline.py); updated on every group, read only by deadline requests.
+        self.costs = StepCosts()
 
     # --- public API ----------------------------------------------------------------------------------------------
 
@@ -110,8 +117,12 @@ class GroupEngine:
                     f"max_batch_candidates={max_batch}, and oversize_policy='reject'."
                 )
             sequential = self.config.oversize_policy == "sequential"
+        if request.deadline_s is not None:
+            refuse_unmeetable(self.costs, self.adapter, request, sequential)
         handle = GroupHandle(request)
         run = _Run(handle=handle, sequential=sequential, submitted_ms=now_ms())
+        if request.deadline_s is not None:
+            run.deadline_ms = run.submitted_ms + 1000.0 * request.deadline_s
         if request.count > max_batch:
             if sequential:
                 run.fallback_reason = (
@@ -276,6 +287,20 @@ class GroupEngine:
             self._fail(run, self._named(run, exc, "preparing"))
             return False
         run.encode_ms += now_ms() - started
+        self.costs.observe("encode_ms", now_ms() - started)
+        if run.deadline_ms is not None:
+            return self._plan_steps(run)
+        return True
+
+    def _plan_steps(self, run: _Run) -> bool:
+        """Fit the group's step count to its deadline (after encoding, so only steps and post-processing remain)."""
+        try:
+            run.steps_planned = plan_steps(self.costs, self.adapter, run.state, run.deadline_ms - now_ms(),
+                                           run.request)
+        except BaseException as exc:  # noqa: BLE001 - every failure becomes a named terminal state
+            self._release(run)
+            self._fail(run, self._named(run, exc, "planning steps"))
+            return False
         return True
 
     def _plan(self) -> list[list[Slice]]:
@@ -297,6 +322,7 @@ class GroupEngine:
         return [f for f in forwards if f]
 
     def _denoise_one_step(self) -> None:
+        iteration_started = now_ms()
         by_state = {id(run.state): run for run in self._running}
         failed: dict[int, BaseException] = {}
         for planned in self._plan():
@@ -336,6 +362,11 @@ class GroupEngine:
             started = now_ms()
             try:
                 self.adapter.step(run.state)
+                if run.deadline_ms is not None and run.state.step_index < run.state.num_steps:
+                    own_step_ms = (run.denoise_ms + now_ms() - started) / run.state.step_index
+                    if self.costs.one_more_step_overruns(now_ms(), run.deadline_ms, own_step_ms):
+                        # Anytime result: stop here, from the clean estimate of the step just taken.
+                        self.adapter.finish_now(run.state)
             except BaseException as exc:  # noqa: BLE001
                 self._running.remove(run)
                 self._release(run)
@@ -349,7 +380,10 @@ class GroupEngine:
                 total *= run.request.count
             self._progress(run, "denoising", done_steps, total)
             if run.state.step_index >= run.state.num_steps:
+                finishing = now_ms()
                 self._finish_part(run)
+                iteration_started += now_ms() - finishing  # post-processing is estimated on its own (post_ms)
+        self.costs.observe("step_ms", now_ms() - iteration_started)
 
     def _finish_part(self, run: _Run) -> None:
         started = now_ms()
@@ -376,18 +410,29 @@ class GroupEngine:
         try:
             candidates = torch.cat([out.candidates for out in run.outputs], dim=0)
             started = now_ms()
-            action, candidates = reduce_candidates(
-                candidates,
+            # Invalid candidates (always NaN/Inf; limits when given) are dropped before the reducer sees them.
+            check = request.validity or DEFAULT_CHECK
+            screening = screen_candidates(candidates, request.normalizer, check, request.request_id)
+            action, reduced_raw = reduce_candidates(
+                screening.survivors,
                 request.spec,
                 request.reducer,
                 request.normalizer,
                 reduce_before_denormalize=self.adapter.capabilities.reduce_before_denormalize,
             )
+            candidates = reduced_raw if screening.raw is None else screening.raw
+            if request.reducer is None and screening.raw is not None:
+                action = screening.raw[0].clone()  # the plain path publishes its (clamped) candidate untouched
+            action, action_clamped = check_reduced(action, check, request.request_id)
             reduce_ms = now_ms() - started
+            self.costs.observe("post_ms", reduce_ms + float(run.outputs[-1].extras.get("postprocess_ms", 0.0)))
             extras: dict[str, Any] = {}
             for out in run.outputs:
                 extras.update(out.extras)
             metrics = self._metrics(run, reduce_ms, extras)
+            metrics.update(validity_metrics(screening, action_clamped))
+            # In model (normalized) space, over the candidates that were reduced.
+            metrics.update(estimate_uncertainty(screening.survivors).metrics(request.uncertainty_threshold))
             result = EnsembleResult(
                 group=request.group,
                 spec=request.spec,
@@ -398,6 +443,8 @@ class GroupEngine:
                 candidates=candidates.float().cpu() if request.spec.return_candidates else None,
                 base_seed=request.base_seed,
                 rollout=extras.get("rollout"),
+                candidate_valid=screening.valid,
+                verdicts=screening.report.verdicts,
             )
         except BaseException as exc:  # noqa: BLE001
             self._fail(run, self._named(run, exc, "reducing"))
@@ -425,6 +472,8 @@ class GroupEngine:
             "peak_memory_bytes": peak_memory_bytes(self.device),
             "weights_version": self.adapter.weights_version,
         }
+        metrics.update(step_metrics(run.outputs[0].extras, run.steps_planned, run.request.deadline_s,
+                                    None if run.deadline_ms is None else finished <= run.deadline_ms))
         for key, value in extras.items():
             if key not in ("rollout", "postprocess_ms") and isinstance(value, (int, float, str, type(None))):
                 metrics.setdefault(key, value)

@@ -12,7 +12,8 @@ The faults are raised where real ones would be, inside the engine's calls into t
 - ``engine_exception``: the next physical forward raises ``RuntimeError`` (engine: ``GroupFailedError``);
 - ``out_of_memory``: the next physical forward raises ``torch.OutOfMemoryError`` (engine:
   ``GroupOutOfMemoryError``);
-- ``nan_candidates``: the next finished group's candidates are NaN (reducer: ``NonFiniteCandidatesError``).
+- ``nan_candidates``: the next finished group's candidates are all NaN: every one is dropped as invalid, and the group
+  fails with ``TooFewValidCandidatesError`` (code 80).
 
 ``TRAJECTORY_ENSEMBLE_TEST_STEP_DELAY_S`` (read only in testing mode) paces every physical forward by sleeping that
 long before it, like a slow device. Tests that must land a cancel, a preemption or a shutdown while a group is

@@ -68,6 +68,11 @@ class Cosmos3GroupState:
     velocity_vision: list[torch.Tensor | None] = field(default_factory=list)
     velocity_action: list[torch.Tensor | None] = field(default_factory=list)
     fuse_cfg: bool = True
+    # Deadlines (engine/deadline.py): steps the request asked for, and the clean-action estimate of the last step,
+    # kept only once the engine re-scheduled or may stop the group early.
+    steps_requested: int | None = None
+    anytime: bool = False
+    clean_action: torch.Tensor | None = None
 
 
 CFG_MODES = ("auto", "fused", "separate")
@@ -297,6 +302,11 @@ class Cosmos3Adapter:
     def step(self, state: Cosmos3GroupState) -> None:
         velocity_v, velocity_a = self.combined_velocity(state)
         has_noisy_action = state.conditioning.has_noisy_action
+        if state.anytime and has_noisy_action:
+            # Flow prediction (``prediction_type="flow_prediction"``): x0 = x_t - sigma_t * v, exactly what UniPC's
+            # ``convert_model_output`` uses as this step's clean estimate.
+            sigma = state.stepper.sigmas[state.step_index].to(state.action.device, state.action.dtype)
+            state.clean_action = state.action - sigma * velocity_a.to(state.action.dtype)
         state.vision, action = state.stepper.step(
             state.step_index,
             velocity_v,
@@ -311,9 +321,46 @@ class Cosmos3Adapter:
         state.velocity_action = [None] * len(state.velocity_action)
         state.step_index += 1
 
+    def reschedule(self, state: Cosmos3GroupState, steps: int) -> None:
+        """Deadlines: before the first step, run the group with ``steps`` steps (the schedule of a ``steps`` request).
+
+        Raises:
+            InvalidSpecError: after the first step, for rollouts (their log-probs need the full grid), or a bad count.
+        """
+        if state.step_index != 0 or state.request.rollout is not None or not 1 <= steps <= state.num_steps:
+            raise InvalidSpecError(
+                f"cannot re-schedule to {steps!r} steps (step {state.step_index} of {state.num_steps}, "
+                f"rollout={state.request.rollout is not None})"
+            )
+        state.steps_requested = state.steps_requested or state.num_steps
+        state.stepper = ServingStepper(self.pipe.scheduler, steps, self.device,
+                                       use_native_flow_schedule=bool(self.pipe.config.use_native_flow_schedule),
+                                       has_action=True)
+        state.num_steps = steps
+        state.anytime = True
+
+    def enable_anytime(self, state: Cosmos3GroupState) -> None:
+        """Keep each step's clean-action estimate so the group can stop early (costs one ``[N, A, D]`` tensor)."""
+        if state.request.rollout is not None:
+            raise InvalidSpecError("a rollout cannot stop early: its log-probs need the full grid")
+        state.anytime = True
+
+    def finish_now(self, state: Cosmos3GroupState) -> None:
+        """Deadlines: end the group at the step just taken, its candidates being that step's clean estimate."""
+        if state.clean_action is None:
+            raise InvalidSpecError("no clean-action estimate to finish from (no step taken, or anytime was off)")
+        state.steps_requested = state.steps_requested or state.num_steps
+        action = state.clean_action
+        action[:, :, state.conditioning.raw_action_dim :] = 0
+        state.action = action
+        state.num_steps = state.step_index
+
     def finish(self, state: Cosmos3GroupState) -> CandidateOutput:
         candidates = state.action[:, :, : state.conditioning.raw_action_dim].detach().to("cpu", torch.float32)
         extras: dict[str, Any] = {"num_inference_steps": state.num_steps}
+        if state.steps_requested is not None:
+            extras["steps_requested"] = state.steps_requested
+            extras["steps_used"] = state.num_steps
         if isinstance(state.stepper, RolloutStepper):
             request = state.request
             extras["rollout"] = state.stepper.result(

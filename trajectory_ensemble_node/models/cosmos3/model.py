@@ -11,10 +11,11 @@ import torch
 from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import Cosmos3OmniPipeline, CosmosActionCondition
 
 from ...contract import DEFAULT_MAX_CANDIDATES, CandidateGroup, CandidateTrajectorySpec, EnsembleResult, check_request
-from ...engine import GroupHandle, GroupRequest, ProgressEvent
+from ...engine import GroupHandle, GroupRequest, ProgressEvent, ValidityCheck, ValidityPolicy
 from ...errors import InvalidSpecError
 from ...normalization import ActionNormalizer
 from ...reducers import get_reducer
+from ...safety import ActionLimits, load_limits
 from ...seeding import candidate_seeds, fresh_base_seed
 from ...service import EnsembleService
 from .adapter import Cosmos3Adapter, Cosmos3Request
@@ -76,6 +77,14 @@ class Cosmos3ActionModel(EnsembleService):
         step_capture (`str`): ``"off"`` (default), ``"cuda_graph"`` (CUDA only) or ``"compile"``: each step's decoder
             stack captured once per shape and replayed (``models/cosmos3/capture.py``); ``generate`` takes the same
             keyword per group.
+        limits (`ActionLimits`, `str` or `Path`, *optional*): Per-channel action limits in robot units, or the path
+            of a limits YAML file (schema in :mod:`trajectory_ensemble_node.safety`). NaN/Inf candidates are
+            dropped whether or not limits are given.
+        min_valid_candidates (`int`): Fewest valid candidates that still make a result; fewer fail the group with
+            ``TooFewValidCandidatesError`` (default 1).
+        position_policy (`str`): ``"drop"`` (default) or ``"clamp"`` candidates outside the ``min``/``max`` limits.
+        uncertainty_threshold (`float`, *optional*): Calibrated threshold (``trajectory-ensemble calibrate``); results
+            whose ``uncertainty_score`` exceeds it carry ``uncertain=True`` in their metrics.
     """
 
     def __init__(
@@ -94,8 +103,17 @@ class Cosmos3ActionModel(EnsembleService):
         prefix_retain: int = 8,
         row_block_rows: int | str | None = "auto",
         step_capture: str = "off",
+        limits: ActionLimits | str | Path | None = None,
+        min_valid_candidates: int = 1,
+        position_policy: str = "drop",
+        uncertainty_threshold: float | None = None,
     ) -> None:
         self.pipe = pipe
+        if isinstance(limits, (str, Path)):
+            limits = load_limits(limits)
+        self.validity = ValidityPolicy(limits=limits, min_valid_candidates=min_valid_candidates,
+                                       position_policy=position_policy)
+        self.uncertainty_threshold = uncertainty_threshold
         if fuse_qkv:
             fuse_qkv_projections(pipe.transformer)
         adapter = Cosmos3Adapter(pipe, cfg_mode=cfg_mode, prefix_cache=prefix_cache, prefix_retain=prefix_retain,
@@ -128,8 +146,14 @@ class Cosmos3ActionModel(EnsembleService):
         request_id: str | None = None,
         on_progress: Callable[[ProgressEvent], None] | None = None,
         step_capture: str | None = None,
+        deadline_s: float | None = None,
+        current_state: torch.Tensor | tuple[float, ...] | None = None,
     ) -> GroupRequest:
         """Validate and build a group request, before any model work.
+
+        ``deadline_s`` (seconds from submission, 0/None = none) lets the engine run fewer steps, or stop early from
+        the clean-action estimate, to have a result in time (``steps_used`` / ``steps_planned`` in the metrics).
+        ``current_state`` (``[raw_action_dim]``, robot units) enables the limits' ``max_start_jump`` check.
 
         Raises:
             InvalidSpecError: and its subclasses (count above the maximum, unknown reducer, reducer invalid for the
@@ -153,6 +177,9 @@ class Cosmos3ActionModel(EnsembleService):
             rollout.check_steps(num_inference_steps)
         if step_capture is not None:
             check_step_capture(step_capture, self.device)
+        if deadline_s and rollout is not None:
+            raise InvalidSpecError("a rollout cannot take a deadline: its log-probs need the full step grid.")
+        validity = self._validity_check(int(action.raw_action_dim), fps, current_state)
         if base_seed is None:
             base_seed = fresh_base_seed()
         seeds = candidate_seeds(base_seed, spec.count, spec.seed_policy)
@@ -179,7 +206,24 @@ class Cosmos3ActionModel(EnsembleService):
             reducer=reducer,
             normalizer=self.normalizer_for(action.domain_name),
             on_progress=on_progress,
+            validity=validity,
+            deadline_s=deadline_s,
+            uncertainty_threshold=self.uncertainty_threshold,
         )
+
+    def _validity_check(self, width: int, fps: float, current_state) -> ValidityCheck | None:
+        # None keeps the engine's default (NaN/Inf only, one survivor), so plain requests build nothing new.
+        policy = self.validity
+        if policy == ValidityPolicy() and current_state is None:
+            return None
+        if policy.limits is not None:
+            policy.limits.check_width(width)
+        state = None
+        if current_state is not None:
+            state = tuple(float(v) for v in torch.as_tensor(current_state, dtype=torch.float64).flatten())
+            if len(state) != width:
+                raise InvalidSpecError(f"current_state must have {width} values, got {list(state)!r}.")
+        return ValidityCheck(policy=policy, dt=1.0 / float(fps) if fps else None, current_state=state)
 
     def submit(self, **kwargs) -> GroupHandle:
         """Build a request (see :meth:`make_request`) and queue it; returns a handle to wait on or cancel."""

@@ -1,0 +1,153 @@
+"""Per-request deadlines (anytime results): how many denoising steps fit, and when to stop early.
+
+A request may carry ``deadline_s``: seconds from submission by which its result must exist (0 or ``None``: none).
+The engine keeps measured costs (:class:`StepCosts`: time per engine iteration, i.e. one denoising step of every
+running group, and the post-processing + reduction time) and
+
+1. at submission refuses a deadline that not even encoding + one step + post-processing can meet
+   (:class:`DeadlineUnmeetableError`; only once it has measurements, a cold engine accepts and plans after encoding);
+2. after encoding plans ``steps_planned = min(requested, floor(time left / step time))`` and, when that is fewer,
+   has the adapter re-schedule the group with that many steps (the same schedule a request for that many steps
+   gets); 0 steps fail the group with :class:`DeadlineUnmeetableError`;
+3. after every step, when one more step would overrun, has the adapter finish at once from the model's clean-action
+   estimate at the step just taken (``steps_used < steps_planned``).
+
+Adapters opt in by implementing :class:`AnytimeAdapter`. Without a deadline nothing here runs, and results are
+bit-identical to an engine without this module.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+from ..errors import DeadlineUnmeetableError, InvalidSpecError
+
+EMA_WEIGHT = 0.3
+"""Weight of the newest measurement in the running cost estimates (recent load matters more)."""
+SAFETY_FACTOR = 1.1
+"""Planned costs are inflated by this factor: a step that takes 10 % longer than the estimate still fits."""
+
+
+@runtime_checkable
+class AnytimeAdapter(Protocol):
+    """What an adapter implements to serve deadlines."""
+
+    def reschedule(self, state: Any, steps: int) -> None:
+        """Before the first step: run the group with ``steps`` denoising steps instead."""
+        ...
+
+    def enable_anytime(self, state: Any) -> None:
+        """Before the first step: keep what :meth:`finish_now` needs (the group may stop early)."""
+        ...
+
+    def finish_now(self, state: Any) -> None:
+        """After a step: replace the candidates by the clean estimate of the step just taken; the group is done."""
+        ...
+
+
+def check_deadline(deadline_s: float | None) -> float | None:
+    """Validate a request's deadline; returns seconds or ``None`` (0 and ``None`` both mean none).
+
+    Raises:
+        InvalidSpecError: negative, NaN or infinite (quoted).
+    """
+    if deadline_s is None:
+        return None
+    if isinstance(deadline_s, bool) or not isinstance(deadline_s, (int, float)) or not math.isfinite(deadline_s) \
+            or deadline_s < 0:
+        raise InvalidSpecError(f"deadline_s must be a finite number >= 0 (0 = none), got {deadline_s!r}")
+    return float(deadline_s) or None
+
+
+@dataclass
+class StepCosts:
+    """Running estimates (milliseconds) of what a group costs on this engine; ``None`` until measured."""
+
+    encode_ms: float | None = None
+    step_ms: float | None = None
+    post_ms: float | None = None
+
+    @staticmethod
+    def _blend(old: float | None, new: float) -> float:
+        return new if old is None else (1 - EMA_WEIGHT) * old + EMA_WEIGHT * new
+
+    def observe(self, name: str, ms: float) -> None:
+        setattr(self, name, self._blend(getattr(self, name), float(ms)))
+
+    def minimum_ms(self) -> float | None:
+        """Encode + one step + post-processing, or ``None`` before a step was ever measured."""
+        if self.step_ms is None:
+            return None
+        return SAFETY_FACTOR * ((self.encode_ms or 0.0) + self.step_ms + (self.post_ms or 0.0))
+
+    def steps_that_fit(self, remaining_ms: float, requested: int) -> int:
+        """How many steps fit in ``remaining_ms`` (post-processing reserved); ``requested`` before any measurement."""
+        if self.step_ms is None:
+            return requested
+        budget = remaining_ms - SAFETY_FACTOR * (self.post_ms or 0.0)
+        return max(0, min(requested, int(budget // (SAFETY_FACTOR * self.step_ms))))
+
+    def one_more_step_overruns(self, now_ms: float, deadline_ms: float, own_step_ms: float | None) -> bool:
+        """Whether another step (at the slower of the engine's and the group's own step time) would be late."""
+        step = max(v for v in (self.step_ms, own_step_ms, 0.0) if v is not None)
+        return now_ms + SAFETY_FACTOR * (step + (self.post_ms or 0.0)) > deadline_ms
+
+
+def refuse_unmeetable(costs: StepCosts, adapter: Any, request: Any, sequential: bool) -> None:
+    """At submission: raise unless ``request.deadline_s`` can be served at all.
+
+    Raises:
+        InvalidSpecError: the adapter cannot re-schedule and stop early, or the group would run sequentially.
+        DeadlineUnmeetableError: measured encode + one step + post-processing exceed the deadline.
+    """
+    if sequential or not isinstance(adapter, AnytimeAdapter):
+        raise InvalidSpecError(
+            f"group {request.request_id!r}: a deadline needs one batched group on an adapter that can re-schedule "
+            f"and stop early ({type(adapter).__name__}, sequential={sequential})."
+        )
+    minimum = costs.minimum_ms()
+    if minimum is not None and 1000.0 * request.deadline_s < minimum:
+        raise DeadlineUnmeetableError(
+            f"group {request.request_id!r}: deadline {request.deadline_s:.3f} s is shorter than encoding + one "
+            f"denoising step + post-processing as measured here ({minimum / 1000.0:.3f} s)."
+        )
+
+
+def plan_steps(costs: StepCosts, adapter: Any, state: Any, remaining_ms: float, request: Any) -> int:
+    """After encoding: how many steps the group runs; re-schedules it when fewer than requested.
+
+    Returns:
+        `int`: the planned step count (>= 1).
+
+    Raises:
+        DeadlineUnmeetableError: not one step fits in ``remaining_ms``.
+    """
+    requested = state.num_steps
+    steps = costs.steps_that_fit(remaining_ms, requested)
+    if steps < 1:
+        raise DeadlineUnmeetableError(
+            f"group {request.request_id!r}: not one denoising step fits in what is left of its "
+            f"{request.deadline_s:.3f} s deadline ({remaining_ms:.0f} ms left, step {costs.step_ms:.1f} ms)."
+        )
+    adapter.enable_anytime(state)
+    if steps < requested:
+        adapter.reschedule(state, steps)
+    return steps
+
+
+def step_metrics(extras: dict[str, Any], steps_planned: int | None, deadline_s: float | None,
+                 met: bool | None) -> dict[str, Any]:
+    """``steps_requested`` (asked for), ``steps_planned`` (fitted to the deadline), ``steps_used`` (taken; fewer
+    when the group stopped early), and with a deadline ``deadline_ms`` and ``deadline_met``."""
+    steps = extras.get("num_inference_steps")
+    out: dict[str, Any] = {
+        "steps_requested": extras.get("steps_requested", steps),
+        "steps_planned": steps_planned or steps,
+        "steps_used": extras.get("steps_used", steps),
+    }
+    if deadline_s is not None:
+        out["deadline_ms"] = 1000.0 * deadline_s
+        out["deadline_met"] = bool(met)
+    return out

@@ -39,6 +39,11 @@ class ErrorCode(enum.IntEnum):
     # Configuration and weights.
     STATS_FILE_INVALID = 50
     WEIGHTS_REJECTED = 51
+    # Closed-loop execution context (the previous chunk a new one must continue).
+    INVALID_CONTEXT = 70
+    NEGATIVE_DELAY = 71
+    DELAY_TOO_LONG = 72
+    CONTEXT_UNSUPPORTED = 73
 
 
 class AbortReason(str, enum.Enum):
@@ -172,3 +177,30 @@ class WeightUpdateError(TrajectoryEnsembleError, ValueError):
     """A weight update was rejected; in strict mode nothing was changed."""
 
     code = ErrorCode.WEIGHTS_REJECTED
+
+
+# --- closed-loop execution context ---------------------------------------------------------------------------------
+
+
+class ExecutionContextError(InvalidSpecError):
+    """An execution context is malformed: wrong shape or width, non-finite values, bad stamps or ``dt``."""
+
+    code = ErrorCode.INVALID_CONTEXT
+
+
+class NegativeDelayError(ExecutionContextError):
+    """The frozen count (inference delay, in actions) is negative."""
+
+    code = ErrorCode.NEGATIVE_DELAY
+
+
+class DelayTooLongError(ExecutionContextError):
+    """The frozen count reaches the chunk length, or runs past what is left of the previous chunk."""
+
+    code = ErrorCode.DELAY_TOO_LONG
+
+
+class ContextUnsupportedError(ExecutionContextError):
+    """A context (or a context-only reducer) was asked of a model or request that cannot honour it."""
+
+    code = ErrorCode.CONTEXT_UNSUPPORTED

@@ -17,6 +17,7 @@ from ..errors import (
 )
 from ..normalization import ActionNormalizer
 from ..reducers import Reducer
+from .context import ExecutionContext
 
 OVERSIZE_POLICIES = ("microbatch", "sequential", "reject")
 
@@ -73,6 +74,8 @@ class GroupRequest:
         normalizer (`ActionNormalizer`, *optional*): Denormalizes candidates into robot units when configured.
         on_progress (`Callable[[ProgressEvent], None]`, *optional*): Progress callback.
         max_retries (`int`, *optional*): Overrides the engine's retry budget for this group.
+        context (`ExecutionContext`, *optional*): The chunk being executed; continuity-aware reducers score
+            candidates against it (see :mod:`.context`).
     """
 
     group: CandidateGroup
@@ -83,6 +86,7 @@ class GroupRequest:
     normalizer: ActionNormalizer | None = None
     on_progress: Callable[[ProgressEvent], None] | None = None
     max_retries: int | None = None
+    context: ExecutionContext | None = None
 
     def __post_init__(self) -> None:
         if len(self.seeds) != self.spec.count or self.group.size != self.spec.count:

@@ -382,6 +382,7 @@ class GroupEngine:
                 request.reducer,
                 request.normalizer,
                 reduce_before_denormalize=self.adapter.capabilities.reduce_before_denormalize,
+                context=request.context,
             )
             reduce_ms = now_ms() - started
             extras: dict[str, Any] = {}

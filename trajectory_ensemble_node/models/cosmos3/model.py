@@ -11,6 +11,7 @@ import torch
 from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import Cosmos3OmniPipeline, CosmosActionCondition
 
 from ...contract import DEFAULT_MAX_CANDIDATES, CandidateGroup, CandidateTrajectorySpec, EnsembleResult
+from ...engine.context import ExecutionContext
 from ...engine import EngineConfig, GroupEngine, GroupHandle, GroupRequest, ProgressEvent
 from ...errors import InvalidSpecError, ReducerLayoutError
 from ...normalization import ActionNormalizer
@@ -18,6 +19,7 @@ from ...reducers import get_reducer
 from ...seeding import candidate_seeds, fresh_base_seed
 from .adapter import Cosmos3Adapter, Cosmos3Request
 from .conditioning import check_action_request
+from .guidance import check_context
 from .rollout import RolloutSpec
 from .weights import apply_update, fuse_qkv_projections, load_update_source, plan_update
 
@@ -133,12 +135,18 @@ class Cosmos3ActionModel:
         rollout: RolloutSpec | None = None,
         request_id: str | None = None,
         on_progress: Callable[[ProgressEvent], None] | None = None,
+        context: ExecutionContext | None = None,
     ) -> GroupRequest:
         """Validate and build a group request, before any model work.
 
+        ``context`` (an :class:`~trajectory_ensemble_node.engine.context.ExecutionContext`, normalized space): the
+        chunk being executed. Every candidate is guided toward it in the batched pass (``context.guidance``), and
+        continuity-aware reducers select against it. ``None`` serves exactly as without this feature.
+
         Raises:
             InvalidSpecError: and its subclasses (count above the maximum, unknown reducer, reducer invalid for the
-                action layout), or ``UnsupportedModeError`` for a mode with no action output.
+                action layout), or ``UnsupportedModeError`` for a mode with no action output;
+                ``ExecutionContextError`` and its subclasses for a context this request cannot continue.
         """
         spec = spec or CandidateTrajectorySpec(max_count=self.max_candidates)
         if spec.count > self.max_candidates:
@@ -163,6 +171,9 @@ class Cosmos3ActionModel:
             if not isinstance(rollout, RolloutSpec):
                 raise InvalidSpecError(f"rollout must be a RolloutSpec, got {type(rollout).__name__}.")
             rollout.check_steps(num_inference_steps)
+        if context is not None:
+            check_context(context, action, rollout=rollout, guidance_scale=float(guidance_scale),
+                          supported=self.adapter.capabilities.context_guidance)
         if base_seed is None:
             base_seed = fresh_base_seed()
         seeds = candidate_seeds(base_seed, spec.count, spec.seed_policy)
@@ -179,6 +190,7 @@ class Cosmos3ActionModel:
             request_id=group.request_id,
             seeds=seeds,
             candidate_ids=group.candidate_ids,
+            context=context,
         )
         return GroupRequest(
             group=group,
@@ -188,6 +200,7 @@ class Cosmos3ActionModel:
             reducer=reducer,
             normalizer=self.normalizer_for(action.domain_name),
             on_progress=on_progress,
+            context=context,
         )
 
     def submit(self, **kwargs) -> GroupHandle:

@@ -99,6 +99,17 @@ class Episode:
     collided: bool = False
     group_ms: list[float] = field(default_factory=list)
 
+    def record(self) -> dict[str, Any]:
+        """JSON-ready form (positions rounded to 1e-6), from which :meth:`from_record` rebuilds the episode."""
+        return {"positions": np.round(np.asarray(self.positions), 6).tolist(), "switches": self.switches,
+                "seams": self.seams, "sides": self.sides, "reached": self.reached, "collided": self.collided}
+
+    @classmethod
+    def from_record(cls, record: dict[str, Any]) -> Episode:
+        return cls(positions=[np.asarray(p) for p in record["positions"]], switches=list(record["switches"]),
+                   seams=list(record["seams"]), sides=list(record["sides"]), reached=bool(record["reached"]),
+                   collided=bool(record["collided"]))
+
     @property
     def steps(self) -> int:
         return len(self.positions) - 1
@@ -365,8 +376,9 @@ def run(args: argparse.Namespace) -> int:
                 "median_group_ms": group_ms, "torch_threads": torch.get_num_threads(),
             },
             "definitions": DEFINITIONS,
+            "episodes": {name: {str(d): [e.record() for e in episodes[name][d]] for d in delays} for name in methods},
         }
-        out.write_text(json.dumps(result, indent=1))
+        out.write_text(json.dumps(result))
         write_markdown(result, out.with_suffix(".md"))
         if done == len(scenes) or done % 10 == 0:
             write_plot(result, episodes, scenes[:done], out.with_suffix(".png"))
@@ -375,6 +387,37 @@ def run(args: argparse.Namespace) -> int:
     log(f"wrote {out}, {out.with_suffix('.md')}, {out.with_suffix('.png')}")
     log(out.with_suffix(".md").read_text())
     return 0
+
+
+def merge(paths: Sequence[Path], out: Path) -> dict[str, Any]:
+    """Merge runs over disjoint scene ranges (same settings) into one result, re-summarized from their episodes."""
+    from .closed_loop_report import write_markdown, write_plot
+
+    documents = [json.loads(Path(p).read_text()) for p in paths]
+    first = documents[0]
+    episodes: dict[str, dict[int, list[Episode]]] = {}
+    for document in documents:
+        for name, per_delay in document["episodes"].items():
+            for delay, records in per_delay.items():
+                episodes.setdefault(name, {}).setdefault(int(delay), []).extend(map(Episode.from_record, records))
+    settings = dict(first["settings"])
+    settings["scenes"] = sum(d["settings"]["scenes"] for d in documents)
+    settings["scene_seeds"] = [[*d["settings"]["scene_seeds"]] for d in documents]
+    settings["median_group_ms"] = {k: float(np.median([d["settings"]["median_group_ms"].get(k, np.nan)
+                                                       for d in documents]))
+                                   for k in first["settings"]["median_group_ms"]}
+    settings["merged_from"] = [str(p) for p in paths]
+    result = {
+        "closed_loop": {name: {str(d): summarize(v) for d, v in per.items()} for name, per in episodes.items()},
+        "settings": settings, "definitions": first["definitions"],
+        "episodes": {name: {str(d): [e.record() for e in v] for d, v in per.items()} for name, per in episodes.items()},
+    }
+    out.write_text(json.dumps(result))
+    write_markdown(result, out.with_suffix(".md"))
+    scenes = [task.make_scene(seed) for d in documents
+              for seed in range(d["settings"]["scene_seeds"][0], d["settings"]["scene_seeds"][1] + 1)]
+    write_plot(result, episodes, scenes, out.with_suffix(".png"))
+    return result
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -395,7 +438,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m trajectory_ensemble_node.toy.closed_loop", description=__doc__)
     add_arguments(parser)
     parser.add_argument("--threads", type=int, default=1)
-    return run(parser.parse_args(argv))
+    parser.add_argument("--merge", type=Path, nargs="+", default=None,
+                        help="merge these result files (disjoint scene ranges) into --json instead of running")
+    args = parser.parse_args(argv)
+    if args.merge:
+        merge(args.merge, args.json)
+        print(args.json.with_suffix(".md").read_text())
+        return 0
+    return run(args)
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ N = 1) can be asked for with ``--methods``.
 
 Episodes end at the target (robot centre within ``TARGET_RADIUS``), on a collision (an executed segment closer
 than ``COLLISION_CLEARANCE`` to the obstacle edge) or at ``STEP_BUDGET`` steps. Candidate seeds are common to all
-methods (scene ``i``, chunk ``c``: ``base_seed + 1000 i + c``), so methods differ by what they do, not by luck.
+methods (held-out scene ``i``, i.e. seed ``HELDOUT_SEED_BASE + i``, chunk ``c``: ``base_seed + 1000 i + c``), so methods differ by what they do, not by luck.
 """
 
 from __future__ import annotations
@@ -254,9 +254,14 @@ def run_episode(draw: Drawer, scene: task.Scene, method: Method, delay: int, see
     return episode
 
 
+def scene_seed(base_seed: int, scene: task.Scene) -> int:
+    """Candidate base seed of a held-out scene's first chunk (chunk ``c`` adds ``c``)."""
+    return base_seed + SEED_STRIDE * (scene.seed - task.HELDOUT_SEED_BASE)
+
+
 def evaluate(model: Any, scenes: Sequence[task.Scene], methods: Sequence[str], delays: Sequence[int], *,
              steps: int, base_seed: int, log=print, on_scene=None) -> dict[str, dict[int, list[Episode]]]:
-    """Episodes per method and delay (scene ``i`` uses seeds ``base_seed + 1000 i + chunk``).
+    """Episodes per method and delay (held-out scene ``i`` uses seeds ``base_seed + 1000 i + chunk``, whatever the run it is in).
 
     ``on_scene(done, episodes, group_ms)`` is called after every scene (the bench writes its files there, so a run
     cut short still leaves the scenes it finished).
@@ -268,7 +273,7 @@ def evaluate(model: Any, scenes: Sequence[task.Scene], methods: Sequence[str], d
     for i, scene in enumerate(scenes):
         for name in methods:
             for delay in delays:
-                out[name][delay].append(run_episode(draw, scene, table[name], delay, base_seed + SEED_STRIDE * i))
+                out[name][delay].append(run_episode(draw, scene, table[name], delay, scene_seed(base_seed, scene)))
         log(f"scene {i + 1}/{len(scenes)} done ({time.perf_counter() - started:.0f} s)")
         if on_scene is not None:
             on_scene(i + 1, out, median_group_ms(draw))

@@ -3,6 +3,7 @@
 See :mod:`.scheduler` for the iteration model and :mod:`.request` for the request/handle types.
 """
 
+from .context import ExecutionContext, LatencyEstimator
 from .reduction import reduce_candidates
 from .request import OVERSIZE_POLICIES, EngineConfig, GroupHandle, GroupRequest, ProgressEvent
 from .scheduler import GroupEngine
@@ -10,9 +11,11 @@ from .scheduler import GroupEngine
 __all__ = [
     "OVERSIZE_POLICIES",
     "EngineConfig",
+    "ExecutionContext",
     "GroupEngine",
     "GroupHandle",
     "GroupRequest",
+    "LatencyEstimator",
     "ProgressEvent",
     "reduce_candidates",
 ]

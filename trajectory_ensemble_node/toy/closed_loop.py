@@ -417,6 +417,7 @@ def merge(paths: Sequence[Path], out: Path) -> dict[str, Any]:
         "settings": settings, "definitions": first["definitions"],
         "episodes": {name: {str(d): [e.record() for e in v] for d, v in per.items()} for name, per in episodes.items()},
     }
+    out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result))
     write_markdown(result, out.with_suffix(".md"))
     scenes = [task.make_scene(seed) for d in documents

@@ -284,8 +284,9 @@ class Cosmos3Adapter:
             pending = [(key, prefix.content_key) for key, prefix in prefixes.items() if not cache.is_complete(key)]
             if pending:
                 cache.adopt(pending)
-        packed = pack_forward(items, self.device, cached=cache.is_complete if cache is not None else None)
+        # Packing too runs under the graph: the packed action tokens are views of the RTC leaf.
         with self._graph_for(any(target[4] is not None for target in targets)):
+            packed = pack_forward(items, self.device, cached=cache.is_complete if cache is not None else None)
             with self.processor.use_layout(packed.layout, should_abort, cache, self.row_block_rows):
                 preds_vision, _, preds_action = self.transformer(**packed.kwargs, return_dict=False)
             self._store(packed, targets, preds_vision, preds_action)

@@ -42,6 +42,8 @@ def markdown_table(result: dict[str, Any]) -> str:
         f"{settings.get('step_budget', '?')} steps, {settings.get('num_inference_steps', '?')} denoising steps. "
         f"Run {settings.get('date', '?')} at commit {settings.get('commit', '?')}. 95% intervals in brackets.\n"
     ]
+    for note in settings.get("notes", []):
+        parts.append(f"Note: {note}\n")
     delays = list(next(iter(closed.values())).keys())
     for delay in delays:
         header = "| method | " + " | ".join(label for _, label, _ in METRICS) + " |\n|---|" + "---|" * len(METRICS)

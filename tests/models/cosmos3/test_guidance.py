@@ -14,6 +14,7 @@ from trajectory_ensemble_node.contract import CandidateTrajectorySpec
 from trajectory_ensemble_node.engine.context import ExecutionContext
 from trajectory_ensemble_node.errors import ContextUnsupportedError, DelayTooLongError, ExecutionContextError
 from trajectory_ensemble_node.models.cosmos3 import Cosmos3ActionModel
+from trajectory_ensemble_node.models.cosmos3.guidance import GroupGuidance, vjp_velocity
 from trajectory_ensemble_node.models.cosmos3.rollout import RolloutSpec
 
 DT = 1 / FPS
@@ -86,12 +87,14 @@ def test_no_context_is_bit_identical_to_the_plain_call(model):
     assert torch.equal(plain.candidates, keyword.candidates)
 
 
-def test_rtc_vjp_guidance_runs_through_the_transformer_and_narrows_the_gap(model, previous):
+def test_rtc_vjp_guidance_changes_every_candidate_and_stays_finite(model, previous):
+    # On random tiny weights the Jacobian is arbitrary, so only "it acts, per candidate, and stays finite" is a
+    # property of the method here; whether it narrows the gap is measured on the trained toy policy.
     free = generate(model, 2)
     vjp = generate(model, 2, context=context_for(previous, "vjp"))
-    target = context_for(previous).target(CHUNK)[:FROZEN]
     assert torch.isfinite(vjp.candidates).all()
-    assert (vjp.candidates[:, :FROZEN] - target).abs().mean() < (free.candidates[:, :FROZEN] - target).abs().mean()
+    for i in range(2):
+        assert not torch.allclose(vjp.candidates[i], free.candidates[i], atol=1e-4)
 
 
 def test_continuity_reducer_runs_on_guided_candidates(model, previous):
@@ -110,3 +113,37 @@ def test_contexts_the_request_cannot_honour_are_refused_before_any_work(model, p
     with pytest.raises(ContextUnsupportedError, match="rollout"):
         model.make_request(action=policy(), context=context_for(previous), rollout=RolloutSpec(), **build)
     assert model.engine.num_queued == 0
+
+
+def test_vjp_pulls_the_gap_back_through_the_velocity_function():
+    # v(x) = 2x, so x0_hat = x - sigma * 2x and J^T e = (1 - 2 sigma) e; the corrected velocity is v - w J^T e.
+    context = ExecutionContext(torch.ones(CHUNK, 2), 0.0, DT, 2, 0.0, guidance="vjp")
+    conditioning = type("C", (), {"x0_action": torch.zeros(CHUNK, 4), "raw_action_dim": 2})()
+    guidance = GroupGuidance.build(context, conditioning, torch.device("cpu"))
+    leaf = torch.randn(3, CHUNK, 4, generator=torch.Generator().manual_seed(0)).requires_grad_(True)
+    sigma = 0.4
+    velocity = 2 * leaf
+    corrected, pullback = vjp_velocity(guidance, leaf, velocity, sigma)
+    gap = guidance.clean_gap(leaf.detach(), velocity.detach(), sigma)
+    assert torch.allclose(pullback, (1 - 2 * sigma) * gap, atol=1e-6)
+    assert torch.allclose(corrected, velocity.detach() - guidance.vjp_weight(sigma) * pullback)
+    assert torch.equal(pullback[..., 2:], torch.zeros(3, CHUNK, 2)), "padding channels are never guided"
+    assert guidance.vjp_weight(0.999) == 5.0 and guidance.vjp_weight(0.5) == pytest.approx(2.0)
+
+
+def test_vjp_in_the_served_model_differentiates_the_transformer(model, previous, monkeypatch):
+    import trajectory_ensemble_node.models.cosmos3.adapter as adapter_module
+
+    ratios = []
+
+    def spy(guidance, leaf, velocity, sigma):
+        corrected, pullback = vjp_velocity(guidance, leaf, velocity, sigma)
+        gap = guidance.clean_gap(leaf.detach().float(), velocity.detach(), sigma)
+        ratios.append(float((pullback - gap).norm() / gap.norm()))
+        return corrected, pullback
+
+    monkeypatch.setattr(adapter_module, "vjp_velocity", spy)
+    generate(model, 2, context=context_for(previous, "vjp"))
+    assert len(ratios) == STEPS
+    # With J = I (no path through the model) the pullback would be the gap itself.
+    assert min(ratios) > 0.01

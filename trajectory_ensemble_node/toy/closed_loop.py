@@ -368,12 +368,13 @@ def run(args: argparse.Namespace) -> int:
     out: Path = getattr(args, "json", None) or DEFAULT_JSON
     out.parent.mkdir(parents=True, exist_ok=True)
     started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    commit = git_commit()  # the code that runs, read once: HEAD may move while a long run goes on
 
     def write(done: int, episodes: dict[str, dict[int, list[Episode]]], group_ms: dict[str, float]) -> None:
         result: dict[str, Any] = {
             "closed_loop": {name: {str(d): summarize(episodes[name][d]) for d in delays} for name in methods},
             "settings": {
-                "date": started, "commit": git_commit(), "scenes": done,
+                "date": started, "commit": commit, "scenes": done,
                 "scene_seeds": [scenes[0].seed, scenes[done - 1].seed], "base_seed": base_seed,
                 "delays": delays, "s": EXECUTE, "chunk": task.HORIZON, "dt": DT, "step_budget": STEP_BUDGET,
                 "num_inference_steps": steps, "temporal_ensemble_m": TE_M, "weighted_average_old": WA_OLD,

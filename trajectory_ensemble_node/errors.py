@@ -49,6 +49,11 @@ class ErrorCode(enum.IntEnum):
     # Input size limits (refused before any model work).
     INSTRUCTION_TOO_LONG = 60
     IMAGE_TOO_LARGE = 61
+    # Closed-loop execution context (the previous chunk a new one must continue).
+    INVALID_CONTEXT = 70
+    NEGATIVE_DELAY = 71
+    DELAY_TOO_LONG = 72
+    CONTEXT_UNSUPPORTED = 73
     # Trustworthy output: validity, deadlines (issue 17).
     TOO_FEW_VALID_CANDIDATES = 80
     REDUCED_TRAJECTORY_INVALID = 81
@@ -98,6 +103,13 @@ _TABLE: dict[ErrorCode, tuple[str, str]] = {
                                                 "max_instruction_tokens; nothing was run."),
     ErrorCode.IMAGE_TOO_LARGE: ("observation", "A camera image is larger than max_image_bytes or max_image_pixels; "
                                                "it was dropped and the last good frame kept."),
+    ErrorCode.INVALID_CONTEXT: ("refusal", "The continuation context is malformed (shape, width, stamps or dt); "
+                                           "nothing was run."),
+    ErrorCode.NEGATIVE_DELAY: ("refusal", "The inference delay (frozen actions) is negative; nothing was run."),
+    ErrorCode.DELAY_TOO_LONG: ("refusal", "The inference delay reaches the chunk length or the end of the previous "
+                                          "chunk; nothing was run."),
+    ErrorCode.CONTEXT_UNSUPPORTED: ("refusal", "Continuing the previous chunk is not possible for this model or "
+                                               "request; nothing was run."),
     ErrorCode.TOO_FEW_VALID_CANDIDATES: ("engine failure", "Fewer candidates than min_valid_candidates passed the "
                                                           "validity checks (NaN/Inf, limits); nothing was published."),
     ErrorCode.REDUCED_TRAJECTORY_INVALID: ("engine failure", "The reduced trajectory broke a limit although its "
@@ -455,3 +467,30 @@ class LimitsFileError(InvalidSpecError):
     """An action limits file is unreadable, malformed, or does not fit the action width."""
 
     code = ErrorCode.LIMITS_FILE_INVALID
+
+
+# --- closed-loop execution context ---------------------------------------------------------------------------------
+
+
+class ExecutionContextError(InvalidSpecError):
+    """An execution context is malformed: wrong shape or width, non-finite values, bad stamps or ``dt``."""
+
+    code = ErrorCode.INVALID_CONTEXT
+
+
+class NegativeDelayError(ExecutionContextError):
+    """The frozen count (inference delay, in actions) is negative."""
+
+    code = ErrorCode.NEGATIVE_DELAY
+
+
+class DelayTooLongError(ExecutionContextError):
+    """The frozen count reaches the chunk length, or runs past what is left of the previous chunk."""
+
+    code = ErrorCode.DELAY_TOO_LONG
+
+
+class ContextUnsupportedError(ExecutionContextError):
+    """A context (or a context-only reducer) was asked of a model or request that cannot honour it."""
+
+    code = ErrorCode.CONTEXT_UNSUPPORTED

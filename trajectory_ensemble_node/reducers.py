@@ -27,6 +27,12 @@ silently. Half-precision inputs are reduced in float32 and returned in their own
 | ``medoid`` | the candidate with least summed Frobenius distance to the others | no | normalized | - |
 | ``mode`` | mean of the largest complete-linkage cluster (RMS threshold 0.2) | no | normalized | - |
 | ``pose_gripper`` | per 10-wide block: mean translation, chordal-mean rotation, median gripper | no | raw | 10 |
+| ``backward_coherence`` | the candidate nearest the previous chunk over the overlap (BID) | no | normalized | - |
+| ``mode_continuity`` | mean of the cluster nearest the previous chunk over the overlap | no | normalized | - |
+
+The last two (:mod:`.continuity`) are continuity-aware (``uses_context``): they also receive a
+:class:`ContinuityReference`, the previous chunk at the new chunk's times with per-action weights, when a request
+carries an execution context, and fall back to ``medoid`` / ``mode`` when it does not (an episode's first chunk).
 
 ``"none"`` is not a reducer: it is the spec's name for "count is 1, return the single candidate".
 """
@@ -73,6 +79,8 @@ class Reducer:
         space (`str`): One of :data:`REDUCER_SPACES` (see the module docstring).
         block_width (`int`, *optional*): The action width must be a positive multiple of it; ``None`` = any width.
         description (`str`, defaults to `""`): One line for logs and ``--help``.
+        uses_context (`bool`, defaults to `False`): ``fn`` takes ``(candidates, reference)`` with ``reference`` a
+            :class:`ContinuityReference` or ``None``; other reducers never see a reference.
     """
 
     name: str
@@ -81,6 +89,7 @@ class Reducer:
     space: str
     block_width: int | None = None
     description: str = ""
+    uses_context: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name or self.name == "none":
@@ -131,11 +140,13 @@ class Reducer:
                 f"but this model reduces in {space!r} space"
             )
 
-    def __call__(self, candidates: torch.Tensor) -> torch.Tensor:
+    def __call__(self, candidates: torch.Tensor, reference: ContinuityReference | None = None) -> torch.Tensor:
         """Reduce candidates to one trajectory.
 
         Args:
             candidates (`torch.Tensor` of shape `[N, H, D]`): Floating point, ``N >= 1``, ordered by candidate id.
+            reference (`ContinuityReference`, *optional*): The previous chunk to continue; used only by
+                ``uses_context`` reducers, ignored by the others.
 
         Returns:
             `torch.Tensor` of shape `[H, D]`: The reduced trajectory, in the input dtype and on the input device.
@@ -158,12 +169,51 @@ class Reducer:
         check_finite(candidates)
         # Half precision cannot hold sums of many candidates (or SVD inputs) accurately.
         work = candidates if candidates.dtype in (torch.float32, torch.float64) else candidates.float()
-        reduced = self.fn(work)
+        if self.uses_context:
+            if reference is not None:
+                reference.check(tuple(candidates.shape[1:]))
+            reduced = self.fn(work, reference)
+        else:
+            reduced = self.fn(work)
         if tuple(reduced.shape) != tuple(candidates.shape[1:]):
             raise InvalidSpecError(
                 f"reducer {self.name!r} returned shape {tuple(reduced.shape)}, expected {tuple(candidates.shape[1:])}"
             )
         return reduced.to(candidates.dtype)
+
+
+@dataclass(frozen=True)
+class ContinuityReference:
+    """What a continuity-aware reducer compares candidates with.
+
+    Args:
+        target (`torch.Tensor` of shape `[H, D]`): The previous chunk's actions at the new chunk's times (any
+            value where ``weights`` is 0), in the space the reducer runs in.
+        weights (`torch.Tensor` of shape `[H]`): Per-action weights in ``[0, 1]`` (1 frozen, ramp, 0).
+    """
+
+    target: torch.Tensor
+    weights: torch.Tensor
+
+    def __post_init__(self) -> None:
+        for name, value, ndim in (("target", self.target, 2), ("weights", self.weights, 1)):
+            if not isinstance(value, torch.Tensor) or not value.is_floating_point() or value.ndim != ndim:
+                raise InvalidSpecError(f"continuity reference {name} must be a floating {ndim}-D tensor, got {value!r}")
+            if not bool(torch.isfinite(value).all()):
+                raise NonFiniteCandidatesError(f"continuity reference {name} holds NaN or Inf")
+        if self.weights.shape[0] != self.target.shape[0]:
+            raise InvalidSpecError(
+                f"continuity reference weights {tuple(self.weights.shape)} do not match target {tuple(self.target.shape)}"
+            )
+        if bool((self.weights < 0).any()) or bool((self.weights > 1).any()):
+            raise InvalidSpecError(f"continuity reference weights must lie in [0, 1], got {self.weights.tolist()}")
+
+    def check(self, shape: tuple[int, ...]) -> None:
+        """Refuse a reference that does not match candidates of per-candidate ``shape`` ``(H, D)``."""
+        if tuple(self.target.shape) != tuple(shape):
+            raise InvalidSpecError(
+                f"continuity reference has shape {tuple(self.target.shape)}, candidates have {tuple(shape)}"
+            )
 
 
 def check_finite(tensor: torch.Tensor, what: str = "candidates") -> None:
@@ -455,3 +505,6 @@ for _builtin in (
 ):
     register_reducer(_builtin)
 del _builtin
+
+# Registers the continuity-aware reducers (they build on mode_clusters and medoid_reduce above).
+from . import continuity as _continuity  # noqa: E402,F401

@@ -29,6 +29,7 @@ CFG_TOPOLOGIES = ("fused", "separate")
 DELEGATED = {
     "quality": "trajectory_ensemble_node.toy.quality",
     "ros": "trajectory_ensemble_node.bench.ros_overhead",
+    "closed-loop": "trajectory_ensemble_node.toy.closed_loop",
 }
 
 
@@ -59,13 +60,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     exclusive = modes.add_mutually_exclusive_group()
     exclusive.add_argument("--quality", action="store_true",
                            help="reducer quality on the toy task (trajectory_ensemble_node.toy.quality)")
+    exclusive.add_argument("--closed-loop", action="store_true",
+                           help="chunks executed back to back on the toy task, per method and inference delay "
+                                "(trajectory_ensemble_node.toy.closed_loop)")
     exclusive.add_argument("--ros", action="store_true",
                            help="node overhead over engine time (trajectory_ensemble_node.bench.ros_overhead)")
-    modes.add_argument("--scenes", type=int, default=50, help="--quality: number of toy scenes (default 50)")
+    modes.add_argument("--scenes", type=int, default=50, help="--quality, --closed-loop: number of toy scenes (default 50)")
     modes.add_argument("--scene-seed", type=int, default=0,
-                       help="--quality: offset of the first held-out scene (default 0)")
+                       help="--quality, --closed-loop: offset of the first held-out scene (default 0)")
     modes.add_argument("--json", type=Path, default=None, help="--quality: write its results to this JSON file "
                        "(default bench/results/quality-toy.json)")
+    modes.add_argument("--delays", type=str, default="0,2",
+                       help="--closed-loop: inference delays in control steps, comma-separated (default 0,2)")
+    modes.add_argument("--methods", type=str, default=None,
+                       help="--closed-loop: methods, comma-separated (default: all eight)")
     modes.add_argument("--client-executor", choices=("events", "single"), default="events",
                        help="--ros: the client's rclpy executor, the C++ EventsExecutor (default) or the Python "
                             "SingleThreadedExecutor; its cost is inside the measured latency")
@@ -173,7 +181,9 @@ def delegated_args(args: argparse.Namespace) -> argparse.Namespace:
     wrong type. So unset knobs are left out, and ``--ns`` travels as the comma-separated string it was typed as.
     """
     out = argparse.Namespace(scenes=args.scenes, scene_seed=args.scene_seed, json=args.json, quiet=args.quiet,
-                             client_executor=args.client_executor)
+                             client_executor=args.client_executor, delays=args.delays)
+    if getattr(args, "methods", None):
+        out.methods = args.methods
     for name in ("config", "model", "device", "dtype", "steps", "threads"):
         if getattr(args, name, None) is not None:
             setattr(out, name, getattr(args, name))
@@ -201,6 +211,8 @@ def run(args: argparse.Namespace) -> int:
         return _delegate("quality", args)
     if args.ros:
         return _delegate("ros", args)
+    if args.closed_loop:
+        return _delegate("closed-loop", args)
     if args.dry_shapes:
         if args.config != "nano":
             raise SystemExit(f"error: --dry-shapes needs --config nano, got {args.config!r}")

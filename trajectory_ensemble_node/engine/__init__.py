@@ -3,6 +3,7 @@
 See :mod:`.scheduler` for the iteration model and :mod:`.request` for the request/handle types.
 """
 
+from .context import ExecutionContext, LatencyEstimator
 from .deadline import StepCosts
 from .reduction import reduce_candidates
 from .request import OVERSIZE_POLICIES, EngineConfig, GroupHandle, GroupRequest, ProgressEvent
@@ -16,9 +17,11 @@ __all__ = [
     "ValidityCheck",
     "ValidityPolicy",
     "EngineConfig",
+    "ExecutionContext",
     "GroupEngine",
     "GroupHandle",
     "GroupRequest",
+    "LatencyEstimator",
     "ProgressEvent",
     "reduce_candidates",
 ]

@@ -6,7 +6,8 @@ import torch
 
 from ..contract import CandidateTrajectorySpec, check_finite
 from ..normalization import ActionNormalizer
-from ..reducers import Reducer
+from ..reducers import ContinuityReference, Reducer
+from .context import ExecutionContext
 
 
 def reduce_candidates(
@@ -16,6 +17,7 @@ def reduce_candidates(
     normalizer: ActionNormalizer | None,
     *,
     reduce_before_denormalize: bool,
+    context: ExecutionContext | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Reduce ``[N, H, D]`` model-space candidates to one ``[H, D]`` action, in the space the reducer is valid in.
 
@@ -30,6 +32,8 @@ def reduce_candidates(
         reducer (`Reducer`, *optional*): ``None`` only for ``reducer="none"`` (count == 1).
         normalizer (`ActionNormalizer`, *optional*): When given, both outputs are in robot units.
         reduce_before_denormalize (`bool`): The adapter's declared default space.
+        context (`ExecutionContext`, *optional*): The chunk being executed (normalized space). Continuity-aware
+            reducers (``uses_context``, all declared ``"normalized"``) get it as a :class:`ContinuityReference`.
 
     Returns:
         `tuple[torch.Tensor, torch.Tensor]`: the reduced action ``[H, D]`` and the candidates ``[N, H, D]``, both
@@ -42,7 +46,11 @@ def reduce_candidates(
     raw = normalizer.denormalize(candidates) if normalizer is not None else candidates
     if reducer is None:
         return raw[0].clone(), raw
+    reference = None
+    if reducer.uses_context and context is not None:
+        horizon = candidates.shape[1]
+        reference = ContinuityReference(context.target(horizon).to(candidates), context.weights(horizon).to(candidates))
     in_normalized_space = reducer.space == "normalized" or (reducer.space == "any" and reduce_before_denormalize)
     if normalizer is None or not in_normalized_space:
-        return reducer(raw), raw
-    return normalizer.denormalize(reducer(candidates)), raw
+        return reducer(raw, reference), raw
+    return normalizer.denormalize(reducer(candidates, reference)), raw

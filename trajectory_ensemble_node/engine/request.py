@@ -17,6 +17,7 @@ from ..errors import (
 )
 from ..normalization import ActionNormalizer
 from ..reducers import Reducer
+from .context import ExecutionContext
 from .deadline import check_deadline
 from .validity import ValidityCheck
 
@@ -81,6 +82,8 @@ class GroupRequest:
             (see :mod:`.deadline`).
         uncertainty_threshold (`float`, *optional*): Calibrated score threshold; the result metrics then say
             ``uncertain`` when the score exceeds it.
+        context (`ExecutionContext`, *optional*): The chunk being executed; continuity-aware reducers score
+            candidates against it (see :mod:`.context`).
     """
 
     group: CandidateGroup
@@ -94,6 +97,7 @@ class GroupRequest:
     validity: ValidityCheck | None = None
     deadline_s: float | None = None
     uncertainty_threshold: float | None = None
+    context: ExecutionContext | None = None
 
     def __post_init__(self) -> None:
         self.deadline_s = check_deadline(self.deadline_s)

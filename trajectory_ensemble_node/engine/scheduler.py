@@ -419,6 +419,7 @@ class GroupEngine:
                 request.reducer,
                 request.normalizer,
                 reduce_before_denormalize=self.adapter.capabilities.reduce_before_denormalize,
+                context=request.context,
             )
             candidates = reduced_raw if screening.raw is None else screening.raw
             if request.reducer is None and screening.raw is not None:

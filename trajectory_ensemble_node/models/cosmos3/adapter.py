@@ -8,19 +8,21 @@ then applies CFG and its scheduler, exactly as the upstream loop does for one sa
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import Cosmos3OmniPipeline, CosmosActionCondition
 
-from ...errors import InvalidSpecError, UnsupportedModeError
 from ...contract import allowed_reducers
 from ...engine.adapter import AdapterCapabilities, CandidateOutput, Slice
+from ...errors import ContextUnsupportedError, InvalidSpecError, UnsupportedModeError
 from .attention import PrefixKVCache, install_fanout
 from .capture import StepCapture, check_step_capture
 from .conditioning import GroupConditioning, draw_initial_latents, encode_conditioning
+from .guidance import GroupGuidance, condition_frozen_prefix, vjp_velocity
 from .layers import default_row_block_rows, install_row_blocks
 from .packing import PackItem, pack_forward, split_predictions
 from .rollout import RolloutError, RolloutSpec, RolloutStepper, build_rollout_scheduler
@@ -50,6 +52,8 @@ class Cosmos3Request:
     # None: the adapter's own step_capture (see ``capture.py``).
     step_capture: str | None = None
     conditioning: GroupConditioning | None = field(default=None, repr=False)
+    # The chunk being executed (``engine.context.ExecutionContext``); None serves exactly as before.
+    context: Any = None
 
 
 @dataclass
@@ -73,6 +77,7 @@ class Cosmos3GroupState:
     steps_requested: int | None = None
     anytime: bool = False
     clean_action: torch.Tensor | None = None
+    guidance: GroupGuidance | None = None
 
 
 CFG_MODES = ("auto", "fused", "separate")
@@ -104,7 +109,8 @@ class Cosmos3Adapter:
     capabilities = AdapterCapabilities(
         candidate_tensor="action_latents[:, :, :raw_action_dim]",
         reduce_before_denormalize=True,
-        valid_reducers=("mean", "median", "medoid", "trimmed_mean", "pose_gripper", "mode"),
+        valid_reducers=("mean", "median", "medoid", "trimmed_mean", "pose_gripper", "mode", "backward_coherence",
+                        "mode_continuity"),
         candidate_invariant=(
             "prompt tokens (cond and uncond)",
             "VAE latent of the conditioning frame",
@@ -116,6 +122,7 @@ class Cosmos3Adapter:
         # ...but its VAE decode is never needed to serve actions.
         auxiliary_decode_skippable=True,
         uses_state=False,
+        context_guidance=("prefix", "mask", "vjp", "none"),
     )
 
     def __init__(self, pipe: Cosmos3OmniPipeline, *, cfg_mode: str = "auto", prefix_cache: bool = True,
@@ -203,6 +210,13 @@ class Cosmos3Adapter:
 
     def prepare(self, payload: Cosmos3Request, generators: Sequence[torch.Generator]) -> Cosmos3GroupState:
         conditioning = self.encode(payload)
+        guidance = None
+        if payload.context is not None:
+            if payload.rollout is not None:
+                raise ContextUnsupportedError("an execution context cannot guide a rollout group")
+            guidance = GroupGuidance.build(payload.context, conditioning, self.device)
+            if guidance.mode == "mask":
+                conditioning = condition_frozen_prefix(conditioning, guidance)
         vision, action = draw_initial_latents(conditioning, generators, self.device)
         # Built after the initial noise: rollout SDE noise continues each candidate's own generator stream.
         stepper = self.make_stepper(payload, conditioning, generators)
@@ -218,6 +232,7 @@ class Cosmos3Adapter:
             velocity_vision=[None] * branches,
             velocity_action=[None] * branches,
             fuse_cfg=self.cfg_mode == "fused" or (self.cfg_mode == "auto" and len(generators) > 1),
+            guidance=guidance,
         )
         return state
 
@@ -228,16 +243,22 @@ class Cosmos3Adapter:
         """
         dtype = self.model_dtype
         passes: tuple[list[PackItem], list[PackItem]] = ([], [])
-        targets: tuple[list[tuple[Cosmos3GroupState, int, int, int]], ...] = ([], [])
+        targets: tuple[list[tuple[Cosmos3GroupState, int, int, int, torch.Tensor | None]], ...] = ([], [])
         for piece in slices:
             state: Cosmos3GroupState = piece.state
             timestep = state.stepper.timesteps[state.step_index].item()
             vision = state.vision[piece.start : piece.stop].to(device=self.device, dtype=dtype)
-            action = state.action[piece.start : piece.stop].to(device=self.device, dtype=dtype)
+            leaf = None
+            if state.guidance is not None and state.guidance.mode == "vjp":
+                # RTC pulls the gap back through the model: the action latents are the leaf of that graph.
+                leaf = state.action[piece.start : piece.stop].detach().clone().requires_grad_(True)
+                action = leaf.to(device=self.device, dtype=dtype)
+            else:
+                action = state.action[piece.start : piece.stop].to(device=self.device, dtype=dtype)
             for branch_index, branch in enumerate(state.conditioning.branches):
                 which = 0 if (state.fuse_cfg or branch_index == 0) else 1
                 passes[which].append(PackItem(branch=branch, vision=vision, action=action, timestep=timestep))
-                targets[which].append((state, branch_index, piece.start, piece.stop))
+                targets[which].append((state, branch_index, piece.start, piece.stop, leaf))
         ran = 0
         for items, item_targets in zip(passes, targets):
             if items:
@@ -245,10 +266,27 @@ class Cosmos3Adapter:
                 ran += 1
         return ran
 
+    @contextlib.contextmanager
+    def _graph_for(self, needed: bool) -> Iterator[None]:
+        # Only the action latents get a graph: the weights stay out of it, so the prefix keys/values cached in a
+        # step are plain tensors and the backward computes nothing for the parameters.
+        if not needed:
+            yield
+            return
+        params = [p for p in self.transformer.parameters() if p.requires_grad]
+        for p in params:
+            p.requires_grad_(False)
+        try:
+            with torch.enable_grad():
+                yield
+        finally:
+            for p in params:
+                p.requires_grad_(True)
+
     def _run_pass(
         self,
         items: list[PackItem],
-        targets: list[tuple[Cosmos3GroupState, int, int, int]],
+        targets: list[tuple[Cosmos3GroupState, int, int, int, torch.Tensor | None]],
         should_abort: Callable[[], bool] | None,
     ) -> None:
         cache = self.prefix_cache
@@ -257,21 +295,39 @@ class Cosmos3Adapter:
             pending = [(key, prefix.content_key) for key, prefix in prefixes.items() if not cache.is_complete(key)]
             if pending:
                 cache.adopt(pending)
-        packed = pack_forward(items, self.device, cached=cache.is_complete if cache is not None else None)
-        # Co-batched groups that disagree on step_capture run eagerly: it computes the same either way.
-        modes = {state.request.step_capture or self.step_capture_mode for state, *_ in targets}
-        capture_mode = modes.pop() if len(modes) == 1 else "off"
-        with (self.processor.use_layout(packed.layout, should_abort, cache, self.row_block_rows),
-              self.step_capture.active(capture_mode)):
-            preds_vision, _, preds_action = self.transformer(**packed.kwargs, return_dict=False)
+        rtc = any(target[4] is not None for target in targets)
+        # Packing too runs under the graph: the packed action tokens are views of the RTC leaf.
+        with self._graph_for(rtc):
+            packed = pack_forward(items, self.device, cached=cache.is_complete if cache is not None else None)
+            # Co-batched groups that disagree on step_capture run eagerly: it computes the same either way. An RTC
+            # forward runs eagerly too: its vector-Jacobian product needs the autograd graph a replay does not keep.
+            modes = {state.request.step_capture or self.step_capture_mode for state, *_ in targets}
+            capture_mode = modes.pop() if len(modes) == 1 and not rtc else "off"
+            with (self.processor.use_layout(packed.layout, should_abort, cache, self.row_block_rows),
+                  self.step_capture.active(capture_mode)):
+                preds_vision, _, preds_action = self.transformer(**packed.kwargs, return_dict=False)
+            self._store(packed, targets, preds_vision, preds_action)
         if cache is not None:
             computed = packed.layout.computed
             cache.commit(slot.key for slot in computed)
             cache.retain_forward([(slot.key, prefixes[slot.key].content_key) for slot in computed])
-        for (state, branch_index, start, stop), pred_v, pred_a in zip(
+
+    def _store(
+        self,
+        packed: Any,
+        targets: list[tuple[Cosmos3GroupState, int, int, int, torch.Tensor | None]],
+        preds_vision: torch.Tensor,
+        preds_action: torch.Tensor,
+    ) -> None:
+        # Masked velocities per slice; an RTC group's are corrected here, while its graph is still alive.
+        for (state, branch_index, start, stop, leaf), pred_v, pred_a in zip(
             targets, split_predictions(packed, preds_vision), split_predictions(packed, preds_action)
         ):
             velocity_v, velocity_a = self._mask(state.conditioning, pred_v, pred_a)
+            if leaf is not None:
+                sigma = float(state.stepper.sigmas[state.step_index])
+                velocity_a, _ = vjp_velocity(state.guidance, leaf, velocity_a, sigma)
+                velocity_v = velocity_v.detach()
             if state.velocity_vision[branch_index] is None:
                 state.velocity_vision[branch_index] = velocity_v.new_empty((state.count, *velocity_v.shape[1:]))
                 state.velocity_action[branch_index] = velocity_a.new_empty((state.count, *velocity_a.shape[1:]))
@@ -302,6 +358,10 @@ class Cosmos3Adapter:
     def step(self, state: Cosmos3GroupState) -> None:
         velocity_v, velocity_a = self.combined_velocity(state)
         has_noisy_action = state.conditioning.has_noisy_action
+        guidance = state.guidance
+        if guidance is not None and guidance.mode in ("prefix", "mask") and has_noisy_action:
+            sigma = float(state.stepper.sigmas[state.step_index])
+            velocity_a = guidance.prefix_velocity(state.action, velocity_a, sigma)
         if state.anytime and has_noisy_action:
             # Flow prediction (``prediction_type="flow_prediction"``): x0 = x_t - sigma_t * v, exactly what UniPC's
             # ``convert_model_output`` uses as this step's clean estimate.

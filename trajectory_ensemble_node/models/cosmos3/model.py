@@ -11,7 +11,7 @@ import torch
 from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import Cosmos3OmniPipeline, CosmosActionCondition
 
 from ...contract import DEFAULT_MAX_CANDIDATES, CandidateGroup, CandidateTrajectorySpec, EnsembleResult, check_request
-from ...engine import GroupHandle, GroupRequest, ProgressEvent, ValidityCheck, ValidityPolicy
+from ...engine import ExecutionContext, GroupHandle, GroupRequest, ProgressEvent, ValidityCheck, ValidityPolicy
 from ...errors import InvalidSpecError
 from ...normalization import ActionNormalizer
 from ...reducers import get_reducer
@@ -21,6 +21,7 @@ from ...service import EnsembleService
 from .adapter import Cosmos3Adapter, Cosmos3Request
 from .capture import check_step_capture
 from .conditioning import check_action_request
+from .guidance import check_context
 from .rollout import RolloutSpec
 from .weights import apply_update, fuse_qkv_projections, load_update_source, plan_update
 
@@ -148,16 +149,21 @@ class Cosmos3ActionModel(EnsembleService):
         step_capture: str | None = None,
         deadline_s: float | None = None,
         current_state: torch.Tensor | tuple[float, ...] | None = None,
+        context: ExecutionContext | None = None,
     ) -> GroupRequest:
         """Validate and build a group request, before any model work.
 
         ``deadline_s`` (seconds from submission, 0/None = none) lets the engine run fewer steps, or stop early from
         the clean-action estimate, to have a result in time (``steps_used`` / ``steps_planned`` in the metrics).
         ``current_state`` (``[raw_action_dim]``, robot units) enables the limits' ``max_start_jump`` check.
+        ``context`` (an :class:`~trajectory_ensemble_node.engine.context.ExecutionContext`, normalized space): the
+        chunk being executed. Every candidate is guided toward it in the batched pass (``context.guidance``), and
+        continuity-aware reducers select against it. ``None`` serves exactly as without this feature.
 
         Raises:
             InvalidSpecError: and its subclasses (count above the maximum, unknown reducer, reducer invalid for the
-                action layout), or ``UnsupportedModeError`` for a mode with no action output.
+                action layout), or ``UnsupportedModeError`` for a mode with no action output;
+                ``ExecutionContextError`` and its subclasses for a context this request cannot continue.
         """
         spec = spec or CandidateTrajectorySpec(max_count=self.max_candidates)
         check_action_request(self.pipe, action)
@@ -180,6 +186,9 @@ class Cosmos3ActionModel(EnsembleService):
         if deadline_s and rollout is not None:
             raise InvalidSpecError("a rollout cannot take a deadline: its log-probs need the full step grid.")
         validity = self._validity_check(int(action.raw_action_dim), fps, current_state)
+        if context is not None:
+            check_context(context, action, rollout=rollout, guidance_scale=float(guidance_scale),
+                          supported=self.adapter.capabilities.context_guidance)
         if base_seed is None:
             base_seed = fresh_base_seed()
         seeds = candidate_seeds(base_seed, spec.count, spec.seed_policy)
@@ -197,6 +206,7 @@ class Cosmos3ActionModel(EnsembleService):
             seeds=seeds,
             candidate_ids=group.candidate_ids,
             step_capture=step_capture,
+            context=context,
         )
         return GroupRequest(
             group=group,
@@ -209,6 +219,7 @@ class Cosmos3ActionModel(EnsembleService):
             validity=validity,
             deadline_s=deadline_s,
             uncertainty_threshold=self.uncertainty_threshold,
+            context=context,
         )
 
     def _validity_check(self, width: int, fps: float, current_state) -> ValidityCheck | None:

@@ -1,0 +1,115 @@
+"""The execution context: alignment by time, RTC weights, validation with named errors, the latency estimator."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from trajectory_ensemble_node.engine.context import ExecutionContext, LatencyEstimator, overlap_weights
+from trajectory_ensemble_node.errors import (
+    DelayTooLongError,
+    ErrorCode,
+    ExecutionContextError,
+    NegativeDelayError,
+)
+
+DT = 0.125
+
+
+def previous(horizon: int = 8, width: int = 2) -> torch.Tensor:
+    return torch.arange(horizon * width, dtype=torch.float32).reshape(horizon, width) / 10
+
+
+def test_new_action_k_lines_up_with_old_action_k_plus_shift():
+    old = previous()
+    # 3.4 steps later rounds to a shift of 3.
+    context = ExecutionContext(old, 10.0, DT, 2, 10.0 + 3.4 * DT)
+    assert context.shift == 3 and context.overlap == 5
+    target = context.target(8)
+    assert torch.equal(target[:5], old[3:8])
+    assert torch.equal(target[5:], torch.zeros(3, 2))
+
+
+def test_weights_are_one_on_frozen_then_a_decaying_ramp_then_zero():
+    context = ExecutionContext(previous(), 0.0, DT, 2, 2 * DT)  # shift 2, overlap 6
+    w = context.weights(8)
+    assert w.shape == (8,)
+    assert torch.equal(w[:2], torch.ones(2))
+    ramp = w[2:6]
+    assert bool((ramp < 1).all()) and bool((ramp > 0).all())
+    assert bool((ramp[1:] < ramp[:-1]).all()), "the ramp must decay"
+    assert torch.equal(w[6:], torch.zeros(2))
+    # RTC's exp schedule: u * expm1(u) / (e - 1) with u the linear ramp, which is below the linear ramp itself.
+    linear = torch.tensor([1 - (k - 1) / 5 for k in range(2, 6)])
+    assert bool((ramp <= linear).all())
+    assert math.isclose(float(ramp[0]), float(linear[0] * math.expm1(linear[0]) / (math.e - 1)), rel_tol=1e-6)
+
+
+def test_zero_delay_has_no_frozen_action_but_still_a_ramp():
+    w = overlap_weights(0, 4, 8)
+    assert bool((w[:4] > 0).all()) and bool((w[:4] < 1).all())
+    assert torch.equal(w[4:], torch.zeros(4))
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, code, quoted",
+    [
+        (dict(frozen=-1), NegativeDelayError, ErrorCode.NEGATIVE_DELAY, "-1"),
+        (dict(frozen=8), DelayTooLongError, ErrorCode.DELAY_TOO_LONG, "8"),
+        (dict(frozen=3, stamp=6 * DT), DelayTooLongError, ErrorCode.DELAY_TOO_LONG, "3"),
+        (dict(previous=torch.zeros(8)), ExecutionContextError, ErrorCode.INVALID_CONTEXT, "(8,)"),
+        (dict(previous=torch.full((8, 2), math.nan)), ExecutionContextError, ErrorCode.INVALID_CONTEXT, "NaN"),
+        (dict(dt=0.0), ExecutionContextError, ErrorCode.INVALID_CONTEXT, "0.0"),
+        (dict(stamp=-1.0), ExecutionContextError, ErrorCode.INVALID_CONTEXT, "-1.0"),
+        (dict(guidance="magic"), ExecutionContextError, ErrorCode.INVALID_CONTEXT, "magic"),
+    ],
+)
+def test_bad_contexts_raise_named_errors_quoting_the_value(kwargs, error, code, quoted):
+    fields = dict(previous=previous(), previous_stamp=0.0, dt=DT, frozen=2, stamp=2 * DT)
+    fields.update(kwargs)
+    with pytest.raises(error) as info:
+        ExecutionContext(**fields)
+    assert info.value.code == code
+    assert quoted in str(info.value)
+
+
+def test_check_refuses_a_wrong_width_and_a_delay_beyond_the_new_chunk():
+    context = ExecutionContext(previous(8, 2), 0.0, DT, 4, 0.0)
+    context.check(8, 2)
+    with pytest.raises(ExecutionContextError, match="width 2"):
+        context.check(8, 7)
+    with pytest.raises(DelayTooLongError, match="4"):
+        context.check(4, 2)
+
+
+def test_context_is_frozen_and_owns_a_copy():
+    old = previous()
+    context = ExecutionContext(old, 0.0, DT, 1, 0.0)
+    old.zero_()
+    assert float(context.previous.abs().sum()) > 0
+    with pytest.raises(AttributeError):
+        context.frozen = 3  # type: ignore[misc]
+
+
+def test_latency_estimator_rounds_up_to_whole_steps():
+    estimator = LatencyEstimator(alpha=0.5, margin=0.0)
+    assert estimator.frozen_steps(DT) == 0
+    estimator.observe(2 * DT)
+    assert estimator.frozen_steps(DT) == 2, "an exact multiple of dt must not round up"
+    estimator.observe(3 * DT)  # mean 2.5 dt
+    assert estimator.frozen_steps(DT) == 3
+    with pytest.raises(NegativeDelayError):
+        estimator.observe(-0.1)
+    context = ExecutionContext.from_latency(previous(), 0.0, DT, 4 * DT, estimator)
+    assert context.frozen == 3
+
+
+def test_latency_estimator_margin_covers_spread():
+    steady, jittery = LatencyEstimator(margin=1.0), LatencyEstimator(margin=1.0)
+    for i in range(20):
+        steady.observe(0.2)
+        jittery.observe(0.2 + (0.1 if i % 2 else -0.1))
+    assert steady.frozen_steps(0.1) == 2
+    assert jittery.frozen_steps(0.1) > steady.frozen_steps(0.1)

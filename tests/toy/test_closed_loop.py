@@ -1,0 +1,64 @@
+"""``bench --closed-loop`` on one held-out scene: the JSON a user reads, its names, shapes and ranges."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+
+import pytest
+
+from trajectory_ensemble_node.bench import cli
+from trajectory_ensemble_node.toy.closed_loop import METHODS
+
+NAMES = ("sync", "naive_async", "temporal_ensemble", "weighted_average", "bid", "guided", "guided_mode", "rtc_vjp")
+METRICS = ("success_rate", "collision_rate", "mode_flips_per_episode", "seam_jump_mean", "seam_jump_max", "jerk",
+           "steps_to_target")
+
+
+@pytest.fixture(scope="module")
+def result(tmp_path_factory):
+    out = tmp_path_factory.mktemp("closed_loop") / "cl.json"
+    parser = argparse.ArgumentParser()
+    cli.add_arguments(parser)
+    argv = ["--closed-loop", "--scenes", "1", "--scene-seed", "3", "--delays", "0,2", "--json", str(out)]
+    assert cli.run(parser.parse_args(argv)) == 0
+    return out, json.loads(out.read_text())
+
+
+def test_every_method_and_delay_has_every_metric_in_range(result):
+    _, document = result
+    closed = document["closed_loop"]
+    assert tuple(closed) == NAMES == tuple(METHODS)
+    for name in NAMES:
+        assert set(closed[name]) == {"0", "2"}
+        for delay, entry in closed[name].items():
+            for rate in ("success_rate", "collision_rate"):
+                assert 0.0 <= entry[rate] <= 1.0
+                low, high = entry[f"{rate}_ci95"]
+                assert 0.0 <= low <= entry[rate] <= high <= 1.0
+            assert entry["success_rate"] + entry["collision_rate"] <= 1.0
+            assert entry["mode_flips_per_episode"] >= 0
+            assert 0.0 <= entry["seam_jump_mean"] <= entry["seam_jump_max"] < 3.0
+            assert entry["jerk"] >= 0 and math.isfinite(entry["jerk"])
+            if entry["steps_to_target"] is not None:
+                assert 1 <= entry["steps_to_target"] <= document["settings"]["step_budget"]
+            for metric in METRICS:
+                assert metric in entry
+
+
+def test_settings_say_how_it_was_run_and_outputs_exist(result):
+    out, document = result
+    settings = document["settings"]
+    assert settings["s"] == 4 and settings["delays"] == [0, 2] and settings["scenes"] == 1
+    assert settings["date"] and settings["commit"]
+    assert out.with_suffix(".md").read_text().count("| guided_mode |") == 2
+    assert out.with_suffix(".png").stat().st_size > 10_000
+
+
+def test_guidance_joins_chunks_more_smoothly_than_naive_switching(result):
+    # With d = 2 the naive switch jumps to a chunk planned from a 2-step-old state; guidance makes its frozen
+    # actions the executed ones, so its seams are smaller on every scene.
+    _, document = result
+    closed = document["closed_loop"]
+    assert closed["guided"]["2"]["seam_jump_mean"] < closed["naive_async"]["2"]["seam_jump_mean"]

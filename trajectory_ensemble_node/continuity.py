@@ -1,0 +1,115 @@
+"""Continuity-aware selection: which candidate (or mode) continues the chunk being executed.
+
+Both reducers here are ``uses_context`` reducers (see :mod:`.reducers`). They score candidates by BID's backward
+coherence (Liu et al. 2024): the weighted squared distance to the previous chunk over the overlap,
+``score_i = sum_k w_k * ||c_i[k] - y[k]||^2 / sum_k w_k``, with the execution context's weights (1 on the frozen
+actions, a decaying ramp, then 0). Scores are in float64 on CPU so ties are device-independent; ties go to the
+lowest candidate position.
+
+- ``backward_coherence``: the candidate with the lowest score (an exact copy: a trajectory the model produced).
+- ``mode_continuity``: cluster like ``mode`` (complete linkage, RMS threshold 0.2); keep the cluster with the lowest
+  mean member score, i.e. the mode the committed prefix is on, and return its members' mean. Averaging inside one
+  mode is safe where averaging across modes is not; and with guidance every member's frozen actions already equal
+  the previous chunk's, so their mean does too.
+
+Without a reference (an episode's first chunk) they fall back to ``medoid`` and ``mode``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .reducers import (
+    MODE_DISTANCE_THRESHOLD,
+    ContinuityReference,
+    Reducer,
+    medoid_reduce,
+    mode_clusters,
+    mode_reduce,
+    register_reducer,
+)
+
+
+def coherence_scores(candidates: torch.Tensor, reference: ContinuityReference) -> torch.Tensor:
+    """Backward-coherence score of each candidate (lower is more continuous).
+
+    Args:
+        candidates (`torch.Tensor` of shape `[N, H, D]`): Finite candidates.
+        reference (`ContinuityReference`): Target ``[H, D]`` and weights ``[H]``.
+
+    Returns:
+        `torch.Tensor` of shape `[N]`, float64 CPU: weighted mean squared distance over the overlap (all zeros when
+        every weight is 0, i.e. nothing to continue).
+    """
+    work = candidates.detach().to("cpu", torch.float64)
+    target = reference.target.detach().to("cpu", torch.float64)
+    weights = reference.weights.detach().to("cpu", torch.float64)
+    per_action = ((work - target) ** 2).sum(dim=-1)  # [N, H]
+    total = float(weights.sum())
+    if total == 0.0:
+        return torch.zeros(work.shape[0], dtype=torch.float64)
+    return (per_action * weights).sum(dim=-1) / total
+
+
+def backward_coherence_reduce(candidates: torch.Tensor, reference: ContinuityReference | None) -> torch.Tensor:
+    """``backward_coherence``: the candidate nearest the previous chunk over the overlap (``medoid`` without one).
+
+    Args:
+        candidates (`torch.Tensor` of shape `[N, H, D]`): Finite candidates.
+        reference (`ContinuityReference`, *optional*): The previous chunk at the new chunk's times.
+
+    Returns:
+        `torch.Tensor` of shape `[H, D]`: a copy of the chosen candidate.
+    """
+    if reference is None:
+        return medoid_reduce(candidates)
+    scores = coherence_scores(candidates, reference)
+    return candidates[int(torch.argmin(scores))].clone()
+
+
+def mode_continuity_reduce(
+    candidates: torch.Tensor, reference: ContinuityReference | None, threshold: float = MODE_DISTANCE_THRESHOLD
+) -> torch.Tensor:
+    """``mode_continuity``: the mean of the cluster whose members are, on average, nearest the previous chunk.
+
+    Clusters are :func:`~trajectory_ensemble_node.reducers.mode_clusters`; equal mean scores go to the larger
+    cluster, then to the one holding the lowest position. Without a reference this is ``mode``.
+
+    Args:
+        candidates (`torch.Tensor` of shape `[N, H, D]`): Finite candidates.
+        reference (`ContinuityReference`, *optional*): The previous chunk at the new chunk's times.
+        threshold (`float`): Cluster diameter (RMS, action units), as for ``mode``.
+
+    Returns:
+        `torch.Tensor` of shape `[H, D]`.
+    """
+    if reference is None:
+        return mode_reduce(candidates, threshold)
+    scores = coherence_scores(candidates, reference)
+    clusters = mode_clusters(candidates, threshold)
+    # min() keeps the first of equal keys; clusters come ordered by their lowest position.
+    chosen = min(clusters, key=lambda members: (float(scores[list(members)].mean()), -len(members)))
+    index = torch.tensor(chosen, device=candidates.device)
+    return candidates.index_select(0, index).mean(dim=0)
+
+
+for _reducer in (
+    Reducer(
+        "backward_coherence",
+        backward_coherence_reduce,
+        streaming=False,
+        space="normalized",
+        description="candidate nearest the previous chunk over the overlap (BID); medoid without one",
+        uses_context=True,
+    ),
+    Reducer(
+        "mode_continuity",
+        mode_continuity_reduce,
+        streaming=False,
+        space="normalized",
+        description="mean of the cluster nearest the previous chunk over the overlap; mode without one",
+        uses_context=True,
+    ),
+):
+    register_reducer(_reducer)
+del _reducer

@@ -22,7 +22,8 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = "trajectory_ensemble_node"
 
-CORE_MODULES = ("__init__", "_rotations", "contract", "errors", "metrics", "normalization", "reducers", "seeding")
+CORE_MODULES = ("__init__", "_rotations", "continuity", "contract", "errors", "metrics", "normalization", "reducers",
+                "safety", "seeding", "uncertainty")
 """Top-level modules that form the ROS-free core; every other top-level module or folder is a package of its own."""
 
 RCLPY_ALLOWED = ("ros", "tools", "bench.cli", "bench.ros_floor", "bench.ros_overhead")

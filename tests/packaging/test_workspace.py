@@ -13,6 +13,8 @@ from typing import Any
 import pytest
 import yaml
 
+from trajectory_ensemble_node.ros.params import PARAMETERS
+
 try:
     import tomllib
 except ModuleNotFoundError:  # Python 3.10 (ROS 2 Humble's Ubuntu) has no tomllib
@@ -26,16 +28,8 @@ NODE_NAME = "trajectory_ensemble"
 # Where the node serves GenerateTrajectory (~/generate_trajectory), for the launch test below.
 ACTION_NAME = f"/{NODE_NAME}/generate_trajectory"
 
-# Every parameter the node reads; the node's issue consumes exactly these names.
-PARAMETER_NAMES = {
-    "model", "device", "dtype", "instruction", "domain_name", "chunk_size", "resolution_tier",
-    "view_point", "fps", "num_inference_steps", "guidance_scale", "candidate_count", "reducer",
-    "max_candidates", "max_batch_candidates", "prefix_retain", "cfg_mode", "step_capture", "action_stats_file",
-    "action_stats_method",
-    "max_observation_age_s", "goal_policy", "max_concurrent_goals", "publish_candidates",
-    "joint_names", "image_topics", "allow_pickle_weights", "enable_weight_updates", "weights_dir",
-    "rollout_dir", "seed", "require_state", "rollout_noise_level", "fault_injection",
-}  # fmt: skip
+# Every parameter the node reads: its parameter table is the one list (ros/params.py imports without rclpy).
+PARAMETER_NAMES = {spec.name for spec in PARAMETERS}
 # The node's key in serve.yaml: the wildcard matches it in any namespace.
 CONFIG_KEY = f"/**/{NODE_NAME}"
 

@@ -40,6 +40,9 @@ from .playback import (
 )
 from .ros_client import domain_text, wait_with_progress
 
+MATCH_SETTLE_S = 0.5
+"""Spin this long after the node's subscriptions matched before the first frame (see ``wait_for_node``)."""
+
 EXIT_OK = 0
 EXIT_GOALS_FAILED = 1
 EXIT_BAD_INPUT = 2
@@ -123,6 +126,10 @@ class _RosSession:
             if all(p.get_subscription_count() > 0 for p in self.publishers.values()) and all(
                 self.node.count_publishers(t) > 0 for t in self.output_topics[:1]
             ):
+                # Our writers have matched the node's readers, but each reader matches our writer on its own
+                # discovery round; a best-effort frame sent before that is dropped without a trace (the first
+                # goal then finds no image). No API shows the remote side's match, so give it a moment.
+                self.spin_for(MATCH_SETTLE_S)
                 return
             self.spin_for(0.05)
 

@@ -65,7 +65,7 @@ def node_main() -> int:
 
     Accepts ROS arguments (``--ros-args -p key:=value ...``) exactly like any rclpy node.
     """
-    module = _load("trajectory_ensemble_node.ros.node")
+    module = _load("trajectory_ensemble_node.ros.serve")
     return int(module.main(sys.argv) or 0)
 
 

@@ -18,8 +18,6 @@ from __future__ import annotations
 import json
 import os
 import queue
-import signal
-import sys
 import threading
 import time
 from collections.abc import Sequence
@@ -32,11 +30,9 @@ from rclpy._rclpy_pybind11 import RCLError
 from rclpy.action import ActionServer, CancelResponse, GoalResponse
 from rclpy.action.server import ServerGoalHandle
 from rclpy.callback_groups import ReentrantCallbackGroup
-from rclpy.executors import MultiThreadedExecutor
 from rclpy.exceptions import InvalidHandle
 from rclpy.node import Node
 from rclpy.qos import QoSProfile, qos_profile_sensor_data
-from rclpy.signals import SignalHandlerOptions
 from sensor_msgs.msg import Image, JointState
 from std_msgs.msg import String
 from trajectory_ensemble_msgs.action import GenerateTrajectory
@@ -77,10 +73,7 @@ from .input_limits import InputLimits, check_image_size, check_instruction, toke
 from .lifecycle import (
     ACTION_SERVICE_QOS,
     DUPLICATE_CHECK_PERIOD_S,
-    arm_exit_deadline,
     check_parameter_types,
-    check_params_files,
-    exit_now,
     report_duplicates,
     warn_raw_reducer,
 )
@@ -529,53 +522,3 @@ class TrajectoryEnsembleNode(Node):
         threading.Thread(target=self.model.stop, kwargs={"timeout": 2.0}, name="engine-stop",
                          daemon=True).start()
 
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run the node until SIGINT/SIGTERM; every goal still running then ends ABORTED with code SHUTDOWN.
-
-    Args:
-        argv (`Sequence[str]`, *optional*): Command line including ROS arguments (``--ros-args -p k:=v``).
-
-    Returns:
-        `int`: 0 on a clean shutdown, 2 when parameters or the model are invalid (the error is printed).
-    """
-    argv = list(sys.argv if argv is None else argv)
-    # Our own signal handling: rclpy's would invalidate the context at once, and then the goals still running
-    # could not be told that they ended.
-    rclpy.init(args=argv, signal_handler_options=SignalHandlerOptions.NO)
-    stop = threading.Event()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, lambda *_: (stop.set(), arm_exit_deadline()))
-    try:
-        node = TrajectoryEnsembleNode()
-    except TrajectoryEnsembleError as error:
-        print(f"[{NODE_NAME}] error: {error}", file=sys.stderr, flush=True)
-        rclpy.try_shutdown()
-        return 2
-    p = node.params
-    check_params_files(node, argv)
-    # Goal threads block on the engine; leave room for them plus cancels, feedback, subscriptions and the timer.
-    threads = 4 + p.max_concurrent_goals + (8 if p.goal_policy == "queue" else 1)
-    executor = MultiThreadedExecutor(num_threads=threads)
-    executor.add_node(node)
-    try:
-        while not stop.is_set() and rclpy.ok():
-            executor.spin_once(timeout_sec=0.2)
-        node.get_logger().info("shutting down: ending every goal")
-        node.shutdown()
-        # Keep spinning so that the aborted goals' results (and their status) reach their clients; bounded well
-        # inside SHUTDOWN_DEADLINE_S, after which the watchdog ends the process anyway.
-        deadline = time.monotonic() + 1.5
-        while node.tracker.num_active and time.monotonic() < deadline:
-            executor.spin_once(timeout_sec=0.05)
-        linger = time.monotonic() + 0.5
-        while time.monotonic() < linger:
-            executor.spin_once(timeout_sec=0.05)
-    finally:
-        node.after_result.stop()
-        executor.shutdown(timeout_sec=1.0)
-        node.destroy_node()
-        rclpy.try_shutdown()
-    if stop.is_set():
-        exit_now(0)  # interpreter teardown took seconds more, with the exit watchdog already frozen
-    return 0

@@ -1,6 +1,8 @@
-"""``trajectory-ensemble serve``: run the node from a shell, with a parameter file and any ROS arguments.
+"""Run the node as a process: ``trajectory-ensemble serve`` and the ``trajectory_ensemble_node`` executable.
 
-Equivalent to the ``trajectory_ensemble_node`` executable (what ``ros2 run`` / ``ros2 launch`` start)::
+:func:`main` owns the process around the node: rclpy's context, our own SIGINT/SIGTERM handling (so running goals
+still hear that they ended), the executor, and a bounded shutdown. ``trajectory-ensemble serve`` is the same with a
+parameter file, for a shell::
 
     trajectory-ensemble serve --params-file config/serve.yaml --ros-args -p num_inference_steps:=4
 """
@@ -9,8 +11,19 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Sequence
 
-from . import node
+import rclpy
+from rclpy.executors import MultiThreadedExecutor
+from rclpy.signals import SignalHandlerOptions
+
+from ..errors import TrajectoryEnsembleError
+from .lifecycle import arm_exit_deadline, check_params_files, exit_now
+from .node import NODE_NAME, TrajectoryEnsembleNode
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -63,4 +76,55 @@ def run(args: argparse.Namespace) -> int:
     Returns:
         `int`: the node's exit status (2 on invalid parameters).
     """
-    return node.main(build_argv(args.params_file, list(args.ros_args or [])))
+    return main(build_argv(args.params_file, list(args.ros_args or [])))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the node until SIGINT/SIGTERM; every goal still running then ends ABORTED with code SHUTDOWN.
+
+    Args:
+        argv (`Sequence[str]`, *optional*): Command line including ROS arguments (``--ros-args -p k:=v``).
+
+    Returns:
+        `int`: 0 on a clean shutdown, 2 when parameters or the model are invalid (the error is printed).
+    """
+    argv = list(sys.argv if argv is None else argv)
+    # Our own signal handling: rclpy's would invalidate the context at once, and then the goals still running
+    # could not be told that they ended.
+    rclpy.init(args=argv, signal_handler_options=SignalHandlerOptions.NO)
+    stop = threading.Event()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda *_: (stop.set(), arm_exit_deadline()))
+    try:
+        node = TrajectoryEnsembleNode()
+    except TrajectoryEnsembleError as error:
+        print(f"[{NODE_NAME}] error: {error}", file=sys.stderr, flush=True)
+        rclpy.try_shutdown()
+        return 2
+    p = node.params
+    check_params_files(node, argv)
+    # Goal threads block on the engine; leave room for them plus cancels, feedback, subscriptions and the timer.
+    threads = 4 + p.max_concurrent_goals + (8 if p.goal_policy == "queue" else 1)
+    executor = MultiThreadedExecutor(num_threads=threads)
+    executor.add_node(node)
+    try:
+        while not stop.is_set() and rclpy.ok():
+            executor.spin_once(timeout_sec=0.2)
+        node.get_logger().info("shutting down: ending every goal")
+        node.shutdown()
+        # Keep spinning so that the aborted goals' results (and their status) reach their clients; bounded well
+        # inside SHUTDOWN_DEADLINE_S, after which the watchdog ends the process anyway.
+        deadline = time.monotonic() + 1.5
+        while node.tracker.num_active and time.monotonic() < deadline:
+            executor.spin_once(timeout_sec=0.05)
+        linger = time.monotonic() + 0.5
+        while time.monotonic() < linger:
+            executor.spin_once(timeout_sec=0.05)
+    finally:
+        node.after_result.stop()
+        executor.shutdown(timeout_sec=1.0)
+        node.destroy_node()
+        rclpy.try_shutdown()
+    if stop.is_set():
+        exit_now(0)  # interpreter teardown took seconds more, with the exit watchdog already frozen
+    return 0

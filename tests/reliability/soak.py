@@ -24,6 +24,7 @@ import datetime
 import json
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -71,6 +72,10 @@ def ensure_observation(client: Any, stamp: int, tries: int = 5) -> bool:
     return False
 
 
+RSS_EVERY = 10
+"""Goals between RSS samples of the soak."""
+
+
 def soak_goals(node: Any, client: Any, goals: int, warmup: int, check: Checks) -> dict[str, Any]:
     ensure_observation(client, 1)
     rss: dict[int, int] = {}
@@ -81,13 +86,21 @@ def soak_goals(node: Any, client: Any, goals: int, warmup: int, check: Checks) -
             client.publish_image(100 + i, settle_s=0.0)
         outcome = client.run_goal(timeout=60.0)
         codes[goal_code(outcome)] = codes.get(goal_code(outcome), 0) + 1
-        if i in (warmup, goals) or i % 100 == 0:
+        if i >= warmup and (i % RSS_EVERY == 0 or i == goals):
             rss[i] = rss_bytes(node.proc.pid)
-    growth = (rss[goals] - rss[warmup]) / rss[warmup] * 100.0
+    # The allocator lends and returns pages in bursts (a single sample can sit 10 % above its neighbours), so
+    # growth compares the median of the first 100 goals after warm-up with the median of the last 100.
+    window = min(100, max(RSS_EVERY, (goals - warmup) // 2))
+    first = statistics.median(v for k, v in rss.items() if k <= warmup + window)
+    last = statistics.median(v for k, v in rss.items() if k > goals - window)
+    growth = (last - first) / first * 100.0
     check("soak: every goal succeeded", codes.get(0, 0) == goals, codes)
     check("soak: RSS growth after warm-up < 2 %", growth < 2.0, f"{growth:+.2f} %")
     return {"goals": goals, "warmup_goals": warmup, "codes": codes, "seconds": time.monotonic() - started,
-            "rss_mb_by_goal": {k: round(v / 2**20, 1) for k, v in rss.items()}, "rss_growth_pct": round(growth, 2)}
+            "rss_window_goals": window, "rss_median_mb_first": round(first / 2**20, 1),
+            "rss_median_mb_last": round(last / 2**20, 1),
+            "rss_mb_by_goal": {k: round(v / 2**20, 1) for k, v in rss.items() if k % 100 == 0 or k == warmup},
+            "rss_growth_pct": round(growth, 2)}
 
 
 def cancel_storm(client: Any, rounds: int, check: Checks) -> dict[str, Any]:
@@ -177,7 +190,7 @@ def hostile_weights(node: Any, client: Any, check: Checks) -> dict[str, Any]:
 
 def engine_faults(client: Any, check: Checks) -> dict[str, Any]:
     expected = {"engine_exception": ErrorCode.ENGINE_FAILURE, "out_of_memory": ErrorCode.OUT_OF_MEMORY,
-                "nan_candidates": ErrorCode.NON_FINITE_CANDIDATES}
+                "nan_candidates": ErrorCode.TOO_FEW_VALID_CANDIDATES}
     seen = {}
     for fault, code in expected.items():
         assert client.set_parameter("fault_injection", fault).successful
@@ -242,15 +255,16 @@ def write_doc(path: Path, figures: dict[str, Any]) -> None:
         "",
         "**Method.** The node runs as a subprocess (the random `tiny` model, 1 step, 2 candidates, CPU) and is "
         "driven over real DDS on loopback by a test client, as `tests/reliability` does; every loop is bounded "
-        "in goals and seconds. Several engineers shared the 2 CPU cores during this run, so the times are upper "
-        f"bounds. `make soak` is meant to take under 20 minutes; this run took {figures['seconds'] / 60:.1f} minutes, "
-        f"{s['seconds']:.0f} s of it in the {s['goals']} goals ({s['seconds'] / s['goals']:.1f} s per goal at "
-        f"this load).",
+        f"in goals and seconds. `make soak` is meant to take under 20 minutes; this run took "
+        f"{figures['seconds'] / 60:.1f} minutes, {s['seconds']:.0f} s of it in the {s['goals']} goals "
+        f"({s['seconds'] / s['goals']:.2f} s per goal).",
         "",
         "| check | figure |",
         "| --- | --- |",
-        f"| {s['goals']} goals ({s['seconds']:.0f} s), RSS growth from goal {s['warmup_goals']} to {s['goals']} | "
-        f"{s['rss_growth_pct']:+.2f} %; RSS in MB by goal: {s['rss_mb_by_goal']} |",
+        f"| {s['goals']} goals ({s['seconds']:.0f} s), RSS growth after goal {s['warmup_goals']}: median of the "
+        f"last {s['rss_window_goals']} goals against the first {s['rss_window_goals']} (RSS every {RSS_EVERY} goals) | "
+        f"{s['rss_growth_pct']:+.2f} % ({s['rss_median_mb_first']} -> {s['rss_median_mb_last']} MB); RSS in MB by "
+        f"goal: {s['rss_mb_by_goal']} |",
     ]
     for policy, r in b.items():
         lines.append(f"| burst of {r['sent']} goals, `{policy}` | {r['accepted']} accepted + {r['rejected']} rejected, "

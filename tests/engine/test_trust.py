@@ -48,7 +48,7 @@ def test_default_result_reports_all_valid_and_uncertainty(plain):
     metrics = plain.metrics
     assert plain.candidate_valid == (True,) * 4
     assert metrics["valid_candidates"] == 4 and metrics["dropped_candidates"] == 0
-    assert metrics["steps_used"] == metrics["steps_planned"] == 3
+    assert metrics["steps_used"] == metrics["steps_fitted"] == metrics["steps_planned"] == 3
     assert metrics["uncertainty_modes"] >= 1 and 0 < metrics["uncertainty_mode_share"] <= 1
     assert metrics["uncertainty_score"] > 0 and metrics["uncertainty_spread"] >= metrics["uncertainty_score"] * 0.5
     assert "uncertain" not in metrics  # no threshold set
@@ -137,7 +137,7 @@ def test_no_deadline_and_zero_deadline_are_bit_identical(pipe, plain):
 def test_generous_deadline_changes_nothing_but_the_metrics(pipe, plain):
     result = Cosmos3ActionModel(pipe).generate(**kwargs(deadline_s=3600.0))
     assert torch.equal(result.candidates, plain.candidates)
-    assert result.metrics["steps_used"] == result.metrics["steps_planned"] == 3
+    assert result.metrics["steps_used"] == result.metrics["steps_fitted"] == 3
     assert result.metrics["deadline_met"] is True
 
 
@@ -147,8 +147,8 @@ def test_deadline_plans_fewer_steps_from_measured_step_time(pipe):
     # take well under a second, so the run never falls behind this plan).
     model.engine.costs = StepCosts(encode_ms=0.0, step_ms=100_000.0, post_ms=0.0)
     result = model.generate(**kwargs(steps=6, deadline_s=250.0))
-    assert result.metrics["steps_requested"] == 6
-    assert result.metrics["steps_planned"] == result.metrics["steps_used"] == 2
+    assert result.metrics["steps_planned"] == 6
+    assert result.metrics["steps_fitted"] == result.metrics["steps_used"] == 2
     # Re-scheduled, the group runs the very schedule of a 2-step request.
     two = Cosmos3ActionModel(pipe).generate(**kwargs(steps=2))
     assert torch.equal(result.candidates, two.candidates)
@@ -164,7 +164,7 @@ def test_falling_behind_finishes_early_from_the_clean_estimate(pipe):
 
     model.engine.costs.one_more_step_overruns = behind_after_two_steps
     result = model.generate(**kwargs(steps=6, deadline_s=3600.0))
-    assert result.metrics["steps_planned"] == 6 and result.metrics["steps_used"] == 2
+    assert result.metrics["steps_planned"] == result.metrics["steps_fitted"] == 6 and result.metrics["steps_used"] == 2
     assert torch.isfinite(result.candidates).all()
     # The clean estimate is closer to the full 6-step answer than the 2-step latents of the 6-step schedule would be
     # to noise: it is a usable action, not a half-denoised latent.

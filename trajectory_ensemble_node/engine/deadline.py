@@ -6,11 +6,12 @@ running group, and the post-processing + reduction time) and
 
 1. at submission refuses a deadline that not even encoding + one step + post-processing can meet
    (:class:`DeadlineUnmeetableError`; only once it has measurements, a cold engine accepts and plans after encoding);
-2. after encoding plans ``steps_planned = min(requested, floor(time left / step time))`` and, when that is fewer,
+2. after encoding fits ``steps_fitted = min(planned, floor(time left / step time))`` (``steps_planned``: the
+   steps the request asked for) and, when that is fewer,
    has the adapter re-schedule the group with that many steps (the same schedule a request for that many steps
    gets); 0 steps fail the group with :class:`DeadlineUnmeetableError`;
 3. after every step, when one more step would overrun, has the adapter finish at once from the model's clean-action
-   estimate at the step just taken (``steps_used < steps_planned``).
+   estimate at the step just taken (``steps_used < steps_fitted``).
 
 Adapters opt in by implementing :class:`AnytimeAdapter`. Without a deadline nothing here runs, and results are
 bit-identical to an engine without this module.
@@ -137,14 +138,15 @@ def plan_steps(costs: StepCosts, adapter: Any, state: Any, remaining_ms: float, 
     return steps
 
 
-def step_metrics(extras: dict[str, Any], steps_planned: int | None, deadline_s: float | None,
+def step_metrics(extras: dict[str, Any], steps_fitted: int | None, deadline_s: float | None,
                  met: bool | None) -> dict[str, Any]:
-    """``steps_requested`` (asked for), ``steps_planned`` (fitted to the deadline), ``steps_used`` (taken; fewer
-    when the group stopped early), and with a deadline ``deadline_ms`` and ``deadline_met``."""
+    """``steps_planned`` (the steps the request asked for), ``steps_fitted`` (what fits the deadline),
+    ``steps_used`` (taken; fewer when the group stopped early), and with a deadline ``deadline_ms`` and
+    ``deadline_met``. Without a deadline all three are equal."""
     steps = extras.get("num_inference_steps")
     out: dict[str, Any] = {
-        "steps_requested": extras.get("steps_requested", steps),
-        "steps_planned": steps_planned or steps,
+        "steps_planned": extras.get("steps_requested", steps),
+        "steps_fitted": steps_fitted or steps,
         "steps_used": extras.get("steps_used", steps),
     }
     if deadline_s is not None:

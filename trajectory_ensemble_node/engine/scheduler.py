@@ -67,7 +67,7 @@ class _Run:
     fallback_reason: str | None = None
     pending_slices: int = 0
     deadline_ms: float | None = None  # absolute, on the now_ms() clock
-    steps_planned: int | None = None
+    steps_fitted: int | None = None
 
     @property
     def request(self) -> GroupRequest:
@@ -295,7 +295,7 @@ class GroupEngine:
     def _plan_steps(self, run: _Run) -> bool:
         """Fit the group's step count to its deadline (after encoding, so only steps and post-processing remain)."""
         try:
-            run.steps_planned = plan_steps(self.costs, self.adapter, run.state, run.deadline_ms - now_ms(),
+            run.steps_fitted = plan_steps(self.costs, self.adapter, run.state, run.deadline_ms - now_ms(),
                                            run.request)
         except BaseException as exc:  # noqa: BLE001 - every failure becomes a named terminal state
             self._release(run)
@@ -473,7 +473,7 @@ class GroupEngine:
             "peak_memory_bytes": peak_memory_bytes(self.device),
             "weights_version": self.adapter.weights_version,
         }
-        metrics.update(step_metrics(run.outputs[0].extras, run.steps_planned, run.request.deadline_s,
+        metrics.update(step_metrics(run.outputs[0].extras, run.steps_fitted, run.request.deadline_s,
                                     None if run.deadline_ms is None else finished <= run.deadline_ms))
         for key, value in extras.items():
             if key not in ("rollout", "postprocess_ms") and isinstance(value, (int, float, str, type(None))):

@@ -76,8 +76,8 @@ def _deadline_goals(model: Any, scenes: Sequence[task.Scene], count: int, goals:
         "met": int(sum(bool(m["deadline_met"]) for m in metrics)),
         "total_ms_p50": float(np.percentile(totals, 50)),
         "total_ms_p95": float(np.percentile(totals, 95)),
-        "steps_requested": metrics[0]["steps_requested"],
-        "steps_planned": sorted({int(m["steps_planned"]) for m in metrics}),
+        "steps_planned": metrics[0]["steps_planned"],
+        "steps_fitted": sorted({int(m["steps_fitted"]) for m in metrics}),
         "steps_used": sorted({int(m["steps_used"]) for m in metrics}),
         "steps_used_mean": float(np.mean([m["steps_used"] for m in metrics])),
     }
@@ -161,6 +161,6 @@ def markdown(result: dict[str, Any]) -> str:
         lines += ["", f"Deadline = half the normal goal time ({d['deadline_ms']:.0f} ms of "
                       f"{d['normal_goal_ms_median']:.0f} ms, `mode`, N = {s['count']}, one goal at a time): "
                       f"{d['met']}/{d['goals']} met; engine time p50 {d['total_ms_p50']:.0f} ms, p95 "
-                      f"{d['total_ms_p95']:.0f} ms; steps requested {d['steps_requested']}, planned "
-                      f"{d['steps_planned']}, used {d['steps_used']} (mean {d['steps_used_mean']:.1f})."]
+                      f"{d['total_ms_p95']:.0f} ms; steps planned {d['steps_planned']}, fitted "
+                      f"{d['steps_fitted']}, used {d['steps_used']} (mean {d['steps_used_mean']:.1f})."]
     return "\n".join(lines) + "\n"

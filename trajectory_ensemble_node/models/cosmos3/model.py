@@ -154,7 +154,7 @@ class Cosmos3ActionModel(EnsembleService):
         """Validate and build a group request, before any model work.
 
         ``deadline_s`` (seconds from submission, 0/None = none) lets the engine run fewer steps, or stop early from
-        the clean-action estimate, to have a result in time (``steps_used`` / ``steps_planned`` in the metrics).
+        the clean-action estimate, to have a result in time (``steps_used`` / ``steps_fitted`` / ``steps_planned`` in the metrics).
         ``current_state`` (``[raw_action_dim]``, robot units) enables the limits' ``max_start_jump`` check.
         ``context`` (an :class:`~trajectory_ensemble_node.engine.context.ExecutionContext`, normalized space): the
         chunk being executed. Every candidate is guided toward it in the batched pass (``context.guidance``), and

@@ -128,3 +128,40 @@ def test_training_states_mix_initial_and_mid_episode_states():
     for state in mid:
         for side in task.expert_sides(state):
             assert not task.collides(state, task.expert_path(state, side))
+
+
+def test_training_examples_default_is_the_original_dataset():
+    for seed in range(40):
+        examples = task.training_examples(seed)
+        states = task.training_states(seed)
+        assert [s.robot.tolist() for s, _ in examples] == [s.robot.tolist() for s in states]
+        for (state, chunks), original in zip(examples, states):
+            expected = [task.expert_path(original, side) for side in task.expert_sides(original)]
+            assert all(np.array_equal(a, b) for a, b in zip(chunks, expected, strict=True))
+
+
+def test_expert_continuation_is_time_consistent_and_stays_at_the_target():
+    scene = task.make_scene(5)
+    for side in (1, -1):
+        path = task.expert_path(scene, side)
+        assert np.array_equal(task.expert_continuation(scene, side, 0.0), path)
+        # The chunk planned after executing s actions repeats the rest of the one being executed, then stays.
+        later = task.expert_continuation(scene, side, float(task.REPLAN_AFTER))
+        assert np.allclose(later[: task.HORIZON - task.REPLAN_AFTER], path[task.REPLAN_AFTER:])
+        assert np.allclose(later[task.HORIZON - task.REPLAN_AFTER:], scene.target)
+        assert np.allclose(task.expert_continuation(scene, side, 9.5), scene.target)
+
+
+def test_closed_loop_states_reach_the_target_with_continuation_labels():
+    examples = [e for seed in range(60) for e in task.training_examples(seed, closed_loop_states=2)]
+    initial = [(s, c) for s, c in examples if np.array_equal(s.robot, s.start)]
+    later = [(s, c) for s, c in examples if not np.array_equal(s.robot, s.start)]
+    assert len(initial) == 60 and all(len(c) == 2 for _, c in initial)
+    assert len(later) >= 120 and all(len(c) == 1 for _, c in later)
+    progress = [np.dot(s.robot - s.start, s.target - s.start) / np.sum((s.target - s.start) ** 2) for s, _ in later]
+    assert max(progress) > 0.97  # at the target, not only partway
+    at_target = [c[0] for s, c in later if np.linalg.norm(s.robot - s.target) < 0.05]
+    assert at_target and all(np.allclose(c, c[-1]) for c in at_target)
+    for state, chunks in later:
+        assert not task.collides(state, chunks[0])
+        assert np.allclose(chunks[0][-1], state.target)

@@ -1,11 +1,11 @@
 """Training examples of the toy task, encoded once with the pipeline's own conditioning and VAE code.
 
-Per training state (a scene, initial or mid-episode) this keeps:
+Per training state (a scene, initial, mid-episode or closed-loop; see :func:`task.training_examples`) this keeps:
 
 - the clean conditioning latent, from :func:`~trajectory_ensemble_node.models.cosmos3.conditioning.encode_conditioning`
   with exactly the arguments the serving path uses, so training sees the latent inference will see;
-- per expert option (two sides in a bimodal state, one otherwise): the normalized waypoints ``[H, 2]`` and the VAE
-  latent of the rendered ``H + 1``-frame clip of the robot following them, encoded like upstream policy clips
+- per expert option (two sides in a bimodal initial state, one otherwise): the normalized waypoints ``[H, 2]`` and
+  the VAE latent of the rendered ``H + 1``-frame clip of the robot following them, encoded like upstream policy clips
   (``_prepare_action_video_conditioning`` -> ``_encode_video`` -> ``_remove_action_video_padding_from_latent``).
 
 Encoding is the slow part of training on CPU (about 0.2 s per clip), so the result is cached in a file keyed by the
@@ -65,7 +65,7 @@ class ToyDataset:
         return len(self.options)
 
 
-def _cache_key(num_seeds: int, mid_probability: float, pipe: Cosmos3OmniPipeline) -> str:
+def _cache_key(num_seeds: int, mid_probability: float, pipe: Cosmos3OmniPipeline, closed_loop_states: int = 0) -> str:
     # The encoded latents depend on the scenes, the renderer and the VAE weights; hash all three.
     digest = hashlib.sha256()
     probe = task.make_scene(0)
@@ -81,6 +81,9 @@ def _cache_key(num_seeds: int, mid_probability: float, pipe: Cosmos3OmniPipeline
         "latents_mean": list(pipe.vae.config.latents_mean),
         "latents_std": list(pipe.vae.config.latents_std),
     }
+    if closed_loop_states:
+        # Only when set, so the key of the original dataset (and an existing cache of it) stays valid.
+        settings["closed_loop_states"] = closed_loop_states
     digest.update(json.dumps(settings, sort_keys=True).encode())
     return digest.hexdigest()[:16]
 
@@ -113,23 +116,26 @@ def build_dataset(
     num_seeds: int,
     *,
     mid_probability: float = 0.35,
+    closed_loop_states: int = 0,
     cache_dir: Path | None = None,
     batch: int = 8,
     log=print,
 ) -> ToyDataset:
-    """Encode the training states of seeds ``0 .. num_seeds - 1`` (see :func:`task.training_states`).
+    """Encode the training states of seeds ``0 .. num_seeds - 1`` (see :func:`task.training_examples`).
 
     Args:
         pipe (`Cosmos3OmniPipeline`): The pipeline being trained (its tokenizer and VAE are used).
         num_seeds (`int`): Number of training scene seeds.
         mid_probability (`float`): Probability that a seed also contributes a mid-episode state.
+        closed_loop_states (`int`): States along an expert detour per seed, up to and at the target, labelled with
+            the detour's continuation (0: the original dataset).
         cache_dir (`Path`, *optional*): Where to keep the encoded dataset between runs.
         batch (`int`): Clips per VAE call.
         log (`Callable[[str], None]`): Progress output.
     """
     cache = None
     if cache_dir is not None:
-        cache = Path(cache_dir) / f"toy_data_{_cache_key(num_seeds, mid_probability, pipe)}.pt"
+        cache = Path(cache_dir) / f"toy_data_{_cache_key(num_seeds, mid_probability, pipe, closed_loop_states)}.pt"
         if cache.exists():
             saved = torch.load(cache, weights_only=False)
             log(f"loaded encoded dataset {cache} ({len(saved['options'])} states)")
@@ -144,8 +150,10 @@ def build_dataset(
     pending: list[list[np.ndarray]] = []
     clips: list[torch.Tensor] = []
     started = time.perf_counter()
-    states = [state for seed in range(num_seeds) for state in task.training_states(seed, mid_probability)]
-    for index, state in enumerate(states):
+    labelled = [example for seed in range(num_seeds)
+                for example in task.training_examples(seed, mid_probability, closed_loop_states)]
+    states = [state for state, _ in labelled]
+    for index, (state, chunks) in enumerate(labelled):
         image = task.render(state)
         conditioning = encode_conditioning(
             pipe,
@@ -162,8 +170,7 @@ def build_dataset(
             raise RuntimeError("toy prompts must tokenize identically so one prefix serves every example")
         conditions.append(conditioning.x0_vision[:, :, :1].detach().clone())
         options.append([])
-        for side in task.expert_sides(state):
-            waypoints = task.expert_path(state, side)
+        for waypoints in chunks:
             options[-1].append(len(actions))
             actions.append(waypoints)
             state_of.append(index)

@@ -220,40 +220,125 @@ def expert_path(scene: Scene, side_sign: int, horizon: int = HORIZON) -> np.ndar
     waypoint polyline keeps :data:`EXPERT_CLEARANCE` from the obstacle, so the demonstrated waypoints themselves,
     not only a continuous curve, are collision-free. Waypoints are equally spaced in ``t``.
     """
+    return expert_curve(scene, side_sign, np.arange(1, horizon + 1) / horizon, horizon)
+
+
+def expert_curve(scene: Scene, side_sign: int, t: np.ndarray, horizon: int = HORIZON) -> np.ndarray:
+    """Points ``[len(t), 2]`` of the expert path of :func:`expert_path` at path times ``t`` (clipped to ``[0, 1]``).
+
+    ``t = k / horizon`` is waypoint ``k`` of the chunk planned from ``scene.robot``; ``t >= 1`` is the target. The
+    bump height is the one :func:`expert_path` finds for that chunk's waypoints, so the curve passes through them.
+    """
     p, g = scene.robot, scene.target
     span = g - p
     length = max(float(np.linalg.norm(span)), 1e-9)
     normal = _normal(span / length) * side_sign
     peak = float(np.clip(np.dot(scene.obstacle - p, span) / length**2, 0.15, 0.85))
-    t = np.arange(1, horizon + 1) / horizon
-    bump = np.where(t <= peak, np.sin(0.5 * math.pi * t / peak), np.sin(0.5 * math.pi * (1 - t) / (1 - peak)))
 
-    def path(height: float) -> np.ndarray:
-        return p + t[:, None] * span + height * bump[:, None] * normal
+    def points(times: np.ndarray) -> np.ndarray:
+        bump = np.where(times <= peak, np.sin(0.5 * math.pi * times / peak),
+                        np.sin(0.5 * math.pi * (1 - times) / (1 - peak)))
+        return lambda height: p + times[:, None] * span + height * bump[:, None] * normal
 
+    path = points(np.arange(1, horizon + 1) / horizon)
     # A mid-episode robot may already be closer than EXPERT_CLEARANCE (jitter); then keep at least its own clearance.
     required = min(EXPERT_CLEARANCE, float(np.linalg.norm(p - scene.obstacle)) - scene.radius - 1e-3)
     if clearance(scene, path(0.0)) >= required:
-        return path(0.0)
-    low, high = 0.0, 2.0
-    for _ in range(40):
-        mid = 0.5 * (low + high)
-        low, high = (low, mid) if clearance(scene, path(mid)) >= required else (mid, high)
-    return path(high)
+        height = 0.0
+    else:
+        low, high = 0.0, 2.0
+        for _ in range(40):
+            mid = 0.5 * (low + high)
+            low, high = (low, mid) if clearance(scene, path(mid)) >= required else (mid, high)
+        height = high
+    return points(np.clip(np.asarray(t, dtype=np.float64), 0.0, 1.0))(height)
+
+
+def expert_continuation(scene: Scene, side_sign: int, progress: float, horizon: int = HORIZON) -> np.ndarray:
+    """The time-consistent expert chunk ``[horizon, 2]`` of a robot ``progress`` control steps along the expert
+    path planned from ``scene.robot``: that same path's points at steps ``progress + 1 .. progress + horizon``,
+    staying at the target once the path has reached it (``progress + k >= horizon``).
+
+    Why not re-plan from where the robot is (what :func:`expert_path` of the moved scene does): a re-planned chunk
+    always takes ``horizon`` steps to the target, so the chunk planned after executing ``s`` actions moves at a
+    different speed and on a different curve than the rest of the chunk it replaces, and the two disagree at the
+    same times. A closed-loop executor switches from one chunk to the next at such times, so that disagreement is
+    exactly a seam (and a policy imitating it never arrives: each chunk covers the remaining distance in
+    ``horizon`` steps). The continuation of one path is what the previous chunk already said, so consecutive chunks
+    agree and the robot stops at the target.
+    """
+    times = (progress + np.arange(1, horizon + 1)) / horizon
+    return expert_curve(scene, side_sign, times, horizon)
+
+
+def _mid_episode(seed: int, mid_probability: float) -> tuple[Scene, int, int, np.ndarray] | None:
+    # The initial scene, the detour side, the waypoints followed and the (jittered) position of one mid-episode state.
+    scene = make_scene(TRAIN_SEED_BASE + seed)
+    rng = np.random.default_rng([int(seed), 0x31D])
+    if rng.uniform() < mid_probability:
+        side_sign = int(rng.choice([1, -1]))
+        detour = expert_path(scene, side_sign)
+        k = int(rng.integers(2, REPLAN_AFTER + 2))
+        return scene, side_sign, k, detour[k - 1] + rng.normal(0.0, 0.01, size=2)
+    return None
 
 
 def training_states(seed: int, mid_probability: float = 0.35) -> list[Scene]:
     """The states one training seed contributes: its initial scene, plus (with ``mid_probability``) one mid-episode
     state reached by following a random expert detour for 2..``REPLAN_AFTER + 1`` waypoints, with 0.01 jitter."""
     scene = make_scene(TRAIN_SEED_BASE + seed)
-    states = [scene]
-    rng = np.random.default_rng([int(seed), 0x31D])
-    if rng.uniform() < mid_probability:
-        detour = expert_path(scene, int(rng.choice([1, -1])))
-        k = int(rng.integers(2, REPLAN_AFTER + 2))
-        position = detour[k - 1] + rng.normal(0.0, 0.01, size=2)
-        states.append(scene.with_robot(position))
-    return states
+    mid = _mid_episode(seed, mid_probability)
+    return [scene] if mid is None else [scene, scene.with_robot(mid[3])]
+
+
+CLOSED_LOOP_JITTER = 0.02
+"""Position noise of closed-loop training states (normalized units; 2.5 px): a policy's own chunks, not the
+expert's, decide where the robot is when the next chunk is planned."""
+CLOSED_LOOP_PROGRESS = (0.5, HORIZON + 2.0)
+"""Range of control steps along the expert path of closed-loop training states (uniform; beyond ``HORIZON``: at
+the target)."""
+
+
+def training_examples(seed: int, mid_probability: float = 0.35,
+                      closed_loop_states: int = 0) -> list[tuple[Scene, list[np.ndarray]]]:
+    """The training states of one seed with their expert chunks (one per expert option of the state).
+
+    With ``closed_loop_states = 0`` these are :func:`training_states`, each mid-episode state labelled with the
+    expert re-planned from where the robot stands (:func:`expert_path` of the moved scene); this is the dataset
+    the shipped toy policy was first trained on.
+
+    With ``closed_loop_states = K > 0`` the seed also contributes ``K`` states along one of the initial scene's
+    expert detours (side drawn from :func:`expert_sides`, progress uniform in :data:`CLOSED_LOOP_PROGRESS` control
+    steps, :data:`CLOSED_LOOP_JITTER` position noise), and every state after the start, the mid-episode one
+    included, is labelled with the continuation of the detour it is on (:func:`expert_continuation`).
+
+    Why: executing ``s`` of ``H`` actions per chunk takes the robot past where the mid-episode states stop (at most
+    ``REPLAN_AFTER + 1`` waypoints in): past the obstacle and up to the target. A policy that has never seen those
+    images has no reason to keep going (the first toy policy's chunks jumped backward there in every method). And
+    a re-planned label there would teach chunks that disagree with the one being executed (see
+    :func:`expert_continuation`); the continuation teaches the policy to keep to the path it is on, at the speed
+    it started with, and to stay once it has arrived, which is what makes consecutive chunks meet at a seam.
+    The image shows the robot, obstacle and target, not where the episode started, so the speed along the path
+    is only implied (the initial spans vary by about +-15 %); the label is what the expert would do from there.
+    """
+    scene = make_scene(TRAIN_SEED_BASE + seed)
+    if closed_loop_states <= 0:
+        return [(state, [expert_path(state, side_sign) for side_sign in expert_sides(state)])
+                for state in training_states(seed, mid_probability)]
+    examples = [(scene, [expert_path(scene, side_sign) for side_sign in expert_sides(scene)])]
+    mid = _mid_episode(seed, mid_probability)
+    if mid is not None:
+        _, side_sign, k, position = mid
+        examples.append((scene.with_robot(position), [expert_continuation(scene, side_sign, float(k))]))
+    rng = np.random.default_rng([int(seed), 0xC105ED])
+    sides = expert_sides(scene)
+    for _ in range(closed_loop_states):
+        side_sign = int(sides[int(rng.integers(len(sides)))])
+        progress = float(rng.uniform(*CLOSED_LOOP_PROGRESS))
+        position = expert_curve(scene, side_sign, np.array([progress / HORIZON]))[0]
+        position = position + rng.normal(0.0, CLOSED_LOOP_JITTER, size=2)
+        examples.append((scene.with_robot(position), [expert_continuation(scene, side_sign, progress)]))
+    return examples
 
 
 # --- rendering ------------------------------------------------------------------------------------------------------

@@ -63,6 +63,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--work-dir", type=Path, default=Path("out/toy_train"), help="dataset cache, log, summary")
     parser.add_argument("--scenes", type=int, default=640, help="training scene seeds 0..scenes-1")
     parser.add_argument("--mid-probability", type=float, default=0.35, help="share of seeds adding a mid-episode state")
+    parser.add_argument("--closed-loop-states", type=int, default=0,
+                        help="per seed, states along an expert detour up to the target, labelled with the detour's "
+                             "continuation (task.training_examples); 0 = the original dataset")
     parser.add_argument("--steps", type=int, default=3000, help="optimizer steps")
     parser.add_argument("--batch", type=int, default=8, help="examples packed into one forward")
     parser.add_argument("--lr", type=float, default=1e-3, help="peak learning rate of the one-cycle schedule")
@@ -249,7 +252,8 @@ def run(args: argparse.Namespace) -> int:
         latents_mean, latents_std = normalize_latents(pipe)
         print(f"latent normalization: mean {[round(m, 3) for m in latents_mean]}, "
               f"std {[round(s, 3) for s in latents_std]}", flush=True)
-    dataset = build_dataset(pipe, args.scenes, mid_probability=args.mid_probability, cache_dir=work_dir,
+    dataset = build_dataset(pipe, args.scenes, mid_probability=args.mid_probability,
+                            closed_loop_states=args.closed_loop_states, cache_dir=work_dir,
                             log=lambda m: print(m, flush=True))
     encode_s = time.perf_counter() - started
     torch.set_num_threads(args.threads)

@@ -48,8 +48,9 @@ DT = 1.0 / task.FPS
 EXECUTE = task.HORIZON // 2
 """``s``: actions executed per chunk (the next one is requested while half of the current one is ahead)."""
 STEP_BUDGET = 32
-"""Steps per episode: an ideal policy needs 5 chunks to get within the target radius (each chunk halves the remaining
-distance), i.e. 20 steps async and 28 with sync at d = 2."""
+"""Steps per episode. The time-consistent expert (``task.expert_continuation``) reaches the target in 8 steps async
+and ``8 + d`` with sync; a policy that re-plans the whole remaining distance into every chunk halves it per chunk and
+needs 5 chunks to get within the target radius, i.e. 20 steps async and 28 with sync at d = 2."""
 TE_M = 0.01
 WA_OLD = 0.3
 DEFAULT_JSON = Path("bench/results/closed_loop-toy.json")
@@ -362,7 +363,8 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit(f"unknown methods {unknown} or delays {delays} outside [0, {task.HORIZON - EXECUTE}]")
     steps = int(getattr(args, "steps", None) or task.NUM_INFERENCE_STEPS)
     base_seed = int(getattr(args, "base_seed", 0) or 0)
-    model = Cosmos3ActionModel(load_toy_pipeline(path=getattr(args, "pipeline", None)), max_batch_candidates=64)
+    pipeline = getattr(args, "pipeline", None)
+    model = Cosmos3ActionModel(load_toy_pipeline(path=pipeline), max_batch_candidates=64)
     scenes = task.heldout_scenes(args.scenes, seed=args.scene_seed)
     log = (lambda m: None) if getattr(args, "quiet", False) else (lambda m: print(m, flush=True))
     out: Path = getattr(args, "json", None) or DEFAULT_JSON
@@ -374,7 +376,7 @@ def run(args: argparse.Namespace) -> int:
         result: dict[str, Any] = {
             "closed_loop": {name: {str(d): summarize(episodes[name][d]) for d in delays} for name in methods},
             "settings": {
-                "date": started, "commit": commit, "scenes": done,
+                "date": started, "commit": commit, "pipeline": str(pipeline or "shipped toy_policy"), "scenes": done,
                 "scene_seeds": [scenes[0].seed, scenes[done - 1].seed], "base_seed": base_seed,
                 "delays": delays, "s": EXECUTE, "chunk": task.HORIZON, "dt": DT, "step_budget": STEP_BUDGET,
                 "num_inference_steps": steps, "temporal_ensemble_m": TE_M, "weighted_average_old": WA_OLD,
@@ -431,6 +433,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--scenes", type=int, default=50, help="held-out scenes")
     parser.add_argument("--scene-seed", type=int, default=0, help="first held-out scene offset")
     parser.add_argument("--json", type=Path, default=DEFAULT_JSON, help="JSON output")
+    parser.add_argument("--pipeline", type=Path, default=None, help="pipeline dir (default: the shipped toy)")
     add_closed_loop_options(parser)
 
 

@@ -40,7 +40,8 @@ def markdown_table(result: dict[str, Any]) -> str:
         f"(seeds {settings.get('scene_seeds', '?')}), chunk {settings.get('chunk', '?')}, "
         f"s = {settings.get('s', '?')} actions executed per chunk, dt = {settings.get('dt', 0):.3f} s, budget "
         f"{settings.get('step_budget', '?')} steps, {settings.get('num_inference_steps', '?')} denoising steps. "
-        f"Run {settings.get('date', '?')} at commit {settings.get('commit', '?')}. 95% intervals in brackets.\n"
+        f"Run {settings.get('date', '?')} at commit {settings.get('commit', '?')}"
+        f"{', pipeline ' + settings['pipeline'] if 'pipeline' in settings else ''}. 95% intervals in brackets.\n"
     ]
     for note in settings.get("notes", []):
         parts.append(f"Note: {note}\n")

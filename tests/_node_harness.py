@@ -260,6 +260,37 @@ class RosClient:
                 self.image_pubs[topic].publish(msg)
         time.sleep(settle_s)
 
+    def publish_rgb(self, rgb: np.ndarray, stamp_sec: float, settle_s: float = 0.3) -> None:
+        """Publish an RGB ``uint8`` array ``[H, W, 3]`` (e.g. a rendered toy scene) on every image topic."""
+        from sensor_msgs.msg import Image
+
+        rgb = np.ascontiguousarray(rgb, dtype=np.uint8)
+        msg = Image(height=rgb.shape[0], width=rgb.shape[1], encoding="rgb8", step=rgb.shape[1] * 3)
+        total = int(round(stamp_sec * 1e9))
+        msg.header.stamp.sec, msg.header.stamp.nanosec = total // 1_000_000_000, total % 1_000_000_000
+        msg.header.frame_id = "camera"
+        msg.data = rgb.tobytes()
+        for topic in self.image_pubs:
+            for _ in range(3):
+                self.image_pubs[topic].publish(msg)
+        time.sleep(settle_s)
+
+    def publish_clock(self, seconds: float, settle_s: float = 0.2) -> None:
+        """Publish ``/clock`` (for a node running with ``use_sim_time``)."""
+        from rosgraph_msgs.msg import Clock
+
+        if not hasattr(self, "_clock_pub"):
+            from rclpy.qos import QoSProfile
+
+            self._clock_pub = self.node.create_publisher(Clock, "/clock", QoSProfile(depth=10))
+            time.sleep(0.5)  # let the node's clock subscription match before the first tick
+        total = int(round(seconds * 1e9))
+        msg = Clock()
+        msg.clock.sec, msg.clock.nanosec = total // 1_000_000_000, total % 1_000_000_000
+        for _ in range(3):
+            self._clock_pub.publish(msg)
+        time.sleep(settle_s)
+
     def publish_state(self, positions: list[float], names: list[str] | None = None, settle_s: float = 0.3) -> None:
         from sensor_msgs.msg import JointState
 

@@ -60,7 +60,7 @@ class Uncertainty:
         }
         if threshold is not None:
             out["uncertainty_threshold"] = float(threshold)
-            out["uncertain"] = self.score > threshold
+            out["uncertain"] = bool(self.score > threshold)
         return out
 
 

@@ -34,6 +34,7 @@ CANDIDATE_ARRAY_FIELDS = [
     ("domain_name", "string"),
     ("dt", "float"),
     ("normalized", "boolean"),
+    ("valid", "sequence<boolean>"),
 ]
 GOAL_FIELDS = [
     ("instruction", "string"),
@@ -43,6 +44,11 @@ GOAL_FIELDS = [
     ("use_seed", "boolean"),
     ("seed", "uint64"),
     ("rollout", "boolean"),
+    ("continue_previous", "boolean"),
+    ("reset_context", "boolean"),
+    ("inference_delay", "int32"),
+    ("guidance", "string"),
+    ("deadline", "builtin_interfaces/Duration"),
 ]
 RESULT_FIELDS = [
     ("error_code", "uint16"),
@@ -53,11 +59,46 @@ RESULT_FIELDS = [
     ("rollout_path", "string"),
     ("weights_version", "uint64"),
     ("metrics", "sequence<diagnostic_msgs/KeyValue>"),
+    ("steps_planned", "uint16"),
+    ("steps_fitted", "uint16"),
+    ("steps_used", "uint16"),
+    ("uncertain", "boolean"),
+    ("uncertainty", "trajectory_ensemble_msgs/Uncertainty"),
+    ("validity", "trajectory_ensemble_msgs/CandidateValidity"),
+    ("continuity", "trajectory_ensemble_msgs/Continuity"),
 ]
 FEEDBACK_FIELDS = [
     ("step", "uint32"),
     ("total_steps", "uint32"),
     ("stage", "string"),
+    ("frozen_actions", "uint16"),
+    ("guidance", "string"),
+    ("metrics", "sequence<diagnostic_msgs/KeyValue>"),
+]
+UNCERTAINTY_FIELDS = [
+    ("score", "float"),
+    ("threshold", "float"),
+    ("modes", "uint16"),
+    ("mode_share", "float"),
+    ("spread", "float"),
+    ("step_std", "sequence<float>"),
+]
+CANDIDATE_VALIDITY_FIELDS = [
+    ("valid", "uint16"),
+    ("dropped", "uint16"),
+    ("clamped", "uint16"),
+    ("drop_reasons", "sequence<string>"),
+    ("drop_counts", "sequence<uint16>"),
+    ("action_clamped", "boolean"),
+]
+CONTINUITY_FIELDS = [
+    ("continued", "boolean"),
+    ("status", "string"),
+    ("frozen_actions", "uint16"),
+    ("shift", "int32"),
+    ("guidance", "string"),
+    ("seam_jump", "float"),
+    ("previous_stamp", "builtin_interfaces/Time"),
 ]
 UPDATE_WEIGHTS_REQUEST_FIELDS = [("path", "string"), ("strict", "boolean")]
 UPDATE_WEIGHTS_RESPONSE_FIELDS = [
@@ -86,8 +127,13 @@ def test_message_fields() -> None:
     """ActionTrajectory and CandidateArray carry exactly the public fields, in order."""
     from trajectory_ensemble_msgs.msg import ActionTrajectory, CandidateArray
 
+    from trajectory_ensemble_msgs.msg import CandidateValidity, Continuity, Uncertainty
+
     assert _fields(ActionTrajectory) == ACTION_TRAJECTORY_FIELDS
     assert _fields(CandidateArray) == CANDIDATE_ARRAY_FIELDS
+    assert _fields(Uncertainty) == UNCERTAINTY_FIELDS
+    assert _fields(CandidateValidity) == CANDIDATE_VALIDITY_FIELDS
+    assert _fields(Continuity) == CONTINUITY_FIELDS
 
 
 def test_action_fields() -> None:

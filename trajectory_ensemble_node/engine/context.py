@@ -179,6 +179,28 @@ class ExecutionContext:
             out[:count] = self.previous[self.shift : self.shift + count]
         return out
 
+    def seam_jump(self, chunk: torch.Tensor) -> float | None:
+        """Distance between the new chunk's first action after the frozen ones and the previous chunk's action at
+        the same time (normalized units); ``None`` when that action has no counterpart in the previous chunk.
+
+        Args:
+            chunk (`torch.Tensor` of shape `[H, D]`): The new chunk, in the model's normalized space.
+        """
+        k = self.frozen
+        if k >= int(chunk.shape[0]) or k >= self.overlap:
+            return None
+        return float(torch.linalg.vector_norm(chunk[k].detach().cpu().float() - self.previous[self.shift + k]))
+
+    def metrics(self, chunk: torch.Tensor) -> dict[str, float | int | str | None]:
+        """What a result reports about the context: frozen count, shift, overlap, guidance mode and seam jump."""
+        return {
+            "context_frozen": self.frozen,
+            "context_shift": self.shift,
+            "context_overlap": self.overlap,
+            "context_guidance": self.guidance,
+            "seam_jump": self.seam_jump(chunk),
+        }
+
 
 class LatencyEstimator:
     """A running estimate of goal-to-result latency, for a frozen count the node does not get from its goals.

@@ -42,7 +42,7 @@ from ..uncertainty import estimate_uncertainty
 from .deadline import StepCosts, plan_steps, refuse_unmeetable, step_metrics
 from .reduction import reduce_candidates
 from .request import EngineConfig, GroupHandle, GroupRequest, ProgressEvent
-from .validity import DEFAULT_CHECK, check_reduced, screen_candidates, validity_metrics
+from .validity import DEFAULT_CHECK, check_reduced, screen_candidates, to_model_space, validity_metrics
 
 logger = logging.getLogger("trajectory_ensemble.engine")
 
@@ -432,6 +432,9 @@ class GroupEngine:
                 extras.update(out.extras)
             metrics = self._metrics(run, reduce_ms, extras)
             metrics.update(validity_metrics(screening, action_clamped))
+            if request.context is not None:
+                model_action = action if request.normalizer is None else to_model_space(action, request.normalizer)
+                metrics.update(request.context.metrics(model_action))
             # In model (normalized) space, over the candidates that were reduced.
             metrics.update(estimate_uncertainty(screening.survivors).metrics(request.uncertainty_threshold))
             result = EnsembleResult(

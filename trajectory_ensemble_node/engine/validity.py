@@ -94,7 +94,8 @@ DEFAULT_CHECK = ValidityCheck(ValidityPolicy())
 """NaN/Inf only, one survivor suffices: what every request gets when it carries no validity settings."""
 
 
-def _to_normalized(raw: torch.Tensor, normalizer: ActionNormalizer) -> torch.Tensor:
+def to_model_space(raw: torch.Tensor, normalizer: ActionNormalizer) -> torch.Tensor:
+    """Robot-unit actions ``[..., D]`` back to the model's normalized space (float64)."""
     # The exact affine inverse of denormalize; ``normalize`` would clamp quantile actions to [-1, 1] and move a
     # clamped candidate that limits allow outside the stats' range.
     zero = normalizer.denormalize(torch.zeros(raw.shape[-1], dtype=torch.float64))
@@ -142,13 +143,15 @@ def screen_candidates(candidates: torch.Tensor, normalizer: ActionNormalizer | N
     survivors_needed = check.policy.min_valid_candidates
     if int(valid.sum()) < survivors_needed:
         reasons = "; ".join(f"candidate {v.index}: {', '.join(v.details)}" for v in report.verdicts if not v.valid)
-        raise TooFewValidCandidatesError(
+        error = TooFewValidCandidatesError(
             request_id, f"{int(valid.sum())} of {len(valid)} candidates valid, min_valid_candidates="
                         f"{survivors_needed}: {reasons}")
+        error.counts = report.counts()  # the node reports them in the aborted goal's result
+        raise error
     if bool(valid.all()) and not report.any_clamped:
         return Screening(report=report, survivors=candidates, raw=None)
     clamped = report.trajectories.to(candidates.dtype)
-    model_space = clamped if normalizer is None else _to_normalized(report.trajectories, normalizer).to(
+    model_space = clamped if normalizer is None else to_model_space(report.trajectories, normalizer).to(
         candidates.dtype)
     # Unclamped survivors keep their exact model-space values; only clamped rows pass through the round trip.
     rows = [model_space[i] if v.clamped else candidates[i] for i, v in enumerate(report.verdicts) if v.valid]

@@ -32,6 +32,11 @@ def make_header(stamp: Time, frame_id: str) -> Header:
     return Header(stamp=Time(sec=int(stamp.sec), nanosec=int(stamp.nanosec)), frame_id=str(frame_id))
 
 
+def stamp_seconds(stamp: Time) -> float:
+    """Seconds of a ``builtin_interfaces/Time`` (the observation stamps continuity aligns chunks by)."""
+    return float(stamp.sec) + float(stamp.nanosec) * 1e-9
+
+
 def _flat_float32(tensor: torch.Tensor | np.ndarray) -> list[float]:
     array = tensor.detach().cpu().numpy() if isinstance(tensor, torch.Tensor) else np.asarray(tensor)
     return np.ascontiguousarray(array, dtype=np.float32).reshape(-1).tolist()
@@ -82,6 +87,8 @@ def candidates_msg(
         horizon=horizon,
         action_dim=action_dim,
         data=_flat_float32(result.candidates),
+        valid=([bool(v) for v in result.candidate_valid] if result.candidate_valid is not None
+               else [True] * len(result.candidate_ids)),
         domain_name=domain_name,
         dt=float(dt),
         normalized=bool(normalized),

@@ -4,7 +4,8 @@ One ``DiagnosticArray`` carries three statuses, named ``"<node>: <task>"`` as di
 
 - ``<node>: engine``: the model (name, notice, device, ``weights_version``) and every engine metric of the last
   finished group, keys with their unit (``total_ms``, ``peak_memory_bytes``), plus the node's own ``goal_ms`` and
-  ``node_overhead_ms``. ERROR when the engine thread is gone, WARN when the last goal failed inside the engine.
+  ``node_overhead_ms``. ERROR when the engine thread is gone, WARN when the last goal failed inside the engine, or
+  when its candidates disagreed more than the calibrated ``uncertainty_threshold`` (``uncertain``).
 - ``<node>: goals``: goals succeeded / aborted / canceled / preempted / rejected, running and waiting.
 - ``<node>: observations``: age of the newest frame per topic, frames received and rejected per cause. WARN when
   a topic has delivered nothing yet or is older than ``max_observation_age_s``.
@@ -91,6 +92,11 @@ def engine_status(inputs: DiagnosticsInputs) -> DiagnosticStatus:
     elif inputs.last_error:
         level, message = WARN, f"last goal failed: {inputs.last_error} ({inputs.notice})"
         values.append(_kv("last_error", inputs.last_error))
+    elif bool(inputs.last_metrics.get("uncertain", False)):
+        # Not a failure: the trajectory was published. The caller decides what uncertainty means for the task.
+        level = WARN
+        message = (f"last goal uncertain: score {float(inputs.last_metrics.get('uncertainty_score') or 0):.4g} > "
+                   f"threshold {float(inputs.last_metrics.get('uncertainty_threshold') or 0):.4g} ({inputs.notice})")
     else:
         level, message = OK, f"serving ({inputs.notice})"
     return DiagnosticStatus(level=level, name=f"{inputs.node_name}: engine", message=message,

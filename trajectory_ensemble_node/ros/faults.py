@@ -13,7 +13,8 @@ The faults are raised where real ones would be, inside the engine's calls into t
 - ``out_of_memory``: the next physical forward raises ``torch.OutOfMemoryError`` (engine:
   ``GroupOutOfMemoryError``);
 - ``nan_candidates``: the next finished group's candidates are all NaN: every one is dropped as invalid, and the group
-  fails with ``TooFewValidCandidatesError`` (code 80).
+  fails with ``TooFewValidCandidatesError`` (code 80);
+- ``nan_candidates:I,J``: only candidates ``I`` and ``J`` are NaN: they are dropped and the others reduced.
 
 ``TRAJECTORY_ENSEMBLE_TEST_STEP_DELAY_S`` (read only in testing mode) paces every physical forward by sleeping that
 long before it, like a slow device. Tests that must land a cancel, a preemption or a shutdown while a group is
@@ -31,7 +32,7 @@ from typing import Any
 
 import torch
 
-from .params import FAULTS
+from .params import FAULTS, parse_fault
 
 STEP_DELAY_ENV = "TRAJECTORY_ENSEMBLE_TEST_STEP_DELAY_S"
 
@@ -58,6 +59,7 @@ class FaultInjector:
         self._adapter = adapter
         self._lock = threading.Lock()
         self._armed: str | None = None
+        self._indices: tuple[int, ...] | None = None
         self._forward = adapter.forward
         self._finish = adapter.finish
         # Instance attributes shadow the class's methods, so the engine's ``self.adapter.forward(...)`` lands here
@@ -76,10 +78,15 @@ class FaultInjector:
         Raises:
             ValueError: not one of :data:`~.params.FAULTS`.
         """
-        if fault and fault not in FAULTS:
-            raise ValueError(f"unknown fault {fault!r}; expected one of {list(FAULTS)}")
+        indices = None
+        if fault:
+            try:
+                fault, indices = parse_fault(fault)
+            except Exception as error:  # noqa: BLE001 - re-raised as the documented ValueError
+                raise ValueError(f"unknown fault {fault!r}; expected one of {list(FAULTS)}: {error}") from None
         with self._lock:
             self._armed = fault or None
+            self._indices = indices
 
     def _take(self, *faults: str) -> str | None:
         with self._lock:
@@ -101,5 +108,11 @@ class FaultInjector:
     def _faulty_finish(self, state: Any) -> Any:
         output = self._finish(state)
         if self._take("nan_candidates"):
-            output.candidates = torch.full_like(output.candidates, float("nan"))
+            if self._indices is None:
+                output.candidates = torch.full_like(output.candidates, float("nan"))
+            else:
+                corrupted = output.candidates.clone()
+                chosen = [i for i in self._indices if i < corrupted.shape[0]]
+                corrupted[chosen] = float("nan")
+                output.candidates = corrupted
         return output

@@ -28,8 +28,12 @@ from typing import Any
 
 from ..contract import CandidateTrajectorySpec, check_request
 from ..engine import GroupHandle, ProgressEvent
+from ..engine.context import GUIDANCE_MODES
 from ..errors import (  # noqa: F401 - GoalRejectedError and GoalRequestError are importable from here too
     AbortReason,
+    DelayTooLongError,
+    ExecutionContextError,
+    NegativeDelayError,
     EngineShutdownError,
     GoalRejectedError,
     GoalRequestError,
@@ -61,6 +65,12 @@ class GoalPlan:
         return_candidates (`bool`): Whether the *result* carries them (``~/candidates`` may want them regardless).
         base_seed (`int`): The goal's seed when ``use_seed``, else a fresh one (reported in the result either way).
         rollout (`bool`): Record an RL rollout.
+        continue_previous (`bool`): Continue the chunk served last (the goal's field, or the node's default when
+            the goal does not set ``reset_context``).
+        reset_context (`bool`): Drop the remembered chunk before this goal.
+        inference_delay (`int`): Frozen actions asked for, ``[0, chunk_size)``; 0 = the node's latency estimate.
+        guidance (`str`): Guidance mode toward the previous chunk, one of ``GUIDANCE_MODES``.
+        deadline_s (`float`): Seconds from acceptance by which the result must be published; 0 = none.
     """
 
     instruction: str
@@ -68,6 +78,11 @@ class GoalPlan:
     return_candidates: bool
     base_seed: int
     rollout: bool
+    continue_previous: bool = False
+    reset_context: bool = False
+    inference_delay: int = 0
+    guidance: str = "prefix"
+    deadline_s: float = 0.0
 
 
 def plan_goal(
@@ -83,14 +98,21 @@ def plan_goal(
         valid_reducers (`Sequence[str]`): Reducers the model adapter declares valid for its action space.
 
     Raises:
-        GoalRequestError: a rollout without ``rollout_dir``.
+        GoalRequestError: a rollout without ``rollout_dir``; ``continue_previous`` together with ``reset_context``;
+            a negative deadline.
+        NegativeDelayError: ``inference_delay < 0``.
+        DelayTooLongError: ``inference_delay >= chunk_size``.
+        ExecutionContextError: an unknown ``guidance``.
         InvalidSpecError: and its subclasses, from :func:`~trajectory_ensemble_node.contract.check_request`
             (count above ``max_candidates``, unknown reducer, reducer not valid for this model or width, bad seed).
     """
     base_seed = int(goal.seed) if goal.use_seed else fresh_base_seed()
+    continuing, delay, guidance, deadline_s = _plan_continuity(goal, params)
+    reducer = goal.reducer or (params.continuity_reducer if continuing and params.continuity_reducer
+                               and params.continuity_reducer in valid_reducers else params.reducer)
     spec = check_request(
         int(goal.candidate_count) or params.candidate_count,
-        goal.reducer or params.reducer,
+        reducer,
         max_count=params.max_candidates,
         action_dim=params.action_dim,
         valid_reducers=valid_reducers,
@@ -106,7 +128,37 @@ def plan_goal(
         return_candidates=bool(goal.return_candidates),
         base_seed=base_seed,
         rollout=bool(goal.rollout),
+        continue_previous=continuing,
+        reset_context=bool(getattr(goal, "reset_context", False)),
+        inference_delay=delay,
+        guidance=guidance,
+        deadline_s=deadline_s,
     )
+
+
+def _plan_continuity(goal: Any, params: NodeParams) -> tuple[bool, int, str, float]:
+    # getattr: goals built by older clients (and tests' plain namespaces) may lack the closed-loop fields.
+    asked = bool(getattr(goal, "continue_previous", False))
+    reset = bool(getattr(goal, "reset_context", False))
+    if asked and reset:
+        raise GoalRequestError("continue_previous and reset_context are both set; a goal continues the previous "
+                               "chunk or starts fresh, not both")
+    delay = int(getattr(goal, "inference_delay", 0))
+    if delay < 0:
+        raise NegativeDelayError(f"inference_delay must be >= 0 actions (0 = the node's estimate), got {delay}")
+    if delay >= params.chunk_size:
+        raise DelayTooLongError(
+            f"inference_delay {delay} must be below the chunk length {params.chunk_size}: with that many frozen "
+            "actions no action of the new chunk would ever execute"
+        )
+    guidance = getattr(goal, "guidance", "") or params.guidance_mode
+    if guidance not in GUIDANCE_MODES:
+        raise ExecutionContextError(f"guidance must be one of {list(GUIDANCE_MODES)} or empty, got {guidance!r}")
+    deadline = getattr(goal, "deadline", None)
+    deadline_s = 0.0 if deadline is None else float(deadline.sec) + float(deadline.nanosec) * 1e-9
+    if deadline_s < 0:
+        raise GoalRequestError(f"deadline must be >= 0 seconds (0 = none), got {deadline_s!r}")
+    return asked or (params.continue_previous and not reset), delay, guidance, deadline_s
 
 
 @dataclass
@@ -125,6 +177,10 @@ class GoalRecord:
     """Set once the goal validated (the error paths report its ``base_seed``)."""
     observation: Any = None
     """The observation the submitted group runs on (its stamp goes on the published trajectory)."""
+    continuity: Any = None
+    """The :class:`~.continuity.ContinuityDecision` the submitted group runs with."""
+    accepted_clock: float | None = None
+    """Seconds of the node's ROS clock at acceptance (simulated time under ``use_sim_time``)."""
     start_error: BaseException | None = None
     """Why starting the goal in the accept callback failed; the execute callback ends the goal with it."""
     handle: GroupHandle | None = None

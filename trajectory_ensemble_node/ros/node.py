@@ -15,7 +15,6 @@ subscriptions and diagnostics stay live while goals wait on the engine.
 
 from __future__ import annotations
 
-import json
 import os
 import queue
 import threading
@@ -36,13 +35,12 @@ from rclpy.qos import QoSProfile, qos_profile_sensor_data
 from sensor_msgs.msg import Image, JointState
 from std_msgs.msg import String
 from trajectory_ensemble_msgs.action import GenerateTrajectory
-from trajectory_ensemble_msgs.msg import ActionTrajectory, CandidateArray
 from trajectory_ensemble_msgs.srv import UpdateWeights
-from trajectory_msgs.msg import JointTrajectory
 
 from ..catalog import load_model, model_notice
 from ..contract import EnsembleResult, check_reducer
 from ..engine import GroupRequest, ProgressEvent
+from ..engine.validity import to_model_space
 from ..errors import (
     EngineShutdownError,
     ErrorCode,
@@ -56,16 +54,13 @@ from ..errors import (
     error_table,
 )
 from ..models.cosmos3 import Cosmos3ActionModel, RolloutSpec, resolve_device
-from ..normalization import ActionNormalizer
+from ..safety import load_limits
 from . import params as node_params
-from .conversions import (
-    candidates_msg,
-    joint_trajectory_msg,
-    make_header,
-    metrics_key_values,
-    trajectory_msg,
-)
+from .continuity import CONTINUED, ChunkMemory, ServedChunk
+from .conversions import metrics_key_values, stamp_seconds
 from .deferred import Deferred
+from .publishing import OutputTopics
+from .results import fill_report
 from .diagnostics import DiagnosticsInputs, build_diagnostics
 from .faults import FaultInjector
 from .goals import GoalPlan, GoalRecord, GoalTracker, goal_id_str, plan_goal
@@ -77,8 +72,9 @@ from .lifecycle import (
     report_duplicates,
     warn_raw_reducer,
 )
-from .observations import Observation, ObservationBuffer
-from .weight_updates import DISABLED_MESSAGE, resolve_update_path
+from .startup_checks import load_action_stats, load_uncertainty_threshold, toy_settings_mismatch
+from .observations import Observation, ObservationBuffer, state_positions
+from .weight_updates import serve_update
 
 NODE_NAME = "trajectory_ensemble"
 DIAGNOSTICS_PERIOD_S = 1.0
@@ -109,12 +105,19 @@ class TrajectoryEnsembleNode(Node):
         self._startup(f"loading model {p.model!r} on {p.device} ({p.dtype})")
         pipe, self.notice = load_model(p.model, p.device, p.dtype, allow_pickle=p.allow_pickle_weights, seed=p.seed)
         self.device = str(resolve_device(p.device))
-        self._check_toy_settings()
+        mismatch = toy_settings_mismatch(p)
+        if mismatch:
+            self.get_logger().warning(f"[{self.notice}] {mismatch}")
+        limits = load_limits(p.limits_file) if p.limits_file else None
+        if limits is not None:
+            limits.check_width(p.action_dim)  # refused at startup, not on the first goal
         self.model = Cosmos3ActionModel(
             pipe, max_batch_candidates=p.max_batch_candidates, max_candidates=p.max_candidates,
             prefix_retain=p.prefix_retain, cfg_mode=p.cfg_mode, step_capture=p.step_capture,
-            action_stats=self._load_action_stats(),
+            action_stats=load_action_stats(p), limits=limits, min_valid_candidates=p.min_valid_candidates,
+            position_policy=p.position_limit_policy, uncertainty_threshold=load_uncertainty_threshold(p),
         )
+        self._start_jump = limits is not None and any(c.max_start_jump is not None for c in limits.channels)
         try:
             check_reducer(p.reducer, p.action_dim, valid_reducers=self.model.valid_reducers(), domain_name=p.domain_name)
         except InvalidSpecError as error:
@@ -140,7 +143,12 @@ class TrajectoryEnsembleNode(Node):
 
         image_topics = [self.resolve_topic_name(t) for t in (p.image_topics or ("~/observation/image",))]
         state_topic = self.resolve_topic_name("~/observation/state")
-        self.observations = ObservationBuffer(image_topics, state_topic)
+        # Under use_sim_time staleness is judged on the simulated clock, so a slowed-down simulation (or a paused
+        # one) is not refused as stale; otherwise on the host's monotonic clock, which never jumps.
+        self.sim_time = bool(self.get_parameter("use_sim_time").value)
+        self.observations = (ObservationBuffer(image_topics, state_topic, clock=self.now_s) if self.sim_time
+                             else ObservationBuffer(image_topics, state_topic))
+        self.memory = ChunkMemory()
         for topic in image_topics:
             self.create_subscription(Image, topic, lambda msg, t=topic: self._on_image(t, msg),
                                      qos_profile_sensor_data, callback_group=self._cb)
@@ -148,12 +156,8 @@ class TrajectoryEnsembleNode(Node):
                                  callback_group=self._cb)
         self.create_subscription(String, "~/instruction", self._on_instruction, 10, callback_group=self._cb)
 
-        reliable = QoSProfile(depth=10)
-        self.trajectory_pub = self.create_publisher(ActionTrajectory, "~/trajectory", reliable)
-        self.candidates_pub = self.create_publisher(CandidateArray, "~/candidates", reliable)
-        self.joint_pub = (self.create_publisher(JointTrajectory, "~/joint_trajectory", reliable)
-                          if p.joint_names else None)
-        self.diagnostics_pub = self.create_publisher(DiagnosticArray, "/diagnostics", reliable)
+        self.outputs = OutputTopics(self, p)
+        self.diagnostics_pub = self.create_publisher(DiagnosticArray, "/diagnostics", QoSProfile(depth=10))
 
         self.model.start()
         # Deep goal/cancel/result queues: with rclpy's default (KEEP_LAST 10) a burst of goals is dropped unanswered.
@@ -182,35 +186,6 @@ class TrajectoryEnsembleNode(Node):
     def _startup(self, message: str) -> None:
         # Every startup line names the weights, so nobody mistakes the embedded random model for a policy.
         self.get_logger().info(f"[{self.notice}] {message}")
-
-    def _check_toy_settings(self) -> None:
-        # The toy policy only works with the settings it was trained with; say so instead of serving noise quietly.
-        if self.params.model != "toy":
-            return
-        from ..toy import ACTION_SETTINGS
-
-        differ = {k: (getattr(self.params, k), v) for k, v in ACTION_SETTINGS.items() if getattr(self.params, k) != v}
-        if differ:
-            self.get_logger().warning(
-                f"[{self.notice}] the toy policy was trained with "
-                + ", ".join(f"{k}: {want!r}" for k, (_, want) in differ.items())
-                + "; these parameters say "
-                + ", ".join(f"{k}: {have!r}" for k, (have, _) in differ.items())
-            )
-
-    def _load_action_stats(self) -> ActionNormalizer | None:
-        p = self.params
-        if not p.action_stats_file:
-            return None
-        domain = None
-        try:
-            with open(p.action_stats_file, encoding="utf-8") as handle:
-                # A file keyed by domain (several embodiments in one file) is read at this node's domain.
-                if p.domain_name in json.load(handle):
-                    domain = p.domain_name
-        except (OSError, ValueError):
-            pass  # from_json reports the file's problem by name
-        return ActionNormalizer.from_json(p.action_stats_file, p.action_stats_method, p.action_dim, domain=domain)
 
     def _on_set_parameters(self, changes: Sequence[Any]) -> Any:
         from rcl_interfaces.msg import SetParametersResult
@@ -258,6 +233,10 @@ class TrajectoryEnsembleNode(Node):
         with self._lock:
             self._instruction = msg.data or self.params.instruction
 
+    def now_s(self) -> float:
+        """Seconds of the node's ROS clock (simulated time under ``use_sim_time``)."""
+        return self.get_clock().now().nanoseconds * 1e-9
+
     def default_instruction(self) -> str:
         """The latest ``~/instruction``, else the ``instruction`` parameter."""
         with self._lock:
@@ -276,6 +255,7 @@ class TrajectoryEnsembleNode(Node):
     def _on_accepted(self, goal_handle: ServerGoalHandle) -> None:
         # Registered before execution starts, so a cancel that arrives at once finds the goal.
         record = self.tracker.register(goal_id_str(goal_handle.goal_id))
+        record.accepted_clock = self.now_s()
         # Start the group here rather than in the execute callback: the executor hands that callback to a pool
         # thread one spin later (about a millisecond on a small CPU), time the engine can already spend denoising.
         # Whatever fails is kept for the execute callback, which ends the goal with it.
@@ -341,7 +321,7 @@ class TrajectoryEnsembleNode(Node):
             stop = record.claim_success()
             if stop is not None:
                 raise stop  # preempted or canceled after the last step: never publish it
-            return self._succeed(goal_handle, goal_id, record.plan, record.observation, result, started)
+            return self._succeed(goal_handle, goal_id, record, result, started)
         except GroupCanceledError as error:
             if not isinstance(error, GroupPreemptedError) and record.cancel_requested:
                 return self._canceled(goal_handle, goal_id, record.plan, error)
@@ -357,8 +337,18 @@ class TrajectoryEnsembleNode(Node):
 
     def _build(self, goal_id: str, plan: GoalPlan, record: GoalRecord) -> tuple[Observation, GroupRequest]:
         p = self.params
-        require_state = p.require_state or self.model.capabilities.uses_state
+        # A start-jump limit without a current state would pass anything: such goals need a recent state.
+        require_state = p.require_state or self.model.capabilities.uses_state or self._start_jump
         observation = self.observations.latest(p.max_observation_age_s, require_state=require_state)
+        record.continuity = self.memory.decide(
+            continue_previous=plan.continue_previous, reset=plan.reset_context, inference_delay=plan.inference_delay,
+            guidance=plan.guidance, stamp=stamp_seconds(observation.stamp), instruction=plan.instruction,
+            weights_version=self.model.weights_version,
+        )
+        deadline_s = None
+        if plan.deadline_s:
+            # The goal's deadline counts from acceptance; the engine's from submission, a moment later.
+            deadline_s = max(plan.deadline_s - (time.monotonic() - record.accepted), 1e-6)
         action = CosmosActionCondition(
             mode="policy", chunk_size=p.chunk_size, domain_name=p.domain_name, resolution_tier=p.resolution_tier,
             image=observation.image, view_point=p.view_point,
@@ -367,15 +357,24 @@ class TrajectoryEnsembleNode(Node):
         request = self.model.make_request(
             prompt=plan.instruction, action=action, num_inference_steps=p.num_inference_steps,
             guidance_scale=p.guidance_scale, fps=p.fps, spec=plan.spec, base_seed=plan.base_seed,
-            request_id=goal_id, rollout=rollout, on_progress=record.on_progress,
+            request_id=goal_id, rollout=rollout, on_progress=record.on_progress, deadline_s=deadline_s,
+            context=record.continuity.context, current_state=self._current_state(observation),
         )
         return observation, request
+
+    def _current_state(self, observation: Observation) -> tuple[float, ...] | None:
+        if not self._start_jump or observation.state is None:
+            return None
+        return state_positions(observation.state, self.params.start_jump_joints or self.params.joint_names,
+                               self.params.action_dim)
 
     def _relay_feedback(self, goal_handle: ServerGoalHandle, record: GoalRecord, plan: GoalPlan) -> None:
         # Progress events come from the engine thread through the record's queue; publishing happens here, so the
         # engine never waits on DDS. ``None`` marks the end of the group.
         steps = self.params.num_inference_steps
         step = 0
+        context = record.continuity.context if record.continuity is not None else None
+        frozen, guidance = (context.frozen, context.guidance) if context is not None else (0, "")
         while True:
             try:
                 event: ProgressEvent | None = record.events.get(timeout=0.5)
@@ -385,34 +384,36 @@ class TrajectoryEnsembleNode(Node):
                 return
             if event.stage == "denoising":
                 step, steps = event.step, event.total_steps
-            feedback = GenerateTrajectory.Feedback(step=step, total_steps=steps, stage=event.stage)
+            feedback = GenerateTrajectory.Feedback(step=step, total_steps=steps, stage=event.stage,
+                                                   frozen_actions=frozen, guidance=guidance)
             goal_handle.publish_feedback(feedback)
 
-    def _succeed(self, goal_handle: ServerGoalHandle, goal_id: str, plan: GoalPlan, observation: Observation,
-                 result: EnsembleResult, started: float) -> GenerateTrajectory.Result:
-        p = self.params
-        header = make_header(observation.stamp, observation.frame_id)
-        normalized = self.model.normalizer_for(p.domain_name) is None
-        trajectory = trajectory_msg(result, header=header, domain_name=p.domain_name, dt=p.dt, normalized=normalized)
-        candidates = None
-        if result.candidates is not None:
-            candidates = candidates_msg(result, header=header, domain_name=p.domain_name, dt=p.dt,
-                                        normalized=normalized)
-        self.trajectory_pub.publish(trajectory)
-        if candidates is not None and (plan.return_candidates or p.publish_candidates):
-            self.candidates_pub.publish(candidates)
-        if self.joint_pub is not None:
-            self.joint_pub.publish(joint_trajectory_msg(result.action, joint_names=p.joint_names, dt=p.dt,
-                                                        header=header))
+    def _succeed(self, goal_handle: ServerGoalHandle, goal_id: str, record: GoalRecord, result: EnsembleResult,
+                 started: float) -> GenerateTrajectory.Result:
+        plan, observation = record.plan, record.observation
+        trajectory, candidates = self.outputs.publish(
+            result, observation, normalized=self.model.normalizer_for(self.params.domain_name) is None,
+            publish_candidates=plan.return_candidates or self.params.publish_candidates)
         goal_ms = (time.monotonic() - started) * 1000.0
         metrics = dict(result.metrics)
         metrics["goal_ms"] = goal_ms
         metrics["node_overhead_ms"] = goal_ms - float(metrics.get("total_ms") or 0.0)
         metrics["observation_age_ms"] = observation.age_s * 1000.0
+        decision = record.continuity
+        metrics["continuity"] = decision.status if decision is not None else ""
+        self._remember(record, plan, observation, result, metrics)
         response = GenerateTrajectory.Result(
             error_code=int(ErrorCode.OK), trajectory=trajectory, base_seed=int(result.base_seed),
             weights_version=int(metrics.get("weights_version") or 0), metrics=metrics_key_values(metrics),
         )
+        context = decision.context if decision is not None else None
+        fill_report(response, metrics, continuity_status=metrics["continuity"],
+                    previous_stamp=context.previous_stamp if context is not None else None)
+        # The last feedback carries the goal's metrics (validity counts, uncertainty, steps, seam jump).
+        goal_handle.publish_feedback(GenerateTrajectory.Feedback(
+            step=response.steps_used, total_steps=response.steps_planned, stage="done",
+            frozen_actions=response.continuity.frozen_actions, guidance=response.continuity.guidance,
+            metrics=response.metrics))
         if plan.return_candidates and candidates is not None:
             response.candidates = candidates
         if result.rollout is not None and getattr(result.rollout, "path", None) is not None:
@@ -427,6 +428,22 @@ class TrajectoryEnsembleNode(Node):
             f"in {goal_ms:.0f} ms (engine {float(metrics.get('total_ms') or 0.0):.0f} ms)"
         )
         return response
+
+    def _remember(self, record: GoalRecord, plan: GoalPlan, observation: Observation, result: EnsembleResult,
+                  metrics: dict[str, Any]) -> None:
+        # What the robot executes next is what the next continuation continues, in the model's space.
+        decision = record.continuity
+        if decision is not None and decision.status not in (CONTINUED, "not requested"):
+            self.after_result.log(self.get_logger(), "info",
+                                  f"goal {record.goal_id}: started fresh ({decision.status})")
+        normalizer = self.model.normalizer_for(self.params.domain_name)
+        action = result.action if normalizer is None else to_model_space(result.action, normalizer)
+        self.memory.remember(ServedChunk(action.float(), stamp_seconds(observation.stamp), self.params.dt,
+                                         plan.instruction, int(metrics.get("weights_version") or 0)))
+        if record.accepted_clock is not None:
+            self.memory.observe_latency(self.now_s() - record.accepted_clock)
+        estimate = self.memory.estimator.estimate
+        metrics["latency_estimate_ms"] = None if estimate is None else estimate * 1000.0
 
     def _result(self, plan: GoalPlan | None, code: int, message: str) -> GenerateTrajectory.Result:
         return GenerateTrajectory.Result(
@@ -460,35 +477,22 @@ class TrajectoryEnsembleNode(Node):
                 self._last_error = f"{ErrorCode(code).name}: {message}"
         self.after_result.log(self.get_logger(), "warning",
                               f"goal {goal_id} aborted ({ErrorCode(code).name}): {message}")
-        return self._result(plan, code, message)
+        response = self._result(plan, code, message)
+        counts = getattr(error, "counts", None)  # TOO_FEW_VALID_CANDIDATES says which checks dropped them
+        if counts:
+            fill_report(response, counts, continuity_status="", previous_stamp=None)
+            response.metrics = metrics_key_values(counts)
+        return response
 
     # --- update_weights --------------------------------------------------------------------------------------------
 
     def _on_update_weights(self, request: UpdateWeights.Request, response: UpdateWeights.Response
                            ) -> UpdateWeights.Response:
-        response.weights_version = int(self.model.weights_version)
-        if not self.params.enable_weight_updates:
-            response.success, response.message = False, DISABLED_MESSAGE
-            return response
-        try:
-            path = resolve_update_path(self.params.weights_dir, request.path)
-            report = self.model.update_weights(path, strict=bool(request.strict), timeout=WEIGHT_UPDATE_TIMEOUT_S)
-        except TrajectoryEnsembleError as error:
-            response.success, response.message = False, str(error)
-            self.get_logger().warning(f"update_weights refused: {error}")
-            return response
-        except Exception as error:  # noqa: BLE001 - a service must answer, whatever failed; logged, not hidden
-            response.success, response.message = False, f"{type(error).__name__}: {error}"
-            self.get_logger().error(f"update_weights failed unexpectedly: {response.message}")
-            return response
-        response.success = True
-        response.weights_version = int(report.weights_version)
-        response.message = (
-            f"loaded {len(report.applied)} tensor(s) from {path}; weights_version {report.weights_version}"
-        )
-        if report.skipped:
-            response.message += f"; skipped {len(report.skipped)}: {sorted(report.skipped)[:5]}"
-        self.get_logger().info(response.message)
+        response = serve_update(self.model, self.params, request, response, self.get_logger(),
+                                timeout=WEIGHT_UPDATE_TIMEOUT_S)
+        # A chunk from the old weights is no policy's plan any more: the next continuation starts fresh.
+        if response.success and self.memory.drop():
+            self.get_logger().info("continuity: the remembered chunk is dropped (weights updated)")
         return response
 
     # --- diagnostics and shutdown ----------------------------------------------------------------------------------

@@ -30,6 +30,7 @@ from ..errors import (  # noqa: F401 - the observation errors are importable fro
     FrameDimensionsError,
     FrameError,
     FrameStepError,
+    GoalRequestError,
     NoObservationError,
     NonFiniteStateError,
     ObservationError,
@@ -156,6 +157,22 @@ class JointStateSample:
     received: float
     velocities: np.ndarray = field(default_factory=lambda: np.zeros(0))
     efforts: np.ndarray = field(default_factory=lambda: np.zeros(0))
+
+
+def state_positions(state: JointStateSample, names: Sequence[str], width: int) -> tuple[float, ...]:
+    """The joint positions, in action order: of ``names`` when given, else the first ``width`` joints.
+
+    Raises:
+        GoalRequestError: a named joint is missing from the state message.
+    """
+    if not names:
+        return tuple(float(v) for v in state.positions[:width])
+    index = {name: i for i, name in enumerate(state.names)}
+    missing = [name for name in names if name not in index]
+    if missing:
+        raise GoalRequestError(f"~/observation/state has no joint(s) {missing} for max_start_jump (it has "
+                               f"{list(state.names)}); set start_jump_joints")
+    return tuple(float(state.positions[index[name]]) for name in names)
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from ..contract import check_count, check_reducer, check_request
+from ..engine.context import GUIDANCE_MODES
 from ..errors import InvalidSpecError, ParameterError
 from ..models.cosmos3 import CFG_MODES, RESOLUTION_TIERS, STEP_CAPTURE_MODES, VIEW_POINTS, embodiment_widths
 from ..normalization import NORMALIZATION_METHODS
@@ -26,7 +27,9 @@ _WIDTHS = embodiment_widths()
 GOAL_POLICIES = ("preempt", "queue", "reject")
 DTYPE_NAMES = ("float32", "bfloat16", "float16")
 FAULTS = ("engine_exception", "out_of_memory", "nan_candidates")
-"""Test-only faults ``fault_injection`` may arm (see :mod:`.faults`)."""
+"""Test-only faults ``fault_injection`` may arm (see :mod:`.faults`). ``nan_candidates:I,J`` corrupts only the
+candidates with those indices."""
+POSITION_LIMIT_POLICIES = ("drop", "clamp")
 TESTING_ENV = "TRAJECTORY_ENSEMBLE_TESTING"
 """``fault_injection`` is refused unless this environment variable is ``1``."""
 
@@ -95,6 +98,26 @@ PARAMETERS: tuple[ParamSpec, ...] = (
               "one name per action channel"),
     ParamSpec("image_topics", [""], "image topics tiled left to right into one observation; [''] = "
               "~/observation/image"),
+    ParamSpec("limits_file", "", "per-channel action limits YAML (min/max, max_velocity, max_acceleration, "
+              "max_start_jump; docs/safety-and-uncertainty.md): candidates outside them are dropped before reduction; "
+              "empty = NaN/Inf checks only", "empty or an existing file"),
+    ParamSpec("min_valid_candidates", 1, "goals with fewer candidates passing the checks end ABORTED "
+              "(TOO_FEW_VALID_CANDIDATES) and publish nothing", "1 .. max_candidates"),
+    ParamSpec("position_limit_policy", "drop", "candidates outside the limits_file min/max are dropped, or clamped to "
+              "them (clamping is reported per goal)", ", ".join(POSITION_LIMIT_POLICIES)),
+    ParamSpec("start_jump_joints", [""], "~/observation/state joints, in action order, that max_start_jump is measured "
+              "from; [''] = joint_names", "one name per action channel"),
+    ParamSpec("uncertainty_threshold", 0.0, "calibrated threshold of the uncertainty score (trajectory-ensemble "
+              "calibrate): goals above it are marked uncertain and /diagnostics warns; 0 = none", ">= 0"),
+    ParamSpec("uncertainty_calibration_file", "", "read the threshold from a trajectory-ensemble calibrate JSON "
+              "instead of uncertainty_threshold", "empty or an existing file; not with uncertainty_threshold"),
+    ParamSpec("continue_previous", False, "goals continue the chunk served last (guided toward it, frozen actions "
+              "kept) unless they set reset_context; goals can also ask for it themselves"),
+    ParamSpec("guidance_mode", "prefix", "guidance of continued goals toward the previous chunk when the goal leaves "
+              "guidance empty", ", ".join(GUIDANCE_MODES)),
+    ParamSpec("continuity_reducer", "mode_continuity", "reducer of continued goals that name none: the mode "
+              "consistent with the previous chunk; '' = the reducer parameter", "a reducer valid for the action "
+              "space, or ''"),
     ParamSpec("allow_pickle_weights", False, "allow loading a model directory with pickle-only weights"),
     ParamSpec("enable_weight_updates", False, "serve ~/update_weights (otherwise it answers success=false)"),
     ParamSpec("weights_dir", "", "the only folder ~/update_weights may read from", "required with "
@@ -147,6 +170,15 @@ class NodeParams:
     publish_candidates: bool
     joint_names: tuple[str, ...]
     image_topics: tuple[str, ...]
+    limits_file: str
+    min_valid_candidates: int
+    position_limit_policy: str
+    start_jump_joints: tuple[str, ...]
+    uncertainty_threshold: float
+    uncertainty_calibration_file: str
+    continue_previous: bool
+    guidance_mode: str
+    continuity_reducer: str
     allow_pickle_weights: bool
     enable_weight_updates: bool
     weights_dir: str
@@ -206,8 +238,30 @@ def check_fault_injection(value: str, env: Mapping[str, str] | None = None) -> N
         raise ParameterError(
             f"fault_injection: {value!r} is a test-only hook and is refused unless {TESTING_ENV}=1 is set"
         )
-    if value not in FAULTS:
-        raise ParameterError(f"fault_injection: {value!r} is not one of {list(FAULTS)}")
+    parse_fault(value)
+
+
+def parse_fault(value: str) -> tuple[str, tuple[int, ...] | None]:
+    """Split a ``fault_injection`` value into the fault and, for ``nan_candidates:I,J``, the chosen indices.
+
+    Returns:
+        `tuple[str, tuple[int, ...] | None]`: the fault name, and the candidate indices (``None`` = all).
+
+    Raises:
+        ParameterError: not one of :data:`FAULTS`, or indices that are not non-negative integers.
+    """
+    name, _, chosen = value.partition(":")
+    if name not in FAULTS or (chosen and name != "nan_candidates"):
+        raise ParameterError(f"fault_injection: {value!r} is not one of {list(FAULTS)} (or nan_candidates:I,J)")
+    if not chosen:
+        return name, None
+    try:
+        indices = tuple(int(part) for part in chosen.split(","))
+    except ValueError:
+        indices = (-1,)
+    if any(i < 0 for i in indices):
+        raise ParameterError(f"fault_injection: {value!r}: candidate indices must be integers >= 0")
+    return name, indices
 
 
 def validate(raw: Mapping[str, Any], *, env: Mapping[str, str] | None = None) -> NodeParams:
@@ -290,6 +344,28 @@ def validate(raw: Mapping[str, Any], *, env: Mapping[str, str] | None = None) ->
                 check_reducer(p["reducer"], width, domain_name=p["domain_name"])
         except InvalidSpecError as error:
             problems.append(f"reducer: {error}")
+    need(1 <= p["min_valid_candidates"] <= max(1, p["max_candidates"]),
+         f"min_valid_candidates: must be in [1, max_candidates={p['max_candidates']}], got {p['min_valid_candidates']}")
+    need(p["position_limit_policy"] in POSITION_LIMIT_POLICIES,
+         f"position_limit_policy: {p['position_limit_policy']!r} is not one of {list(POSITION_LIMIT_POLICIES)}")
+    for name in ("limits_file", "uncertainty_calibration_file"):
+        if p[name]:
+            need(os.path.isfile(p[name]), f"{name}: {p[name]!r} is not an existing file")
+    need(p["uncertainty_threshold"] >= 0, f"uncertainty_threshold: must be >= 0, got {p['uncertainty_threshold']}")
+    need(not (p["uncertainty_threshold"] and p["uncertainty_calibration_file"]),
+         "uncertainty_threshold: set it or uncertainty_calibration_file, not both")
+    need(p["guidance_mode"] in GUIDANCE_MODES,
+         f"guidance_mode: {p['guidance_mode']!r} is not one of {list(GUIDANCE_MODES)}")
+    if domain_ok:
+        width = _WIDTHS[p["domain_name"]]
+        need(not p["start_jump_joints"] or len(p["start_jump_joints"]) == width,
+             f"start_jump_joints: {len(p['start_jump_joints'])} names {list(p['start_jump_joints'])} but the action "
+             f"width is {width}")
+        if p["continuity_reducer"]:
+            try:
+                check_reducer(p["continuity_reducer"], width, domain_name=p["domain_name"])
+            except InvalidSpecError as error:
+                problems.append(f"continuity_reducer: {error}")
     need(len(set(p["image_topics"])) == len(p["image_topics"]),
          f"image_topics: topics must be unique, got {list(p['image_topics'])}")
     try:

@@ -7,6 +7,7 @@
   that happens to start second. A periodic check catches both orders, and both nodes say so.
 - **Params files without a section for this node.** A YAML keyed by another node name is ignored by ROS without a
   word, and the node runs on defaults; :func:`unmatched_params_files` finds those files in the ROS arguments.
+- **Toy settings.** The toy policy only works with the action settings it was trained with; others are named.
 - **Raw-space reducers without action statistics.** ``pose_gripper`` needs physical units (rotation matrices); on
   normalized actions its result is not a pose mean. Warned, not refused: models without statistics (``tiny``, new
   embodiments) still serve the normalized-space reducers, and the warning names the missing parameter.
@@ -17,10 +18,15 @@ Nothing here imports rclpy at module level.
 from __future__ import annotations
 
 import fnmatch
+import json
+import math
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 import yaml
+
+from ..errors import ParameterError
+from ..normalization import ActionNormalizer
 
 from ..reducers import available_reducers, get_reducer
 
@@ -127,3 +133,58 @@ def raw_reducer_without_stats(reducer: str, action_stats_file: str) -> str | Non
     return (f"reducer {reducer!r} needs physical units (it reduces in raw space) but action_stats_file is not set: "
             f"it runs on normalized actions and its result is not a {reducer} mean in any physical sense; set "
             f"action_stats_file, or use a normalized-space reducer")
+
+
+def toy_settings_mismatch(params: Any) -> str | None:
+    """For ``model: toy``, the action settings that differ from the ones it was trained with, in words."""
+    if params.model != "toy":
+        return None
+    from ..toy import ACTION_SETTINGS
+
+    differ = {k: (getattr(params, k), v) for k, v in ACTION_SETTINGS.items() if getattr(params, k) != v}
+    if not differ:
+        return None
+    return ("the toy policy was trained with " + ", ".join(f"{k}: {want!r}" for k, (_, want) in differ.items())
+            + "; these parameters say " + ", ".join(f"{k}: {have!r}" for k, (have, _) in differ.items()))
+
+
+def load_action_stats(params: Any) -> ActionNormalizer | None:
+    """The ``action_stats_file`` normalizer (``None`` when unset); a file keyed by domain is read at this domain.
+
+    Raises:
+        StatsFileError: the file is unusable.
+    """
+    if not params.action_stats_file:
+        return None
+    domain = None
+    try:
+        with open(params.action_stats_file, encoding="utf-8") as handle:
+            if params.domain_name in json.load(handle):
+                domain = params.domain_name
+    except (OSError, ValueError):
+        pass  # from_json reports the file's problem by name
+    return ActionNormalizer.from_json(params.action_stats_file, params.action_stats_method, params.action_dim,
+                                      domain=domain)
+
+
+def load_uncertainty_threshold(params: Any) -> float | None:
+    """``uncertainty_threshold``, or ``uncertainty.threshold`` of ``uncertainty_calibration_file``; ``None`` = none.
+
+    Raises:
+        ParameterError: the calibration file is unreadable or holds no finite, non-negative threshold.
+    """
+    path = params.uncertainty_calibration_file
+    if not path:
+        return params.uncertainty_threshold or None
+    try:
+        with open(path, encoding="utf-8") as handle:
+            value = json.load(handle)["uncertainty"]["threshold"]
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise ParameterError(
+            f"invalid parameters:\n  uncertainty_calibration_file: {path!r} is not a trajectory-ensemble calibrate "
+            f"JSON with uncertainty.threshold ({type(error).__name__}: {error})"
+        ) from None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        raise ParameterError(f"invalid parameters:\n  uncertainty_calibration_file: {path!r} has threshold "
+                             f"{value!r}; expected a finite number >= 0")
+    return float(value)

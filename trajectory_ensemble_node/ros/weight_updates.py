@@ -19,8 +19,9 @@ The model then validates the tensors themselves (names, shapes, dtypes; strict =
 from __future__ import annotations
 
 from pathlib import Path, PurePath
+from typing import Any
 
-from ..errors import WeightsPathError
+from ..errors import TrajectoryEnsembleError, WeightsPathError
 from ..models.cosmos3 import PICKLE_SUFFIXES
 
 DISABLED_MESSAGE = "weight updates are disabled (set enable_weight_updates)"
@@ -81,3 +82,38 @@ def resolve_update_path(weights_dir: str, requested: str) -> Path:
     if resolved.suffix != ".safetensors":
         raise WeightsPathError(f"path {requested!r} is not a .safetensors file")
     return resolved
+
+
+def serve_update(model: Any, params: Any, request: Any, response: Any, logger: Any, *, timeout: float) -> Any:
+    """Answer one ``UpdateWeights`` request: refuse it by these rules, or apply it between groups.
+
+    Args:
+        model (`Cosmos3ActionModel`): The served model (``update_weights``, ``weights_version``).
+        params (`NodeParams`): ``enable_weight_updates`` and ``weights_dir``.
+        request (`UpdateWeights.Request`): ``path`` and ``strict``.
+        response (`UpdateWeights.Response`): Filled and returned; always answered, never raised through.
+        logger (`Any`): The node's logger.
+        timeout (`float`): Seconds to wait for the engine to apply the update between groups.
+    """
+    response.weights_version = int(model.weights_version)
+    if not params.enable_weight_updates:
+        response.success, response.message = False, DISABLED_MESSAGE
+        return response
+    try:
+        path = resolve_update_path(params.weights_dir, request.path)
+        report = model.update_weights(path, strict=bool(request.strict), timeout=timeout)
+    except TrajectoryEnsembleError as error:
+        response.success, response.message = False, str(error)
+        logger.warning(f"update_weights refused: {error}")
+        return response
+    except Exception as error:  # noqa: BLE001 - a service must answer, whatever failed; logged, not hidden
+        response.success, response.message = False, f"{type(error).__name__}: {error}"
+        logger.error(f"update_weights failed unexpectedly: {response.message}")
+        return response
+    response.success = True
+    response.weights_version = int(report.weights_version)
+    response.message = f"loaded {len(report.applied)} tensor(s) from {path}; weights_version {report.weights_version}"
+    if report.skipped:
+        response.message += f"; skipped {len(report.skipped)}: {sorted(report.skipped)[:5]}"
+    logger.info(response.message)
+    return response

@@ -1,0 +1,141 @@
+"""Trustworthy output over real DDS (issue 17): faulty candidates, uncertainty, per-goal deadlines.
+
+One node process (the random tiny model, 8 candidates, 10 steps, a joint trajectory, a tiny calibrated threshold so
+that disagreeing candidates are marked uncertain) serves the module; the test-only ``fault_injection`` hook corrupts
+chosen candidates inside the real engine. Tests run in file order.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+import pytest
+
+pytest.importorskip("rclpy")
+pytest.importorskip("trajectory_ensemble_msgs")
+
+from _node_harness import Stamps, metrics_dict, serve_node  # noqa: E402
+from action_msgs.msg import GoalStatus  # noqa: E402
+from builtin_interfaces.msg import Duration  # noqa: E402
+
+from trajectory_ensemble_node.errors import ErrorCode  # noqa: E402
+
+pytestmark = [pytest.mark.ros, pytest.mark.slow]
+
+COUNT = 8
+STEPS = 10
+JOINTS = [f"joint_{i}" for i in range(10)]
+THRESHOLD = 1e-6
+stamps = Stamps(5000)
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory, ros_domain_id):
+    tmp = tmp_path_factory.mktemp("node_trust")
+    yield from serve_node(tmp, ros_domain_id, {
+        "candidate_count": COUNT, "num_inference_steps": STEPS, "joint_names": JOINTS,
+        "uncertainty_threshold": THRESHOLD,
+    })
+
+
+@pytest.fixture
+def client(served):
+    return served[1]
+
+
+def succeeded(outcome):
+    assert outcome.status == GoalStatus.STATUS_SUCCEEDED, (outcome.status, outcome.result.error_message)
+    return outcome.result
+
+
+def test_one_nan_candidate_of_eight_is_dropped_and_the_goal_succeeds(client):
+    assert client.set_parameter("fault_injection", "nan_candidates:3").successful
+    client.publish_image(stamps())
+    result = succeeded(client.run_goal(return_candidates=True))
+    assert list(result.candidates.valid) == [i != 3 for i in range(COUNT)]
+    assert (result.validity.valid, result.validity.dropped) == (COUNT - 1, 1)
+    assert list(result.validity.drop_reasons) == ["non_finite"] and list(result.validity.drop_counts) == [1]
+    data = np.asarray(result.candidates.data, dtype=np.float32).reshape(COUNT, 8, 10)
+    assert np.isnan(data[3]).all() and np.isfinite(np.delete(data, 3, axis=0)).all()
+    assert all(math.isfinite(v) for v in result.trajectory.data)
+    metrics = metrics_dict(result)
+    assert metrics["dropped_non_finite"] == "1" and metrics["valid_candidates"] == "7"
+
+
+def test_the_last_feedback_and_diagnostics_carry_the_validity_counts(client):
+    assert client.set_parameter("fault_injection", "nan_candidates:0,5").successful
+    client.publish_image(stamps())
+    outcome = client.run_goal()
+    succeeded(outcome)
+    last = outcome.feedback[-1]
+    assert last.stage == "done"
+    feedback_metrics = {kv.key: kv.value for kv in last.metrics}
+    assert feedback_metrics["dropped_candidates"] == "2" and feedback_metrics["valid_candidates"] == "6"
+    _, values = client.latest_status("engine", predicate=lambda v: v.get("dropped_candidates") == "2")
+    assert values["dropped_non_finite"] == "2"
+
+
+def test_all_candidates_invalid_aborts_publishes_nothing_and_the_next_goal_succeeds(client):
+    assert client.set_parameter("fault_injection", "nan_candidates").successful
+    client.publish_image(stamps())
+    client.clear("trajectory", "joint_trajectory")
+    outcome = client.run_goal()
+    assert outcome.status == GoalStatus.STATUS_ABORTED
+    assert outcome.result.error_code == ErrorCode.TOO_FEW_VALID_CANDIDATES, outcome.result.error_message
+    assert "0 of 8 candidates valid" in outcome.result.error_message
+    assert (outcome.result.validity.valid, outcome.result.validity.dropped) == (0, COUNT)
+    assert len(outcome.result.trajectory.data) == 0
+    time.sleep(0.5)
+    assert client.messages("trajectory") == [] and client.messages("joint_trajectory") == []
+    client.publish_image(stamps())
+    succeeded(client.run_goal())
+    client.wait(lambda: client.messages("trajectory") and client.messages("joint_trajectory"), 10.0,
+                "the next goal's trajectories")
+
+
+def test_disagreeing_candidates_are_marked_uncertain_and_diagnostics_warn_without_aborting(client):
+    client.publish_image(stamps())
+    result = succeeded(client.run_goal())
+    assert result.uncertain and result.uncertainty.score > THRESHOLD
+    assert result.uncertainty.threshold == pytest.approx(THRESHOLD)
+    assert result.uncertainty.modes >= 1 and 0 < result.uncertainty.mode_share <= 1
+    assert len(result.uncertainty.step_std) == 8 and result.trajectory.horizon == 8
+    status, _ = client.latest_status("engine", predicate=lambda v: v.get("uncertain") == "true")
+    assert status.level == b"\x01" and "uncertain" in status.message
+    # One candidate cannot disagree with itself: the next result is certain and the warning clears.
+    client.publish_image(stamps())
+    assert not succeeded(client.run_goal(candidate_count=1)).uncertain
+    status, _ = client.latest_status("engine", predicate=lambda v: v.get("uncertain") == "false")
+    assert status.level == b"\x00"
+
+
+def test_a_deadline_of_half_the_goal_time_is_met_with_fewer_steps(client):
+    normal = []
+    for _ in range(5):
+        client.publish_image(stamps(), settle_s=0.05)
+        result = succeeded(client.run_goal())
+        assert result.steps_planned == result.steps_fitted == result.steps_used == STEPS
+        normal.append(float(metrics_dict(result)["goal_ms"]))
+    deadline_s = float(np.median(normal)) / 2000.0
+    nanos = int(deadline_s * 1e9)
+    times, used = [], []
+    for _ in range(12):
+        client.publish_image(stamps(), settle_s=0.05)
+        result = succeeded(client.run_goal(deadline=Duration(sec=0, nanosec=nanos)))
+        assert result.steps_planned == STEPS and result.steps_used < result.steps_planned
+        times.append(float(metrics_dict(result)["goal_ms"]))
+        used.append(result.steps_used)
+    p95 = float(np.percentile(times, 95))
+    assert p95 <= deadline_s * 1000.0 + 20.0, (deadline_s, times, used)
+
+
+def test_a_deadline_not_even_one_step_can_meet_is_refused_with_its_code(client):
+    client.publish_image(stamps())
+    outcome = client.run_goal(deadline=Duration(sec=0, nanosec=1000))
+    assert outcome.status == GoalStatus.STATUS_ABORTED
+    assert outcome.result.error_code == ErrorCode.DEADLINE_UNMEETABLE, outcome.result.error_message
+    assert not [f for f in outcome.feedback if f.stage == "denoising"]
+    client.publish_image(stamps())
+    succeeded(client.run_goal())

@@ -1,0 +1,100 @@
+"""A goal's report in the action result: denoising steps, uncertainty, candidate validity, continuity.
+
+The engine reports all of it as flat per-group metrics (``metrics`` in the result, the final feedback and
+``/diagnostics`` carry those as KeyValues); this module maps them onto the typed result fields, so a behaviour tree
+reads ``result.uncertain`` or ``result.validity.dropped`` instead of parsing strings. Pure functions of their
+arguments (no node, no clock, no DDS).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from builtin_interfaces.msg import Time
+from trajectory_ensemble_msgs.msg import CandidateValidity, Continuity, Uncertainty
+
+from ..safety import REASONS
+
+
+def _int(metrics: Mapping[str, Any], key: str) -> int:
+    value = metrics.get(key)
+    return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else 0
+
+
+def _float(metrics: Mapping[str, Any], key: str, default: float = 0.0) -> float:
+    value = metrics.get(key)
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else default
+
+
+def seconds_to_time(seconds: float) -> Time:
+    """A ``builtin_interfaces/Time`` from seconds (rounded to the nanosecond)."""
+    total = int(round(seconds * 1e9))
+    return Time(sec=total // 1_000_000_000, nanosec=total % 1_000_000_000)
+
+
+def uncertainty_msg(metrics: Mapping[str, Any]) -> Uncertainty:
+    """``Uncertainty`` from the ``uncertainty_*`` metrics (zeros when absent, e.g. a failed group)."""
+    step_std = metrics.get("uncertainty_step_std") or ""
+    return Uncertainty(
+        score=_float(metrics, "uncertainty_score"),
+        threshold=_float(metrics, "uncertainty_threshold"),
+        modes=_int(metrics, "uncertainty_modes"),
+        mode_share=_float(metrics, "uncertainty_mode_share"),
+        spread=_float(metrics, "uncertainty_spread"),
+        step_std=[float(v) for v in str(step_std).split(",") if v],
+    )
+
+
+def validity_msg(metrics: Mapping[str, Any]) -> CandidateValidity:
+    """``CandidateValidity`` from the validity counts; only reasons that dropped something are listed."""
+    reasons = [reason for reason in REASONS if _int(metrics, f"dropped_{reason}") > 0]
+    return CandidateValidity(
+        valid=_int(metrics, "valid_candidates"),
+        dropped=_int(metrics, "dropped_candidates"),
+        clamped=_int(metrics, "clamped_candidates"),
+        drop_reasons=reasons,
+        drop_counts=[_int(metrics, f"dropped_{reason}") for reason in reasons],
+        action_clamped=bool(metrics.get("action_clamped", False)),
+    )
+
+
+def continuity_msg(metrics: Mapping[str, Any], status: str, previous_stamp: float | None) -> Continuity:
+    """``Continuity`` from the ``context_*`` metrics and the node's decision.
+
+    Args:
+        metrics (`Mapping[str, Any]`): The group's metrics (``context_*`` and ``seam_jump`` when continued).
+        status (`str`): ``continuity.status``: ``"continued"``, ``"not requested"`` or why the goal started fresh.
+        previous_stamp (`float`, *optional*): Seconds; the continued chunk's observation stamp.
+    """
+    continued = "context_frozen" in metrics
+    seam = metrics.get("seam_jump")
+    return Continuity(
+        continued=continued,
+        status=status,
+        frozen_actions=_int(metrics, "context_frozen"),
+        shift=_int(metrics, "context_shift"),
+        guidance=str(metrics.get("context_guidance") or "") if continued else "",
+        seam_jump=float(seam) if isinstance(seam, (int, float)) and math.isfinite(seam) else math.nan,
+        previous_stamp=seconds_to_time(previous_stamp) if continued and previous_stamp is not None else Time(),
+    )
+
+
+def fill_report(response: Any, metrics: Mapping[str, Any], *, continuity_status: str,
+                previous_stamp: float | None) -> None:
+    """Set ``steps_*``, ``uncertain``, ``uncertainty``, ``validity`` and ``continuity`` on a result.
+
+    Args:
+        response (`GenerateTrajectory.Result`): The result being built.
+        metrics (`Mapping[str, Any]`): The group's metrics.
+        continuity_status (`str`): See :func:`continuity_msg`.
+        previous_stamp (`float`, *optional*): See :func:`continuity_msg`.
+    """
+    response.steps_planned = _int(metrics, "steps_planned")
+    response.steps_fitted = _int(metrics, "steps_fitted")
+    response.steps_used = _int(metrics, "steps_used")
+    response.uncertain = bool(metrics.get("uncertain", False))
+    response.uncertainty = uncertainty_msg(metrics)
+    response.validity = validity_msg(metrics)
+    response.continuity = continuity_msg(metrics, continuity_status, previous_stamp)

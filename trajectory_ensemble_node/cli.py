@@ -1,4 +1,4 @@
-"""``trajectory-ensemble``: serve, demo, replay, send-goal, diagnostics, params, bench, train-toy, train-grpo, docs.
+"""``trajectory-ensemble``: serve, demo, sim, replay, send-goal, diagnostics, params, bench, train-toy, train-grpo, docs.
 
 Each subcommand lives in the module that owns its concept and exposes ``add_arguments(parser)`` and
 ``run(args) -> int``; this file only dispatches, importing a module when its command runs, so that (for example)
@@ -17,6 +17,8 @@ _COMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("trajectory_ensemble_node.ros.serve", "run the ROS 2 node (same as the trajectory_ensemble_node executable)"),
     "demo": ("trajectory_ensemble_node.tools.demo", "the main job: node + bundled bag + goals, plots under out/"),
     "replay": ("trajectory_ensemble_node.tools.replay", "replay a rosbag2 into the node and record its trajectories"),
+    "sim": ("trajectory_ensemble_node.tools.sim",
+            "the toy task's robot as a ROS node: camera, /clock, goals to a use_sim_time node, chunks executed"),
     "send-goal": ("trajectory_ensemble_node.tools.send_goal",
                   "send one GenerateTrajectory goal to a running node; print feedback and result"),
     "diagnostics": ("trajectory_ensemble_node.tools.diagnostics_echo", "print a running node's /diagnostics statuses"),

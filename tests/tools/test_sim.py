@@ -1,0 +1,176 @@
+"""``trajectory-ensemble sim``: the pure parts (clock, splicing by stamps, goal trigger, episode end) without ROS, and
+one short episode against the real node on sim time."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from trajectory_ensemble_node.toy import task
+from trajectory_ensemble_node.toy.closed_loop import summarize
+from trajectory_ensemble_node.tools.sim import (
+    NS_PER_S,
+    EpisodeRecord,
+    Plan,
+    SimClock,
+    SimSettings,
+    episode_end,
+    row_times,
+    should_request,
+)
+
+DT = NS_PER_S // 8  # 0.125 s, the toy policy's dt
+
+
+class FakeWall:
+    def __init__(self) -> None:
+        self.t = 50.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+# --- clock -----------------------------------------------------------------------------------------------------------
+
+
+def test_clock_advances_at_the_real_time_factor_and_pauses():
+    wall = FakeWall()
+    clock = SimClock(0.05, start_ns=100 * NS_PER_S, wall=wall)
+    wall.t += 2.0  # 2 s of wall time at RTF 0.05 = 0.1 s of sim time
+    assert clock.now_ns() == 100 * NS_PER_S + NS_PER_S // 10
+    clock.pause()
+    wall.t += 10.0
+    assert clock.now_ns() == 100 * NS_PER_S + NS_PER_S // 10  # paused: the world waits
+    clock.skip(DT)
+    clock.resume()
+    wall.t += 1.0
+    assert clock.now_ns() == 100 * NS_PER_S + NS_PER_S // 10 + DT + NS_PER_S // 20
+
+
+def test_clock_refuses_a_bad_factor_and_skip_while_running():
+    with pytest.raises(ValueError, match="got 0"):
+        SimClock(0)
+    with pytest.raises(ValueError, match="paused"):
+        SimClock(1.0).skip(1)
+
+
+# --- splicing ----------------------------------------------------------------------------------------------------------
+
+
+def chunk(start: float, horizon: int = 8) -> np.ndarray:
+    """Rows ``[H, 2]``: x = start + k + 1 (k the row), y = start, so every row says which chunk and row it is."""
+    return np.stack([start + np.arange(1, horizon + 1), np.full(horizon, start)], axis=1).astype(np.float64)
+
+
+def test_rows_are_timed_from_the_stamp():
+    assert row_times(1000, DT, 3).tolist() == [1000 + DT, 1000 + 2 * DT, 1000 + 3 * DT]
+
+
+def test_a_new_chunk_takes_over_from_its_first_row_still_ahead():
+    plan, hold = Plan(), np.zeros(2)
+    first = plan.splice(row_times(0, DT, 8), chunk(0.0), now_ns=0, hold=hold)
+    assert first is not None and first.first_row == 0 and first.seam is None
+    # Planned at step 4, arriving 1.5 steps later: rows 0 (step 5) is in the past, row 1 (step 6) is the first ahead.
+    new = chunk(10.0)
+    switch = plan.splice(row_times(4 * DT, DT, 8), new, now_ns=4 * DT + DT * 3 // 2, hold=hold)
+    assert switch is not None and switch.first_row == 1 and switch.time_ns == 6 * DT
+    # The seam is measured against what the old plan had for that time (old row 5: x = 6).
+    assert switch.seam == pytest.approx(np.linalg.norm(new[1] - chunk(0.0)[5]))
+    # The old rows up to step 5 stay; from step 6 on the new chunk's rows, each at its stamped time.
+    assert plan.target(5 * DT, hold).tolist() == chunk(0.0)[4].tolist()
+    assert plan.target(6 * DT, hold).tolist() == new[1].tolist()
+    assert plan.target(12 * DT, hold).tolist() == new[7].tolist()
+    assert plan.target(40 * DT, hold).tolist() == new[7].tolist()  # after the last row: stay there
+
+
+def test_a_chunk_entirely_in_the_past_changes_nothing_and_targets_interpolate_between_rows():
+    plan, hold = Plan(), np.array([-1.0, -1.0])
+    assert plan.target(5, hold).tolist() == hold.tolist()  # nothing planned: hold
+    plan.splice(row_times(0, DT, 8), chunk(0.0), now_ns=0, hold=hold)
+    assert plan.splice(row_times(0, DT, 8), chunk(5.0), now_ns=9 * DT, hold=hold) is None
+    assert plan.target(8 * DT, hold).tolist() == chunk(0.0)[7].tolist()
+    assert plan.target(DT + DT // 2, hold).tolist() == pytest.approx([1.5, 0.0])  # off-grid: linear between rows
+
+
+# --- trigger -----------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("execute", "steps", "due"), [(4, 3, False), (4, 4, True), (2, 2, True), (None, 7, False),
+                                                       (None, 8, True)])
+def test_the_next_goal_is_due_after_s_actions_or_the_whole_chunk(execute, steps, due):
+    assert should_request(1000 + steps * DT, 1000, DT, 8, execute) is due
+
+
+# --- episode end -------------------------------------------------------------------------------------------------------
+
+
+def test_episode_ends_on_collision_first_then_target_then_budget():
+    scene = task.make_scene(task.HELDOUT_SEED_BASE)
+    far = np.array([scene.target[0] - 0.5, 0.9])
+    assert episode_end(scene, far, far, steps=3) is None
+    # A step across the obstacle collides even though it ends beside the target.
+    assert episode_end(scene, scene.obstacle - [scene.radius + 0.2, 0], scene.target, steps=3) == "collision"
+    near = scene.target + [task.TARGET_RADIUS * 0.9, 0]
+    assert episode_end(scene, near, near, steps=3) == "target"
+    assert episode_end(scene, far, far, steps=32, budget=32) == "budget"
+
+
+def test_settings_refuse_bad_values_quoting_them():
+    with pytest.raises(ValueError, match="got 9"):
+        SimSettings(execute=9)
+    with pytest.raises(ValueError, match="real_time_factor .* got -1"):
+        SimSettings(real_time_factor=-1.0)
+    assert SimSettings(execute=None).mode == "sync" and SimSettings().mode == "s=4"
+
+
+def test_an_episode_record_feeds_the_in_process_bench_metrics():
+    record = EpisodeRecord(task.HELDOUT_SEED_BASE, "s=4", True, positions=[[0.0, 0.0], [0.1, 0.0], [0.2, 0.0]],
+                           sides=[1, -1], outcome="target",
+                           switches=[{"step": 0, "seam_jump_sim": None}, {"step": 1, "seam_jump_sim": 0.05}])
+    metrics = summarize([record.episode()])
+    assert metrics["success_rate"] == 1.0 and metrics["mode_flips_per_episode"] == 1.0
+    assert metrics["seam_jump_mean"] == pytest.approx(0.05) and metrics["steps_to_target"] == 2.0
+
+
+# --- one episode against the real node ---------------------------------------------------------------------------------
+
+
+@pytest.mark.ros
+@pytest.mark.slow
+def test_one_short_episode_through_the_real_node_on_sim_time(tmp_path, ros_domain_id):
+    pytest.importorskip("rclpy")
+    pytest.importorskip("trajectory_ensemble_msgs")
+    from trajectory_ensemble_node.ros.params import PARAMETERS
+    from trajectory_ensemble_node.tools.sim_report import node_params, report, simulate
+
+    if "continue_previous" not in {spec.name for spec in PARAMETERS}:
+        pytest.skip("this node does not continue chunks yet (no continue_previous parameter)")
+
+    from _node_harness import serve_node
+
+    settings = SimSettings(real_time_factor=0.1, step_budget=14, candidates=4)
+    overrides = {**node_params(settings), "candidate_count": 4, "max_candidates": 8, "max_batch_candidates": 8,
+                 "reducer": "mode", "instruction": task.INSTRUCTION}
+    for _node, _client in serve_node(tmp_path, ros_domain_id, overrides):
+        records = simulate(task.heldout_scenes(1), settings, wait_s=60.0, log=print)
+    record = records[0]
+    doc = report(records, settings)
+    assert record.outcome in ("target", "collision", "budget") and len(record.positions) >= 2
+    # Chunks were executed: the robot moved, and at least three chunks were switched in by their stamps.
+    assert np.linalg.norm(np.asarray(record.positions[-1]) - record.positions[0]) > 0.05
+    switches = [s for s in record.switches if s["time_s"] is not None]
+    assert len(switches) >= 3
+    for s in switches:
+        # The first row executed is the first one whose stamped time (stamp + (k + 1) dt) was still ahead on arrival.
+        k = s["first_row"]
+        assert s["time_s"] == pytest.approx(s["stamp_s"] + (k + 1) * 0.125, abs=1e-6)
+        assert s["time_s"] > s["arrival_s"] and (k == 0 or s["stamp_s"] + k * 0.125 <= s["arrival_s"] + 1e-9)
+    goals = [g for g in record.goals if g.status == "SUCCEEDED"]
+    assert goals[0].reset_context and not any(g.reset_context for g in goals[1:])
+    # The node continued the executing chunk for every goal after the episode's first, and says how.
+    for g in goals[1:]:
+        assert g.continued, (g.continuity_status, g.index)
+        assert g.continuity_status == "continued" and math.isfinite(g.seam_jump_node)
+    assert doc["summary"]["continued_fraction"] == 1.0 and doc["episodes"][0]["scene_seed"] == record.scene_seed

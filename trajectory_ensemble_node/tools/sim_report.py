@@ -1,0 +1,245 @@
+"""Running the simulated robot against the node, and what comes of it: the JSON report, the picture, the bench.
+
+:func:`simulate` runs episodes of :class:`.sim.SimRobot` against a running node, or starts one
+(:class:`.launcher.NodeProcess`: the toy model, ``use_sim_time: true``). ``make demo`` draws its closed-loop
+picture with :func:`plot_closed_loop`; ``trajectory-ensemble bench --closed-loop --ros`` is :func:`run_bench`, which
+writes the metric keys of the in-process bench (:func:`..toy.closed_loop.summarize`) for each execution setting.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import os
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..toy import task
+from .sim import EpisodeRecord, SimRobot, SimSettings, episode_line
+
+DEFAULT_BENCH_JSON = Path("bench/results/closed_loop-ros-toy.json")
+BENCH_RTF = 0.1
+"""Real-time factor of ``bench --closed-loop --ros`` and the demo: a toy group of N = 8 takes ~2 s of wall time on one
+CPU core, i.e. ~0.2 s of sim time, 1-2 control steps at 8 fps: the bench's ``d = 2``."""
+
+
+def node_params(settings: SimSettings, device: str = "cpu", model: str = "toy") -> dict[str, Any]:
+    """The node's parameters for the sim: the toy action settings, sim time, and a staleness limit that holds.
+
+    ``max_observation_age_s`` allows two frame periods of wall time: a node that measures frame age on its wall
+    clock (not ROS time) would otherwise refuse every frame at small real-time factors.
+    """
+    from ..toy import ACTION_SETTINGS
+
+    params: dict[str, Any] = {"model": model, "device": device, **ACTION_SETTINGS, "use_sim_time": True}
+    params["max_observation_age_s"] = max(1.0, 2.0 / (settings.image_rate * settings.real_time_factor))
+    return params
+
+
+@contextmanager
+def serving_node(settings: SimSettings, log_dir: Path, device: str = "cpu",
+                 log: Callable[[str], None] = print) -> Iterator[Any]:
+    """Start the node as a child process (domain of :func:`.launcher.pick_domain_id`, also set here for rclpy).
+
+    Yields:
+        `NodeProcess`: The started node; it is stopped on exit.
+    """
+    from .launcher import NodeProcess, pick_domain_id, ros_env
+
+    domain_id = pick_domain_id()
+    os.environ["ROS_DOMAIN_ID"] = str(domain_id)
+    os.environ.setdefault("ROS_AUTOMATIC_DISCOVERY_RANGE", "LOCALHOST")
+    params = node_params(settings, device)
+    log(f"sim: starting the node (ROS_DOMAIN_ID={domain_id}, log {log_dir / 'node.log'})")
+    node = NodeProcess(params, ros_env(domain_id), log_path=log_dir / "node.log")
+    try:
+        node.start(ready_timeout_s=600.0)
+        yield node
+    finally:
+        code = node.stop()
+        log(f"sim: node stopped (exit status {code})")
+
+
+def simulate(scenes: Sequence[task.Scene], settings: SimSettings, *, node: str = "/trajectory_ensemble",
+             image_topic: str | None = None, start_node: bool = False, device: str = "cpu", wait_s: float = 60.0,
+             log_dir: Path = Path("out/sim"), log: Callable[[str], None] = print) -> list[EpisodeRecord]:
+    """One episode per scene through the node; returns their records.
+
+    Args:
+        scenes (`Sequence[task.Scene]`): Initial scenes.
+        settings (`SimSettings`): How the sim drives the node.
+        node (`str`): The node's fully qualified name.
+        image_topic (`str`, *optional*): Camera topic (default ``<node>/observation/image``).
+        start_node (`bool`): Start the node here (:func:`serving_node`) instead of using a running one.
+        device (`str`): With ``start_node``: the node's torch device.
+        wait_s (`float`): Seconds to wait for the node's action server and camera subscription.
+        log_dir (`Path`): With ``start_node``: where ``node.log`` goes.
+        log (`Callable[[str], None]`): Progress lines.
+
+    Raises:
+        NodeStartError: The started node failed to come up.
+        NodeUnreachableError: No node answered within ``wait_s``.
+        TimeoutError: An episode's first chunk never came.
+    """
+    if start_node:
+        with serving_node(settings, log_dir, device, log):
+            return simulate(scenes, settings, node=node, image_topic=image_topic, wait_s=wait_s, log=log)
+    from .ros_client import ClientSession
+
+    records = []
+    with ClientSession("toy_robot_sim") as session:
+        robot = SimRobot(session, settings, node=node, image_topic=image_topic, log=log)
+        robot.wait_for_node(wait_s)
+        log(f"sim: {len(scenes)} episodes, {settings.mode}, continue_previous {settings.continue_previous}, "
+            f"real-time factor {settings.real_time_factor:g}")
+        for scene in scenes:
+            records.append(robot.run_episode(scene))
+            log(f"sim: {episode_line(records[-1])}")
+    return records
+
+
+# --- the JSON report -------------------------------------------------------------------------------------------------
+
+
+def finite(value: Any) -> Any:
+    """``value`` with every non-finite float replaced by ``None`` (strict JSON readers refuse NaN)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite(v) for v in value]
+    return value
+
+
+def summary(records: Sequence[EpisodeRecord]) -> dict[str, Any]:
+    """The in-process bench's metrics (``closed_loop.summarize``) plus what only a run through the node has:
+    goal latencies (sim steps and wall seconds, episode-first goals excluded: the world waits for those) and the
+    node's own seam report."""
+    from ..toy.closed_loop import summarize
+
+    out = summarize([r.episode() for r in records])
+    goals = [g for r in records for g in r.goals if g.status == "SUCCEEDED" and not g.clock_paused]
+    node_seams = [g.seam_jump_node for g in goals
+                  if g.continued and g.seam_jump_node is not None and math.isfinite(g.seam_jump_node)]
+    out.update({
+        "goals": sum(len(r.goals) for r in records),
+        "goals_failed": sum(g.status != "SUCCEEDED" for r in records for g in r.goals),
+        "latency_steps_mean": float(np.mean([g.latency_steps for g in goals])) if goals else None,
+        "latency_wall_s_mean": float(np.mean([g.latency_wall_s for g in goals])) if goals else None,
+        "continued_fraction": float(np.mean([bool(g.continued) for g in goals])) if goals else None,
+        "seam_jump_node_mean": float(np.mean(node_seams)) if node_seams else None,
+    })
+    return out
+
+
+def report(records: Sequence[EpisodeRecord], settings: SimSettings) -> dict[str, Any]:
+    """The ``sim --json`` document: settings, :func:`summary` and the per-episode records."""
+    return finite({"settings": {**asdict(settings), "mode": settings.mode, "horizon": task.HORIZON},
+                   "summary": summary(records) if records else {},
+                   "episodes": [r.to_json() for r in records]})
+
+
+# --- the picture -----------------------------------------------------------------------------------------------------
+
+
+def plot_closed_loop(runs: Sequence[tuple[str, Sequence[EpisodeRecord]]], path: Path, title: str = "") -> Path:
+    """One panel per run: each scene's obstacle and target, the executed paths, chunk switches marked.
+
+    Args:
+        runs (`Sequence[tuple[str, Sequence[EpisodeRecord]]]`): ``(label, episodes)`` per panel, same scenes.
+        path (`Path`): PNG to write.
+        title (`str`): Figure title.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig, axes = plt.subplots(1, len(runs), figsize=(4.3 * len(runs), 4.6), squeeze=False)
+    colors = ("#1f77b4", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2")
+    for ax, (label, records) in zip(axes[0], runs):
+        ax.set_facecolor("#f4f4f6")
+        for i, record in enumerate(records):
+            scene, color = task.make_scene(record.scene_seed), colors[i % len(colors)]
+            ax.add_patch(plt.Circle(scene.obstacle, scene.radius, color="#dc3232", alpha=0.25))
+            ax.add_patch(plt.Circle(scene.target, task.TARGET_RADIUS, color="#28c85a", alpha=0.45))
+            p = np.asarray(record.positions)
+            ax.plot(p[:, 0], p[:, 1], "-", color=color, lw=1.6, marker="o", ms=1.8)
+            steps = [s["step"] for s in record.switches[1:] if s["seam_jump_sim"] is not None]
+            if steps:
+                ax.plot(p[steps, 0], p[steps, 1], "x", color="k", ms=6, mew=1.3)
+            ax.plot(*scene.robot, "s", color=color, ms=5)
+        seams = [s["seam_jump_sim"] for r in records for s in r.switches if s["seam_jump_sim"] is not None]
+        outcomes = ", ".join(r.outcome for r in records)
+        ax.set_title(f"{label}\nmean seam {np.mean(seams) if seams else float('nan'):.3f}; {outcomes}", fontsize=9)
+        ax.set_xlim(-1, 1)
+        ax.set_ylim(-0.8, 0.8)
+        ax.set_aspect("equal")
+        ax.tick_params(labelsize=7)
+    fig.suptitle(title or "closed loop through the node: executed paths (x: chunk switches; red: obstacle, green: "
+                          "target)", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+    return path
+
+
+# --- bench --closed-loop --ros ---------------------------------------------------------------------------------------
+
+BENCH_RUNS: dict[str, dict[str, Any]] = {
+    "continue": {"execute": 4, "continue_previous": True},
+    "naive": {"execute": 4, "continue_previous": False},
+    "sync": {"execute": None, "continue_previous": False},
+}
+"""Execution settings of ``bench --closed-loop --ros``: s = 4 with and without continuity, and synchronous."""
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    """``bench --closed-loop --ros``: episodes through the node per execution setting; JSON with the in-process
+    bench's metric keys per setting (``closed_loop``), settings, and the episode records."""
+    from ..toy.closed_loop import git_commit
+
+    scenes = task.heldout_scenes(int(getattr(args, "scenes", 3) or 3), seed=int(getattr(args, "scene_seed", 0) or 0))
+    names = [m for m in str(getattr(args, "methods", None) or ",".join(BENCH_RUNS)).split(",") if m.strip()]
+    unknown = [m for m in names if m not in BENCH_RUNS]
+    if unknown:
+        raise SystemExit(f"error: --closed-loop --ros runs {list(BENCH_RUNS)}, got unknown {unknown}")
+    out: Path = getattr(args, "json", None) or DEFAULT_BENCH_JSON
+    out.parent.mkdir(parents=True, exist_ok=True)
+    base = SimSettings(real_time_factor=BENCH_RTF)
+    log = (lambda m: None) if getattr(args, "quiet", False) else (lambda m: print(m, flush=True))
+    started, commit, wall0 = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), git_commit(), \
+        time.monotonic()
+    results: dict[str, list[EpisodeRecord]] = {}
+    with serving_node(base, out.parent / "closed_loop-ros-node", device=str(getattr(args, "device", None) or "cpu"),
+                      log=log):
+        for name in names:
+            settings = replace(base, **BENCH_RUNS[name])
+            results[name] = simulate(scenes, settings, log=log)
+            document = {
+                "closed_loop_ros": {n: summary(r) for n, r in results.items()},
+                "settings": {"date": started, "commit": commit, "scenes": len(scenes),
+                             "scene_seeds": [scenes[0].seed, scenes[-1].seed], "real_time_factor": BENCH_RTF,
+                             "runs": {n: {**asdict(replace(base, **BENCH_RUNS[n])), "mode": replace(
+                                 base, **BENCH_RUNS[n]).mode} for n in results},
+                             "wall_s": round(time.monotonic() - wall0, 1)},
+                "episodes": {n: [e.to_json() for e in r] for n, r in results.items()},
+            }
+            out.write_text(json.dumps(finite(document), indent=1))
+    log(f"wrote {out}")
+    for name, records in results.items():
+        s = summary(records)
+        log(f"{name:>9}: success {s['success_rate']:.2f}, collisions {s['collision_rate']:.2f}, seam "
+            f"{s['seam_jump_mean']:.3f} (node {s['seam_jump_node_mean']}), flips {s['mode_flips_per_episode']:.2f}, "
+            f"jerk {s['jerk']:.0f}, latency {s['latency_steps_mean']} steps")
+    return 0

@@ -1,0 +1,171 @@
+"""ros/continuity.py, the closed-loop goal fields in ros/goals.py, ros/results.py, and the new parameters.
+
+Pure: no node, no DDS (the node-level behaviour is tests/ros/test_node_continuity.py and test_node_trust.py).
+"""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+pytest.importorskip("trajectory_ensemble_msgs")
+
+from trajectory_ensemble_node.engine.context import LatencyEstimator  # noqa: E402
+from trajectory_ensemble_node.errors import (  # noqa: E402
+    DelayTooLongError,
+    ExecutionContextError,
+    GoalRequestError,
+    NegativeDelayError,
+    ParameterError,
+)
+from trajectory_ensemble_node.ros import continuity, goals, params, results  # noqa: E402
+from trajectory_ensemble_node.ros.faults import FaultInjector  # noqa: E402
+
+H, D, DT = 8, 2, 0.125
+
+
+def chunk(stamp: float = 10.0, instruction: str = "go", version: int = 0) -> continuity.ServedChunk:
+    return continuity.ServedChunk(torch.arange(H * D, dtype=torch.float32).reshape(H, D), stamp, DT, instruction,
+                                  version)
+
+
+def decide(memory: continuity.ChunkMemory, **overrides) -> continuity.ContinuityDecision:
+    kwargs = dict(continue_previous=True, reset=False, inference_delay=0, guidance="prefix", stamp=10.5,
+                  instruction="go", weights_version=0)
+    return memory.decide(**{**kwargs, **overrides})
+
+
+def test_a_continuation_aligns_by_stamps_and_takes_the_frozen_count_from_the_goal_or_the_estimate():
+    memory = continuity.ChunkMemory(LatencyEstimator(initial=0.3))
+    assert decide(memory).status == continuity.NO_PREVIOUS
+    memory.remember(chunk())
+    from_goal = decide(memory, inference_delay=2)
+    assert (from_goal.status, from_goal.delay_source) == (continuity.CONTINUED, "goal")
+    assert (from_goal.context.shift, from_goal.context.frozen) == (4, 2)  # 0.5 s at dt 0.125
+    estimated = decide(memory)
+    assert estimated.delay_source == "estimate" and estimated.context.frozen == 3  # ceil(0.3 / 0.125)
+    # An estimate past what is left of the chunk freezes what is left instead of refusing the goal.
+    late = decide(memory, stamp=10.0 + 6 * DT)
+    assert late.context.frozen == 2 == late.context.overlap
+    # A goal's own delay is taken at its word: past the chunk's end it is a named error.
+    with pytest.raises(DelayTooLongError):
+        decide(memory, stamp=10.0 + 6 * DT, inference_delay=3)
+
+
+@pytest.mark.parametrize(("overrides", "reason"), [
+    ({"reset": True}, continuity.RESET_REQUESTED),
+    ({"weights_version": 1}, continuity.WEIGHTS_UPDATED),
+    ({"instruction": "stop"}, continuity.INSTRUCTION_CHANGED),
+    ({"stamp": 9.0}, continuity.OLDER_OBSERVATION),
+    ({"stamp": 10.0 + H * DT}, continuity.ELAPSED),
+])
+def test_each_drop_rule_starts_fresh_with_its_reason_and_forgets_the_chunk(overrides, reason):
+    memory = continuity.ChunkMemory()
+    memory.remember(chunk())
+    decision = decide(memory, **overrides)
+    assert decision.context is None and decision.status == reason
+    assert memory.last is None and decide(memory).status == continuity.NO_PREVIOUS
+
+
+def test_not_asking_keeps_the_chunk_for_a_later_continuation():
+    memory = continuity.ChunkMemory()
+    memory.remember(chunk())
+    assert decide(memory, continue_previous=False).status == continuity.NOT_REQUESTED
+    assert decide(memory).status == continuity.CONTINUED
+
+
+def make_goal(**fields) -> SimpleNamespace:
+    defaults = dict(candidate_count=0, reducer="", return_candidates=False, use_seed=False, seed=0, instruction="",
+                    rollout=False, continue_previous=False, reset_context=False, inference_delay=0, guidance="",
+                    deadline=SimpleNamespace(sec=0, nanosec=0))
+    return SimpleNamespace(**{**defaults, **fields})
+
+
+def node_params(**overrides) -> params.NodeParams:
+    return params.validate({"domain_name": "pusht", "reducer": "mode", **overrides}, env={})
+
+
+VALID = ("mean", "mode", "mode_continuity", "backward_coherence")
+
+
+def plan(goal, **overrides):
+    return goals.plan_goal(goal, node_params(**overrides), default_instruction="go", valid_reducers=VALID)
+
+
+def test_goal_fields_and_the_node_default_decide_whether_a_goal_continues():
+    assert not plan(make_goal()).continue_previous
+    asked = plan(make_goal(continue_previous=True, inference_delay=3, guidance="mask",
+                           deadline=SimpleNamespace(sec=1, nanosec=500_000_000)))
+    assert (asked.continue_previous, asked.inference_delay, asked.guidance, asked.deadline_s) == (True, 3, "mask", 1.5)
+    assert asked.spec.reducer == "mode_continuity"  # the continuity reducer, as the goal named none
+    assert plan(make_goal(continue_previous=True, reducer="mean")).spec.reducer == "mean"
+    by_default = plan(make_goal(), continue_previous=True, guidance_mode="vjp")
+    assert by_default.continue_previous and by_default.guidance == "vjp"
+    reset = plan(make_goal(reset_context=True), continue_previous=True)
+    assert reset.reset_context and not reset.continue_previous and reset.spec.reducer == "mode"
+
+
+@pytest.mark.parametrize(("fields", "error", "quoted"), [
+    ({"inference_delay": -1}, NegativeDelayError, "-1"),
+    ({"inference_delay": 8}, DelayTooLongError, "chunk length 8"),
+    ({"guidance": "magic"}, ExecutionContextError, "'magic'"),
+    ({"continue_previous": True, "reset_context": True}, GoalRequestError, "not both"),
+    ({"deadline": SimpleNamespace(sec=-1, nanosec=0)}, GoalRequestError, "-1.0"),
+])
+def test_bad_closed_loop_and_deadline_fields_are_named_errors(fields, error, quoted):
+    with pytest.raises(error, match=None) as info:
+        plan(make_goal(**fields))
+    assert quoted in str(info.value)
+
+
+def test_new_parameters_are_checked_and_quote_the_bad_value(tmp_path):
+    with pytest.raises(ParameterError) as info:
+        node_params(min_valid_candidates=0, position_limit_policy="squash", guidance_mode="x",
+                    continuity_reducer="nope", limits_file=str(tmp_path / "missing.yaml"),
+                    uncertainty_threshold=0.1, uncertainty_calibration_file=str(tmp_path / "missing.json"),
+                    start_jump_joints=["a"])
+    text = str(info.value)
+    for fragment in ("min_valid_candidates: must be in [1", "'squash'", "guidance_mode: 'x'", "continuity_reducer:",
+                     "missing.yaml' is not an existing file", "not both", "start_jump_joints: 1 names"):
+        assert fragment in text, fragment
+
+
+def test_results_map_the_engine_metrics_onto_typed_fields():
+    metrics = {"steps_planned": 10, "steps_fitted": 4, "steps_used": 3, "uncertain": True, "uncertainty_score": 0.5,
+               "uncertainty_threshold": 0.04, "uncertainty_modes": 2, "uncertainty_mode_share": 0.75,
+               "uncertainty_spread": 0.9, "uncertainty_step_std": "0.1,0.2", "valid_candidates": 6,
+               "dropped_candidates": 2, "clamped_candidates": 0, "dropped_non_finite": 1, "dropped_max": 1,
+               "dropped_min": 0, "action_clamped": False, "context_frozen": 2, "context_shift": 4,
+               "context_guidance": "prefix", "seam_jump": 0.25}
+    response = SimpleNamespace()
+    results.fill_report(response, metrics, continuity_status="continued", previous_stamp=12.5)
+    assert (response.steps_planned, response.steps_fitted, response.steps_used, response.uncertain) == (10, 4, 3, True)
+    assert response.uncertainty.modes == 2 and list(response.uncertainty.step_std) == pytest.approx([0.1, 0.2])
+    assert list(response.validity.drop_reasons) == ["non_finite", "max"]
+    assert list(response.validity.drop_counts) == [1, 1]
+    c = response.continuity
+    assert (c.continued, c.frozen_actions, c.shift, c.guidance) == (True, 2, 4, "prefix")
+    assert c.seam_jump == pytest.approx(0.25) and (c.previous_stamp.sec, c.previous_stamp.nanosec) == (12, 500_000_000)
+    fresh = SimpleNamespace()
+    results.fill_report(fresh, {}, continuity_status="no previous chunk", previous_stamp=None)
+    assert not fresh.continuity.continued and math.isnan(fresh.continuity.seam_jump)
+
+
+def test_the_nan_fault_corrupts_only_the_chosen_candidates():
+    class Adapter:
+        def forward(self, slices, should_abort=None):
+            return 0
+
+        def finish(self, state):
+            return SimpleNamespace(candidates=torch.zeros(4, H, D))
+
+    injector = FaultInjector(Adapter(), step_delay_s=0.0)
+    injector.arm("nan_candidates:1,3")
+    out = injector._adapter.finish(None).candidates
+    assert [bool(torch.isnan(c).all()) for c in out] == [False, True, False, True]
+    assert not torch.isnan(injector._adapter.finish(None).candidates).any()  # it fires once
+    with pytest.raises(ValueError):
+        injector.arm("nan_candidates:x")

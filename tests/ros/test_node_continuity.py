@@ -1,0 +1,147 @@
+"""Closed-loop serving over real DDS (issue 16): goals that continue the chunk the node served last.
+
+One node process (the random tiny model, no action statistics so published actions are the model's normalized ones,
+``dt = 0.1`` s, chunk 8) runs with ``use_sim_time``; the test owns ``/clock``. Tests run in file order.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+import pytest
+
+pytest.importorskip("rclpy")
+pytest.importorskip("trajectory_ensemble_msgs")
+
+from _node_harness import image_msg, metrics_dict, serve_node  # noqa: E402
+from action_msgs.msg import GoalStatus  # noqa: E402
+
+from trajectory_ensemble_node.errors import ErrorCode  # noqa: E402
+
+pytestmark = [pytest.mark.ros, pytest.mark.slow]
+
+H, D, DT = 8, 10, 0.1
+MAX_AGE_S = 3.0
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory, ros_domain_id):
+    tmp = tmp_path_factory.mktemp("node_continuity")
+    (tmp / "rollouts").mkdir()
+    yield from serve_node(tmp, ros_domain_id, {
+        "use_sim_time": True, "candidate_count": 4, "rollout_dir": str(tmp / "rollouts"),
+        "max_observation_age_s": MAX_AGE_S,
+    })
+
+
+@pytest.fixture
+def client(served):
+    return served[1]
+
+
+def observe(client, t: float) -> None:
+    """The simulated clock at ``t`` and a frame stamped ``t``."""
+    client.publish_clock(t, settle_s=0.05)
+    msg = image_msg(int(t))
+    msg.header.stamp.nanosec = int(round((t - int(t)) * 1e9))
+    for publisher in client.image_pubs.values():
+        for _ in range(3):
+            publisher.publish(msg)
+    time.sleep(0.3)
+
+
+def succeeded(outcome):
+    assert outcome.status == GoalStatus.STATUS_SUCCEEDED, (outcome.status, outcome.result.error_message)
+    return outcome.result
+
+
+def rows(msg) -> np.ndarray:
+    return np.asarray(msg.data, dtype=np.float64).reshape(-1, D)
+
+
+def stamp(msg) -> float:
+    return msg.header.stamp.sec + msg.header.stamp.nanosec * 1e-9
+
+
+def test_a_continuation_with_nothing_to_continue_starts_fresh_and_says_so(client, served):
+    observe(client, 100.0)
+    result = succeeded(client.run_goal(continue_previous=True))
+    assert not result.continuity.continued and result.continuity.status == "no previous chunk"
+    assert metrics_dict(result)["continuity"] == "no previous chunk"
+    client.wait(lambda: "started fresh (no previous chunk)" in served[0].log(), 10.0, "the log line")
+
+
+def test_the_next_chunk_keeps_the_frozen_actions_and_splices_at_their_times(client):
+    observe(client, 200.0)
+    first = succeeded(client.run_goal(reset_context=True)).trajectory
+    previous = rows(first)
+    observe(client, 200.2)  # two actions later: new action k lines up with previous action k + 2
+    outcome = client.run_goal(continue_previous=True, inference_delay=2, return_candidates=True)
+    result = succeeded(outcome)
+    c = result.continuity
+    assert (c.continued, c.status, c.frozen_actions, c.shift, c.guidance) == (True, "continued", 2, 2, "prefix")
+    assert c.previous_stamp.sec + c.previous_stamp.nanosec * 1e-9 == pytest.approx(200.0)
+    candidates = np.asarray(result.candidates.data, dtype=np.float64).reshape(-1, H, D)
+    assert np.abs(candidates[:, :2] - previous[2:4]).max() <= 1e-4
+    new = rows(result.trajectory)
+    assert np.abs(new[:2] - previous[2:4]).max() <= 1e-4
+    assert c.seam_jump == pytest.approx(float(np.linalg.norm(new[2] - previous[4])), abs=1e-4)
+    # Row k executes at header.stamp + (k + 1) dt: the frozen rows fall at the previous chunk's times for them.
+    assert stamp(result.trajectory) + DT == pytest.approx(stamp(first) + 3 * DT)
+    assert {(f.frozen_actions, f.guidance) for f in outcome.feedback} == {(2, "prefix")}
+    metrics = metrics_dict(result)
+    assert metrics["context_frozen"] == "2" and metrics["seam_jump"] != ""
+
+
+def test_bad_delays_are_named_errors_and_the_node_keeps_serving(client):
+    observe(client, 300.0)
+    negative = client.run_goal(continue_previous=True, inference_delay=-1)
+    assert negative.result.error_code == ErrorCode.NEGATIVE_DELAY, negative.result.error_message
+    too_long = client.run_goal(continue_previous=True, inference_delay=H)
+    assert too_long.result.error_code == ErrorCode.DELAY_TOO_LONG, too_long.result.error_message
+    assert "chunk length 8" in too_long.result.error_message
+    for outcome in (negative, too_long):
+        assert outcome.status == GoalStatus.STATUS_ABORTED and not outcome.feedback
+    succeeded(client.run_goal())
+
+
+def test_every_reason_to_start_fresh_is_named(client):
+    observe(client, 400.0)
+    assert succeeded(client.run_goal(reset_context=True)).continuity.status == "reset requested"
+    observe(client, 400.1)
+    changed = succeeded(client.run_goal(continue_previous=True, instruction="go somewhere else"))
+    assert changed.continuity.status == "instruction changed"
+    observe(client, 400.2)
+    assert succeeded(client.run_goal(continue_previous=True, instruction="go somewhere else")).continuity.continued
+    observe(client, 410.0)
+    elapsed = succeeded(client.run_goal(continue_previous=True, instruction="go somewhere else"))
+    assert elapsed.continuity.status == "previous chunk elapsed"
+    observe(client, 405.0)
+    older = succeeded(client.run_goal(continue_previous=True, instruction="go somewhere else"))
+    assert older.continuity.status == "observation older than the previous chunk"
+    for result in (changed, elapsed, older):
+        assert not result.continuity.continued and math.isnan(result.continuity.seam_jump)
+
+
+def test_a_rollout_cannot_continue_a_chunk(client):
+    observe(client, 500.0)
+    succeeded(client.run_goal(reset_context=True))
+    observe(client, 500.1)
+    outcome = client.run_goal(continue_previous=True, rollout=True)
+    assert outcome.status == GoalStatus.STATUS_ABORTED
+    assert outcome.result.error_code == ErrorCode.CONTEXT_UNSUPPORTED, outcome.result.error_message
+
+
+def test_staleness_and_the_latency_estimate_follow_the_simulated_clock(client):
+    observe(client, 600.0)
+    time.sleep(MAX_AGE_S + 1.0)  # wall time passes, simulated time does not
+    result = succeeded(client.run_goal())
+    metrics = metrics_dict(result)
+    assert float(metrics["goal_ms"]) > 0 and float(metrics["latency_estimate_ms"]) == 0.0
+    continued = succeeded(client.run_goal(continue_previous=True))
+    assert continued.continuity.frozen_actions == 0  # no simulated time passes while a goal runs
+    client.publish_clock(600.0 + MAX_AGE_S + 1.0)
+    stale = client.run_goal()
+    assert stale.result.error_code == ErrorCode.STALE_OBSERVATION, stale.result.error_message

@@ -33,6 +33,18 @@ DELEGATED = {
 }
 
 
+CLOSED_LOOP_ROS_SCENES = 3
+"""``--closed-loop --ros`` runs every scene three times in real time at factor 0.1 (up to ~40 s each): 3 by default."""
+
+
+class _ExplicitScenes(argparse.Action):
+    # Remembers that --scenes was typed, so --closed-loop --ros can have a smaller default than the other modes.
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: object,
+                 option_string: str | None = None) -> None:
+        setattr(namespace, self.dest, values)
+        namespace.scenes_given = True
+
+
 def _int_list(text: str) -> tuple[int, ...]:
     try:
         values = tuple(sorted({int(v) for v in text.split(",") if v.strip()}))
@@ -60,12 +72,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     exclusive = modes.add_mutually_exclusive_group()
     exclusive.add_argument("--quality", action="store_true",
                            help="reducer quality on the toy task (trajectory_ensemble_node.toy.quality)")
-    exclusive.add_argument("--closed-loop", action="store_true",
-                           help="chunks executed back to back on the toy task, per method and inference delay "
-                                "(trajectory_ensemble_node.toy.closed_loop)")
     exclusive.add_argument("--ros", action="store_true",
-                           help="node overhead over engine time (trajectory_ensemble_node.bench.ros_overhead)")
-    modes.add_argument("--scenes", type=int, default=50, help="--quality, --closed-loop: number of toy scenes (default 50)")
+                           help="node overhead over engine time (trajectory_ensemble_node.bench.ros_overhead); with "
+                                "--closed-loop: the closed loop through the real node and the simulated robot")
+    # Not in the exclusive group: --closed-loop --ros is its own mode (trajectory_ensemble_node.tools.sim_report).
+    modes.add_argument("--closed-loop", action="store_true",
+                       help="chunks executed back to back on the toy task, per method and inference delay "
+                            "(trajectory_ensemble_node.toy.closed_loop); with --ros: through the node on sim time")
+    modes.add_argument("--scenes", type=int, default=50, action=_ExplicitScenes,
+                       help="--quality, --closed-loop: number of toy scenes (default 50; 3 with --closed-loop --ros, "
+                            "up to ~2 min of wall time per scene)")
     modes.add_argument("--scene-seed", type=int, default=0,
                        help="--quality, --closed-loop: offset of the first held-out scene (default 0)")
     modes.add_argument("--json", type=Path, default=None, help="--quality: write its results to this JSON file "
@@ -207,6 +223,15 @@ def _delegate(flag: str, args: argparse.Namespace) -> int:
 
 def run(args: argparse.Namespace) -> int:
     """Run the mode ``args`` selects; returns the process exit code."""
+    if args.closed_loop and args.quality:
+        raise SystemExit("error: --closed-loop and --quality are separate runs; pass one of them")
+    closed_loop_ros = args.closed_loop and args.ros
+    if closed_loop_ros and not getattr(args, "scenes_given", False):
+        args.scenes = CLOSED_LOOP_ROS_SCENES
+    if closed_loop_ros:
+        from ..tools.sim_report import run_bench
+
+        return int(run_bench(delegated_args(args)) or 0)
     if args.quality:
         return _delegate("quality", args)
     if args.ros:

@@ -5,11 +5,17 @@ Starts the node as a child process (the node's default ``model``: the ``toy`` po
 into it with a goal per scene (N=8, ``return_candidates``), prints a line per goal, writes the recorded bag, the
 plots and a summary under ``out/demo/``, and stops the node with SIGINT. For the toy policy ``toy_scenes.png``
 shows each scene with the 8 candidates and what ``mean``, ``medoid`` and ``mode`` make of them.
+
+Then, for the toy policy, the closed loop (:mod:`.sim`): a second node on sim time (``use_sim_time``, real-time
+factor 0.1, so a ~2 s CPU group costs the robot ~2 control steps), three held-out scenes executed with continuity
+(``continue_previous``) and the same scenes with naive switching; ``closed_loop.png`` draws both runs' paths with
+the chunk switches, ``closed_loop.json`` holds the episode records and the bench metrics of each run.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -26,6 +32,8 @@ DEMO_CANDIDATES = 8
 DEMO_SEED = 0
 """Goal ``i`` uses base seed ``DEMO_SEED + i``: the demo draws the same candidates every run."""
 EXIT_NODE_FAILED = 4
+CLOSED_LOOP_EPISODES = 3
+"""Scenes of the closed-loop part, each run with and without continuity (~40 s of wall time per episode at most)."""
 # The random tiny model on a 10-wide arm layout, chunk 8 so the plot stays readable and the CPU time low.
 TINY_SETTINGS: dict[str, Any] = {"domain_name": "droid_lerobot", "reducer": "mean", "chunk_size": 8,
                                  "num_inference_steps": 10}
@@ -82,6 +90,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--storage", choices=sorted(bags.STORAGES), default="mcap", help="output bag storage (mcap)")
     parser.add_argument("--ready-timeout", type=float, default=600.0, metavar="S",
                         help="seconds to wait for the node to load its model (600)")
+    parser.add_argument("--closed-loop-episodes", type=int, default=CLOSED_LOOP_EPISODES, metavar="K",
+                        help=f"toy policy: closed-loop episodes with and without continuity ({CLOSED_LOOP_EPISODES}; "
+                             "0 = skip)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -126,4 +137,48 @@ def run(args: argparse.Namespace) -> int:
     if status == 0 and code != 0:
         print(f"error: the node exited with status {code}; see {args.out}/node.log", file=sys.stderr)
         status = EXIT_NODE_FAILED
+    if status == 0 and model == "toy" and args.closed_loop_episodes > 0:
+        status = closed_loop(args)
+        print(f"demo: done in {time.monotonic() - started:.1f} s")
     return status
+
+
+def closed_loop(args: argparse.Namespace) -> int:
+    """The closed-loop part: the same scenes with and without continuity through a node on sim time.
+
+    Returns:
+        `int`: 0, or :data:`EXIT_NODE_FAILED` when the node did not start or answer.
+    """
+    from dataclasses import replace
+
+    from ..errors import NodeUnreachableError
+    from ..toy import task
+    from .sim import SimSettings
+    from .sim_report import BENCH_RTF, plot_closed_loop, report, serving_node, simulate
+
+    scenes = task.heldout_scenes(args.closed_loop_episodes)
+    on = SimSettings(real_time_factor=BENCH_RTF)
+    off = replace(on, continue_previous=False)
+    folder = args.out / "closed_loop"
+    print(f"demo: closed loop, {len(scenes)} held-out scenes with and without continuity (s = {on.execute} of 8, "
+          f"real-time factor {on.real_time_factor:g}; node log {folder}/node.log)")
+    log = lambda line: print(f"demo: {line}", flush=True)  # noqa: E731
+    device = "cpu" if args.device == "auto" else args.device
+    try:
+        with serving_node(on, folder, device=device, log=log):
+            runs = [(on, simulate(scenes, on, log=log)), (off, simulate(scenes, off, log=log))]
+    except (NodeStartError, NodeUnreachableError, TimeoutError) as error:
+        print(f"error: closed loop: {error}", file=sys.stderr)
+        return EXIT_NODE_FAILED
+    documents = {("continue" if s.continue_previous else "naive"): report(r, s) for s, r in runs}
+    (args.out / "closed_loop.json").write_text(json.dumps(documents, indent=1))
+    labels = ("with continuity (continue_previous)", "without (naive switching)")
+    picture = plot_closed_loop([(label, records) for label, (_, records) in zip(labels, runs)],
+                               args.out / "closed_loop.png")
+    for name, document in documents.items():
+        m = document["summary"]
+        print(f"demo: {name:>8}: mean seam {m['seam_jump_mean']:.3f} (max {m['seam_jump_max']:.3f}), jerk "
+              f"{m['jerk']:.0f}, mode flips {m['mode_flips_per_episode']:.2f}, success {m['success_rate']:.2f}, "
+              f"collisions {m['collision_rate']:.2f}")
+    print(f"demo: wrote {picture} and {args.out / 'closed_loop.json'}")
+    return 0

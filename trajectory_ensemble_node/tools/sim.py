@@ -281,6 +281,12 @@ class EpisodeRecord:
                        switches=[s["step"] for s in self.switches if s["seam_jump_sim"] is not None], seams=seams,
                        sides=list(self.sides), reached=self.outcome == "target", collided=self.outcome == "collision")
 
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> EpisodeRecord:
+        """Rebuild a record from :meth:`to_json` (e.g. to redraw a picture without running the node again)."""
+        fields = {k: v for k, v in data.items() if k not in ("reached", "collided", "goals")}
+        return cls(**fields, goals=[GoalRecord(**g) for g in data.get("goals", [])])
+
     def to_json(self) -> dict[str, Any]:
         """JSON-ready form (positions rounded to 1e-6; NaN left for the writer to turn into null)."""
         data = asdict(self)
@@ -548,6 +554,26 @@ class SimRobot:
         last = record.goals[-1]
         raise TimeoutError(f"scene {scene.seed}: no first chunk from {self.node_name} (last goal: {last.status}, "
                            f"error {last.error_code} {last.error_message!r})")
+
+    def warm_up(self, scene: task.Scene) -> None:
+        """One goal on running sim time before the first episode, its answer discarded.
+
+        Why: an episode's first goal runs on a paused clock, so the node measures 0 s for it; without one real
+        sample first, the node's latency estimate (its frozen count when ``inference_delay`` is 0) would start at 0.
+        """
+        self.clock.pause()
+        t_ns = self.clock.now_ns()
+        record = EpisodeRecord(scene.seed, self.settings.mode, self.settings.continue_previous)
+        self._goals, self._min_stamp_ns = {}, t_ns
+        self._publish_frame(scene, scene.robot, t_ns, repeats=3)
+        self.pump(0.1)
+        self.clock.resume()
+        self._send(record, 0, 0, reset=True)
+        deadline = time.monotonic() + GOAL_TIMEOUT_S
+        while self._in_flight is not None and time.monotonic() < deadline:
+            self.pump(0.01)
+        self.clock.pause()
+        self._drain()
 
     def _drain(self) -> None:
         # A goal still running when the episode ends is canceled, and its answer awaited, so that it cannot land in

@@ -98,6 +98,7 @@ def simulate(scenes: Sequence[task.Scene], settings: SimSettings, *, node: str =
     with ClientSession("toy_robot_sim") as session:
         robot = SimRobot(session, settings, node=node, image_topic=image_topic, log=log)
         robot.wait_for_node(wait_s)
+        robot.warm_up(scenes[0])
         log(f"sim: {len(scenes)} episodes, {settings.mode}, continue_previous {settings.continue_previous}, "
             f"real-time factor {settings.real_time_factor:g}")
         for scene in scenes:
@@ -152,10 +153,11 @@ def report(records: Sequence[EpisodeRecord], settings: SimSettings) -> dict[str,
 
 
 def plot_closed_loop(runs: Sequence[tuple[str, Sequence[EpisodeRecord]]], path: Path, title: str = "") -> Path:
-    """One panel per run: each scene's obstacle and target, the executed paths, chunk switches marked.
+    """A row per run, a column per scene: the scene as the camera sees it, the executed path, chunk switches.
 
     Args:
-        runs (`Sequence[tuple[str, Sequence[EpisodeRecord]]]`): ``(label, episodes)`` per panel, same scenes.
+        runs (`Sequence[tuple[str, Sequence[EpisodeRecord]]]`): ``(label, episodes)`` per row, the same scenes in
+            the same order in every row.
         path (`Path`): PNG to write.
         title (`str`): Figure title.
     """
@@ -165,29 +167,36 @@ def plot_closed_loop(runs: Sequence[tuple[str, Sequence[EpisodeRecord]]], path: 
     import matplotlib.pyplot as plt
 
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig, axes = plt.subplots(1, len(runs), figsize=(4.3 * len(runs), 4.6), squeeze=False)
-    colors = ("#1f77b4", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2")
-    for ax, (label, records) in zip(axes[0], runs):
-        ax.set_facecolor("#f4f4f6")
-        for i, record in enumerate(records):
-            scene, color = task.make_scene(record.scene_seed), colors[i % len(colors)]
-            ax.add_patch(plt.Circle(scene.obstacle, scene.radius, color="#dc3232", alpha=0.25))
-            ax.add_patch(plt.Circle(scene.target, task.TARGET_RADIUS, color="#28c85a", alpha=0.45))
+    cols = max(len(records) for _, records in runs)
+    fig, axes = plt.subplots(len(runs), cols, figsize=(2.6 * cols + 0.4, 2.45 * len(runs) + 0.5), squeeze=False)
+    for row, (label, records) in enumerate(runs):
+        for col, ax in enumerate(axes[row]):
+            ax.set_xticks([])
+            ax.set_yticks([])
+            if col >= len(records):
+                ax.axis("off")
+                continue
+            record = records[col]
+            scene = task.make_scene(record.scene_seed)
+            # The scene without the robot, as the policy sees it (image spans [-1, 1], y up).
+            ax.imshow(task.render(scene, robot=np.array([9.0, 9.0])), extent=(-1, 1, -1, 1), origin="upper")
             p = np.asarray(record.positions)
-            ax.plot(p[:, 0], p[:, 1], "-", color=color, lw=1.6, marker="o", ms=1.8)
-            steps = [s["step"] for s in record.switches[1:] if s["seam_jump_sim"] is not None]
-            if steps:
-                ax.plot(p[steps, 0], p[steps, 1], "x", color="k", ms=6, mew=1.3)
-            ax.plot(*scene.robot, "s", color=color, ms=5)
-        seams = [s["seam_jump_sim"] for r in records for s in r.switches if s["seam_jump_sim"] is not None]
-        outcomes = ", ".join(r.outcome for r in records)
-        ax.set_title(f"{label}\nmean seam {np.mean(seams) if seams else float('nan'):.3f}; {outcomes}", fontsize=9)
-        ax.set_xlim(-1, 1)
-        ax.set_ylim(-0.8, 0.8)
-        ax.set_aspect("equal")
-        ax.tick_params(labelsize=7)
-    fig.suptitle(title or "closed loop through the node: executed paths (x: chunk switches; red: obstacle, green: "
-                          "target)", fontsize=9)
+            ax.plot(p[:, 0], p[:, 1], "-", color="#ffd166", lw=1.5, marker="o", ms=1.6)
+            ax.plot(*p[0], "s", color="#5aa0ff", ms=5)
+            switched = [s for s in record.switches if s["seam_jump_sim"] is not None]
+            if switched:
+                at = p[[s["step"] for s in switched]]
+                ax.plot(at[:, 0], at[:, 1], "x", color="white", ms=5, mew=1.2)
+            seams = [s["seam_jump_sim"] for s in switched]
+            seam = f"mean seam {np.mean(seams):.2f}" if seams else "no switch"
+            ax.set_title(f"scene {record.scene_seed - task.HELDOUT_SEED_BASE}: {record.outcome} after "
+                         f"{len(p) - 1} steps\n{seam}", fontsize=8)
+            ax.set_xlim(-1, 1)
+            ax.set_ylim(-0.75, 0.75)
+            if col == 0:
+                ax.set_ylabel(label, fontsize=8)
+    fig.suptitle(title or "closed loop through the node (sim time): executed path (yellow), chunk switches (x)",
+                 fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=80)
     plt.close(fig)
@@ -221,7 +230,7 @@ def run_bench(args: argparse.Namespace) -> int:
     started, commit, wall0 = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), git_commit(), \
         time.monotonic()
     results: dict[str, list[EpisodeRecord]] = {}
-    with serving_node(base, out.parent / "closed_loop-ros-node", device=str(getattr(args, "device", None) or "cpu"),
+    with serving_node(base, Path("out/bench/closed_loop-ros"), device=str(getattr(args, "device", None) or "cpu"),
                       log=log):
         for name in names:
             settings = replace(base, **BENCH_RUNS[name])

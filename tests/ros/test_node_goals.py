@@ -89,10 +89,12 @@ def test_feedback_reports_every_denoising_step(client):
     outcome = client.run_goal(candidate_count=2)
     # Feedback and the result travel on different DDS channels with no order between them, so the last feedback
     # messages may land just after the result.
-    client.wait(lambda: outcome.feedback and outcome.feedback[-1].stage == "reducing", 5, "the 'reducing' feedback")
+    client.wait(lambda: outcome.feedback and outcome.feedback[-1].stage == "done", 5, "the last ('done') feedback")
     denoising = [(f.step, f.total_steps) for f in outcome.feedback if f.stage == "denoising"]
     assert denoising == [(1, 3), (2, 3), (3, 3)]
-    assert outcome.feedback[0].stage in ("queued", "encoding") and outcome.feedback[-1].stage == "reducing"
+    assert outcome.feedback[0].stage in ("queued", "encoding") and outcome.feedback[-2].stage == "reducing"
+    # The last feedback carries the goal's metrics, as the result does.
+    assert {kv.key: kv.value for kv in outcome.feedback[-1].metrics}["candidate_count"] == "2"
 
 
 def test_result_and_diagnostics_carry_the_engine_metrics_and_the_goal_counters(client):

@@ -100,7 +100,8 @@ def test_send_goal_with_a_toy_scene_prints_feedback_and_the_result_of_the_publis
     lines = out.splitlines()
     accepted = next(i for i, line in enumerate(lines) if line.startswith("goal ") and "accepted by" in line)
     feedback = [line for line in lines if line.startswith("feedback: ")]
-    assert feedback[-1] == "feedback: reducing 3/3" and "feedback: denoising 3/3" in feedback
+    assert feedback[-1] == "feedback: done 3/3" and "feedback: reducing 3/3" in feedback
+    assert "feedback: denoising 3/3" in feedback
     assert all(lines.index(line) > accepted for line in feedback)
     assert "result: SUCCEEDED" in lines
     assert field(out, "error") == "0 OK" and field(out, "base_seed") == "11"
@@ -109,6 +110,9 @@ def test_send_goal_with_a_toy_scene_prints_feedback_and_the_result_of_the_publis
     assert field(out, "candidates").startswith("2 x 8 x 10, seeds [11, ")
     assert sum(line.startswith("    ") and ": " in line for line in lines) == 8 + 2  # rows, then candidates
     assert float(field(out, "metrics.total_ms")) > 0
+    assert field(out, "validity") == "2 valid, 0 dropped"
+    assert field(out, "steps") == "3 used of 3 planned (3 fitted to the deadline)"
+    assert field(out, "continuity") == "not requested"
     # What it printed is what the node published: the stamp is the toy frame's.
     published = client.wait(lambda: client.messages("trajectory"), 10, "~/trajectory")[-1]
     printed_stamp = field(out, "trajectory").rsplit("stamp ", 1)[1]

@@ -8,6 +8,7 @@ toy-task scene on the node's image topic, to try the node without a camera.
 from __future__ import annotations
 
 import argparse
+import math
 import signal
 import sys
 import time
@@ -60,6 +61,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     goal.add_argument("--seed", type=int, default=None, help="base seed (sets use_seed); default: the node picks one")
     goal.add_argument("--return-candidates", action="store_true", help="return every candidate in the result")
     goal.add_argument("--rollout", action="store_true", help="record an RL rollout (needs the node's rollout_dir)")
+    goal.add_argument("--deadline", type=float, default=0.0, metavar="S",
+                      help="publish the result within S seconds of acceptance, with fewer denoising steps (0 = none)")
+    goal.add_argument("--continue-previous", action="store_true",
+                      help="continue the chunk the node served last (closed loop)")
+    goal.add_argument("--reset-context", action="store_true", help="start fresh even if the node continues by default")
+    goal.add_argument("--inference-delay", type=int, default=0, metavar="D",
+                      help="frozen actions of the previous chunk (0 = the node's latency estimate)")
+    goal.add_argument("--guidance", default="", help="prefix, mask, vjp or none (default: the node's guidance_mode)")
     where = parser.add_argument_group("node and waiting")
     where.add_argument("--node", default=DEFAULT_NODE, help=f"the node's fully qualified name (default {DEFAULT_NODE})")
     where.add_argument("--wait", type=float, default=30.0, metavar="S",
@@ -83,6 +92,8 @@ def _check_args(args: argparse.Namespace) -> None:
         raise ValueError(f"--seed must be in [0, 2**64), got {args.seed}")
     if args.wait < 0 or args.timeout <= 0:
         raise ValueError(f"--wait must be >= 0 and --timeout > 0, got --wait {args.wait:g} --timeout {args.timeout:g}")
+    if not math.isfinite(args.deadline) or args.deadline < 0:
+        raise ValueError(f"--deadline must be >= 0 seconds, got {args.deadline:g}")
     if args.toy_scene is not None and args.toy_scene < 0:
         raise ValueError(f"--toy-scene must be >= 0, got {args.toy_scene}")
 
@@ -90,7 +101,10 @@ def _check_args(args: argparse.Namespace) -> None:
 def build_goal(goal_class: Any, args: argparse.Namespace) -> Any:
     """The ``GenerateTrajectory.Goal`` the flags describe."""
     goal = goal_class(instruction=args.instruction, candidate_count=args.count, reducer=args.reducer,
-                      return_candidates=args.return_candidates, rollout=args.rollout)
+                      return_candidates=args.return_candidates, rollout=args.rollout,
+                      continue_previous=args.continue_previous, reset_context=args.reset_context,
+                      inference_delay=args.inference_delay, guidance=args.guidance)
+    goal.deadline.sec, goal.deadline.nanosec = divmod(int(round(args.deadline * 1e9)), 1_000_000_000)
     if args.seed is not None:
         goal.use_seed, goal.seed = True, int(args.seed)
     return goal
@@ -176,7 +190,33 @@ def result_lines(status: str, result: Any, print_data: bool = False) -> list[str
                       for i in range(len(candidates.seeds))]
     if result.rollout_path:
         lines.append(f"  rollout_path: {result.rollout_path}")
+    lines += _report_lines(result)
     lines += [f"  metrics.{kv.key}: {kv.value}" for kv in result.metrics]
+    return lines
+
+
+def _report_lines(result: Any) -> list[str]:
+    # The typed report fields a behaviour tree reads (absent from nodes built before them).
+    lines = []
+    validity = getattr(result, "validity", None)
+    if validity is not None and (validity.valid or validity.dropped):
+        reasons = ", ".join(f"{r} {n}" for r, n in zip(validity.drop_reasons, validity.drop_counts))
+        lines.append(f"  validity: {validity.valid} valid, {validity.dropped} dropped"
+                     + (f" ({reasons})" if reasons else "") + (f", {validity.clamped} clamped" if validity.clamped
+                                                                 else ""))
+    if getattr(result, "steps_planned", 0):
+        lines.append(f"  steps: {result.steps_used} used of {result.steps_planned} planned "
+                     f"({result.steps_fitted} fitted to the deadline)")
+    uncertainty = getattr(result, "uncertainty", None)
+    if uncertainty is not None and (uncertainty.modes or result.uncertain):
+        lines.append(f"  uncertain: {str(bool(result.uncertain)).lower()} (score {uncertainty.score:.4g}"
+                     + (f" vs threshold {uncertainty.threshold:.4g}" if uncertainty.threshold else "")
+                     + f", {uncertainty.modes} mode(s), largest {uncertainty.mode_share:.0%})")
+    continuity = getattr(result, "continuity", None)
+    if continuity is not None and continuity.status:
+        lines.append(f"  continuity: {continuity.status}" + (
+            f", {continuity.frozen_actions} frozen, shift {continuity.shift}, {continuity.guidance}, seam jump "
+            f"{continuity.seam_jump:.4g}" if continuity.continued else ""))
     return lines
 
 

@@ -17,6 +17,7 @@ from trajectory_ensemble_node.tools.sim import (
     SimClock,
     SimSettings,
     episode_end,
+    handover_seam,
     row_times,
     should_request,
 )
@@ -92,6 +93,21 @@ def test_a_chunk_entirely_in_the_past_changes_nothing_and_targets_interpolate_be
     assert plan.splice(row_times(0, DT, 8), chunk(5.0), now_ns=9 * DT, hold=hold) is None
     assert plan.target(8 * DT, hold).tolist() == chunk(0.0)[7].tolist()
     assert plan.target(DT + DT // 2, hold).tolist() == pytest.approx([1.5, 0.0])  # off-grid: linear between rows
+
+
+def test_the_seam_is_taken_where_the_new_chunk_takes_over_after_its_frozen_rows():
+    plan, hold = Plan(), np.zeros(2)
+    assert plan.deviation(row_times(0, DT, 8), chunk(0.0), hold) is None  # nothing to deviate from
+    plan.splice(row_times(0, DT, 8), chunk(0.0), now_ns=0, hold=hold)
+    # The new chunk (planned at step 4) equals the old plan on its rows 0-1, then leaves it by 0.5.
+    new = np.concatenate([chunk(0.0)[4:6], chunk(0.0)[6:] + [0.0, 0.5], np.zeros((2, 2))])
+    deviation = plan.deviation(row_times(4 * DT, DT, 8), new, hold)
+    assert deviation[:2] == [0.0, 0.0] and deviation[2] == pytest.approx(0.5)
+    # Arrived before its 2 frozen rows were over: the robot runs row 1 (frozen, seam 0 there), the jump is at row 2.
+    assert handover_seam(deviation, first_row=1, frozen=2) == pytest.approx(0.5)
+    assert handover_seam(deviation, first_row=1, frozen=0) == 0.0  # naive: the first row executed
+    assert handover_seam(deviation, first_row=None, frozen=2) is None  # came too late for any row
+    assert handover_seam(deviation, first_row=1, frozen=9) is None
 
 
 # --- trigger -----------------------------------------------------------------------------------------------------------
@@ -173,4 +189,9 @@ def test_one_short_episode_through_the_real_node_on_sim_time(tmp_path, ros_domai
     for g in goals[1:]:
         assert g.continued, (g.continuity_status, g.index)
         assert g.continuity_status == "continued" and math.isfinite(g.seam_jump_node)
+    # Where the chunk takes over after its frozen rows, the sim measures the seam the node reports.
+    by_chunk = {s["chunk"]: s for s in switches}
+    compared = [(by_chunk[g.index]["seam_jump_sim"], g.seam_jump_node) for g in goals[1:] if g.index in by_chunk
+                and by_chunk[g.index]["seam_jump_sim"] is not None and math.isfinite(g.seam_jump_node)]
+    assert compared and all(sim == pytest.approx(node, abs=1e-4) for sim, node in compared), compared
     assert doc["summary"]["continued_fraction"] == 1.0 and doc["episodes"][0]["scene_seed"] == record.scene_seed

@@ -132,6 +132,12 @@ class Plan:
         w = (t_ns - t0) / (t1 - t0)
         return (1 - w) * self.rows[i] + w * self.rows[i + 1]
 
+    def deviation(self, times: np.ndarray, rows: np.ndarray, hold: np.ndarray) -> list[float] | None:
+        """Per row ``[H]``, the distance from ``rows`` to this plan's targets at ``times`` (``None``: empty plan)."""
+        if len(self.times) == 0:
+            return None
+        return [float(np.linalg.norm(row - self.target(int(t), hold))) for t, row in zip(times, rows)]
+
     def splice(self, times: np.ndarray, rows: np.ndarray, now_ns: int, hold: np.ndarray) -> Switch | None:
         """Replace the plan from the first of the new rows whose time is after ``now_ns``.
 
@@ -154,6 +160,25 @@ class Plan:
         self.times = np.concatenate([self.times[keep], np.asarray(times[k0:], dtype=np.int64)])
         self.rows = np.concatenate([self.rows[keep], np.asarray(rows[k0:], dtype=np.float64)], 0)
         return Switch(t0, k0, seam)
+
+
+def handover_seam(deviation: list[float] | None, first_row: int | None, frozen: int) -> float | None:
+    """The seam a switch puts in the executed path: the new chunk's deviation from the old plan at the row where it
+    takes over, ``max(first_row, frozen)``.
+
+    Why not always ``first_row``: when the chunk arrives before its ``frozen`` actions are over (the node's delay
+    estimate ran high), the robot first executes frozen rows, equal to the old plan, and the jump comes at row
+    ``frozen``. Without continuity ``frozen`` is 0 and this is the deviation at the first row executed.
+
+    Args:
+        deviation (`list[float]`, *optional*): ``[H]``: per row, distance from the old plan at the same time.
+        first_row (`int`, *optional*): First row executed (``None``: the chunk came too late for any).
+        frozen (`int`): The node's frozen count for the chunk (0 when it did not continue).
+    """
+    if deviation is None or first_row is None:
+        return None
+    row = max(first_row, frozen)
+    return float(deviation[row]) if row < len(deviation) else None
 
 
 def should_request(now_ns: int, chunk_start_ns: int, dt_ns: int, horizon: int, execute: int | None) -> bool:
@@ -489,6 +514,7 @@ class SimRobot:
                 times, start = next_tick + dt_ns * np.arange(horizon, dtype=np.int64), next_tick - dt_ns
             else:
                 times, start = row_times(stamp, dt_ns, horizon), stamp
+            deviation = plan.deviation(times, rows, hold=position)
             switch = plan.splice(times, rows, arrival_ns, hold=position)
             planned_from = self._positions_at.get(stamp, position)
             record.sides.append(task.side(scene, rows, start=planned_from))
@@ -496,7 +522,9 @@ class SimRobot:
                 "chunk": goal.index, "seed": goal.seed, "stamp_s": stamp / NS_PER_S, "arrival_s": arrival_ns / NS_PER_S,
                 "step": steps, "time_s": None if switch is None else switch.time_ns / NS_PER_S,
                 "first_row": None if switch is None else switch.first_row,
-                "seam_jump_sim": None if switch is None else switch.seam, "position": planned_from.tolist()})
+                "seam_first_row": None if switch is None else switch.seam, "seam_jump_sim": None,
+                "deviation_by_row": None if deviation is None else np.round(deviation, 6).tolist(),
+                "position": planned_from.tolist()})
             return start
 
         while True:
@@ -532,6 +560,11 @@ class SimRobot:
                 retry_after = now + s.dt_ns  # a refused goal is sent again one step later, not in a tight loop
         self.clock.pause()
         self._drain()
+        # The frozen counts come with the results, which may land after their chunk came in on ~/trajectory.
+        frozen = {g.index: int(g.frozen_actions or 0) if g.continued else 0 for g in record.goals}
+        for switch in record.switches:
+            switch["seam_jump_sim"] = handover_seam(switch["deviation_by_row"], switch["first_row"],
+                                                    frozen.get(switch["chunk"], 0))
         record.wall_s = time.monotonic() - wall0
         return record
 

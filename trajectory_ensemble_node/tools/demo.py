@@ -172,7 +172,7 @@ def closed_loop(args: argparse.Namespace) -> int:
         return EXIT_NODE_FAILED
     documents = {("continue" if s.continue_previous else "naive"): report(r, s) for s, r in runs}
     (args.out / "closed_loop.json").write_text(json.dumps(documents, indent=1))
-    labels = ("with continuity (continue_previous)", "without (naive switching)")
+    labels = ("with continuity", "naive switching")
     picture = plot_closed_loop([(label, records) for label, (_, records) in zip(labels, runs)],
                                args.out / "closed_loop.png")
     for name, document in documents.items():

@@ -408,6 +408,24 @@ class SimRobot:
             raise NodeUnreachableError(
                 f"no action server {self.node_name}/generate_trajectory or no subscriber on {self.image_topic!r} "
                 f"after {timeout_s:g} s on {domain_text()}")
+        if self._node_sim_time() is False:
+            self.log(f"warning: {self.node_name} has use_sim_time false: its latency estimate (the frozen count when "
+                     "inference_delay is 0) and staleness checks run on wall time, not the sim's; serve it with "
+                     "-p use_sim_time:=true")
+
+    def _node_sim_time(self) -> bool | None:
+        # The node's use_sim_time, or None when its parameter service does not answer within a few seconds.
+        from rclpy.parameter_client import AsyncParameterClient
+
+        client = AsyncParameterClient(self.session.node, self.node_name)
+        if not client.wait_for_services(timeout_sec=5.0):
+            return None
+        future = client.get_parameters(["use_sim_time"])
+        deadline = time.monotonic() + 5.0
+        while not future.done() and time.monotonic() < deadline:
+            self.pump(0.02)
+        values = future.result().values if future.done() and future.result() is not None else []
+        return bool(values[0].bool_value) if values else None
 
     def _publish_frame(self, scene: task.Scene, position: np.ndarray, t_ns: int, repeats: int = 1) -> None:
         rgb = task.render(scene, robot=position)

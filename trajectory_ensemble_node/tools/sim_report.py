@@ -188,7 +188,7 @@ def plot_closed_loop(runs: Sequence[tuple[str, Sequence[EpisodeRecord]]], path: 
                 at = p[[s["step"] for s in switched]]
                 ax.plot(at[:, 0], at[:, 1], "x", color="white", ms=5, mew=1.2)
             seams = [s["seam_jump_sim"] for s in switched]
-            seam = f"mean seam {np.mean(seams):.2f}" if seams else "no switch"
+            seam = f"mean seam {np.mean(seams):.2f}, jerk {record.episode().jerk / 1e3:.1f}k" if seams else "no switch"
             ax.set_title(f"scene {record.scene_seed - task.HELDOUT_SEED_BASE}: {record.outcome} after "
                          f"{len(p) - 1} steps\n{seam}", fontsize=8)
             ax.set_xlim(-1, 1)

@@ -716,8 +716,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 3
     args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(report(records, settings), indent=1))
-    summary = report(records, settings)["summary"]
+    document = report(records, settings)
+    args.json.write_text(json.dumps(document, indent=1))
+    summary = document["summary"]
     print(f"sim: success {summary['success_rate']:.2f}, collisions {summary['collision_rate']:.2f}, mean seam "
           f"{summary['seam_jump_mean']:.3f}, continued {summary['continued_fraction']}")
     print(f"wrote {args.json}")

@@ -150,6 +150,40 @@ def test_an_episode_record_feeds_the_in_process_bench_metrics():
     assert metrics["seam_jump_mean"] == pytest.approx(0.05) and metrics["steps_to_target"] == 2.0
 
 
+def test_command_line_reads_s_or_sync_and_refuses_anything_else(capsys):
+    import argparse
+
+    from trajectory_ensemble_node.tools import sim
+
+    parser = argparse.ArgumentParser()
+    sim.add_arguments(parser)
+    assert sim.settings_from(parser.parse_args(["--execute", "sync", "--no-continue"])) == SimSettings(
+        execute=None, continue_previous=False)
+    args = parser.parse_args(["--execute", "2", "--real-time-factor", "0.2", "--node-name", "/robot1/te"])
+    assert (sim.settings_from(args).execute, sim.settings_from(args).real_time_factor, args.node) == (2, 0.2,
+                                                                                                      "/robot1/te")
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--execute", "9"])
+    assert "got '9'" in capsys.readouterr().err
+
+
+def test_bench_closed_loop_ros_dispatches_to_the_sim_with_three_scenes_unless_told(monkeypatch):
+    import argparse
+
+    from trajectory_ensemble_node.bench import cli
+    from trajectory_ensemble_node.tools import sim_report
+
+    seen: list[argparse.Namespace] = []
+    monkeypatch.setattr(sim_report, "run_bench", lambda a: seen.append(a) or 0)
+    parser = argparse.ArgumentParser()
+    cli.add_arguments(parser)
+    assert cli.run(parser.parse_args(["--closed-loop", "--ros"])) == 0
+    assert cli.run(parser.parse_args(["--closed-loop", "--ros", "--scenes", "5"])) == 0
+    assert [a.scenes for a in seen] == [cli.CLOSED_LOOP_ROS_SCENES, 5]
+    with pytest.raises(SystemExit, match="separate runs"):
+        cli.run(parser.parse_args(["--closed-loop", "--quality"]))
+
+
 # --- one episode against the real node ---------------------------------------------------------------------------------
 
 

@@ -1,6 +1,6 @@
 """Running the simulated robot against the node, and what comes of it: the JSON report, the picture, the bench.
 
-:func:`simulate` runs episodes of :class:`.sim.SimRobot` against a running node, or starts one
+:func:`simulate` runs episodes of :class:`.sim_robot.SimRobot` against a running node, or starts one
 (:class:`.launcher.NodeProcess`: the toy model, ``use_sim_time: true``). ``make demo`` draws its closed-loop
 picture with :func:`plot_closed_loop`; ``trajectory-ensemble bench --closed-loop --ros`` is :func:`run_bench`, which
 writes the metric keys of the in-process bench (:func:`..toy.closed_loop.summarize`) for each execution setting.
@@ -23,7 +23,8 @@ from typing import Any
 import numpy as np
 
 from ..toy import task
-from .sim import EpisodeRecord, SimRobot, SimSettings, episode_line
+from .sim import EpisodeRecord, SimSettings, episode_line
+from .sim_robot import SimRobot
 
 DEFAULT_BENCH_JSON = Path("bench/results/closed_loop-ros-toy.json")
 BENCH_RTF = 0.1

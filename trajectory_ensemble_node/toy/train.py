@@ -66,6 +66,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--closed-loop-states", type=int, default=0,
                         help="per seed, states along an expert detour up to the target, labelled with the detour's "
                              "continuation (task.training_examples); 0 = the original dataset")
+    parser.add_argument("--bimodal-share", type=float, default=None,
+                        help="draw this share of each batch's states from those with several expert options (the "
+                             "bimodal initial scenes); default: every state equally likely")
     parser.add_argument("--steps", type=int, default=3000, help="optimizer steps")
     parser.add_argument("--batch", type=int, default=8, help="examples packed into one forward")
     parser.add_argument("--lr", type=float, default=1e-3, help="peak learning rate of the one-cycle schedule")
@@ -269,11 +272,24 @@ def run(args: argparse.Namespace) -> int:
     shift = float(args.sigma_shift)
     print(f"transformer parameters: {sum(p.numel() for p in params)}; states {dataset.num_states}, "
           f"examples {len(dataset.actions)}; encode {encode_s:.0f} s", flush=True)
+    # Closed-loop states (one expert option each) can outnumber the bimodal initial scenes; drawn uniformly they
+    # thin out the examples where the policy learns to keep two separate detours, and the fine-tuned policy's
+    # candidates drifted toward the straight line between them. --bimodal-share keeps that share fixed instead.
+    bimodal = unimodal = None
+    if args.bimodal_share is not None:
+        bimodal = np.array([i for i, o in enumerate(dataset.options) if len(o) > 1])
+        unimodal = np.array([i for i, o in enumerate(dataset.options) if len(o) == 1])
+        if not len(bimodal) or not len(unimodal):
+            bimodal = unimodal = None
     history: list[dict[str, float]] = []
     window: list[tuple[float, float, float]] = []
     train_started = time.perf_counter()
     for step in range(1, args.steps + 1):
-        states = rng.integers(0, dataset.num_states, size=args.batch)
+        if bimodal is None:
+            states = rng.integers(0, dataset.num_states, size=args.batch)
+        else:
+            pick = rng.uniform(size=args.batch) < args.bimodal_share
+            states = np.where(pick, rng.choice(bimodal, size=args.batch), rng.choice(unimodal, size=args.batch))
         # The expert side is drawn 50/50 per sample in a bimodal state, so one image is paired with both detours.
         examples = [int(rng.choice(dataset.options[s])) for s in states]
         sigmas = sample_sigmas(args.batch, generator, shift)

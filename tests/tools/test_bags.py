@@ -35,7 +35,7 @@ def _candidates(stamp: int, count: int = 5, horizon: int = 4, dim: int = 3) -> o
         header=bags.make_header(stamp, "cam"), candidate_ids=np.arange(count, dtype=np.uint32),
         seeds=np.arange(count, dtype=np.uint64) + 2**40, horizon=horizon, action_dim=dim,
         data=np.linspace(-1, 1, count * horizon * dim, dtype=np.float32), domain_name="droid_lerobot", dt=1 / 15,
-        normalized=False,
+        normalized=False, valid=np.array([i != 1 for i in range(count)], dtype=np.bool_),
     )
 
 

@@ -62,3 +62,12 @@ def test_guidance_joins_chunks_more_smoothly_than_naive_switching(result):
     _, document = result
     closed = document["closed_loop"]
     assert closed["guided"]["2"]["seam_jump_mean"] < closed["naive_async"]["2"]["seam_jump_mean"]
+
+
+def test_bench_model_selects_the_toy_pipeline_the_toy_modes_evaluate():
+    parser = argparse.ArgumentParser()
+    cli.add_arguments(parser)
+    for mode in ("--closed-loop", "--quality"):
+        delegated = cli.delegated_args(parser.parse_args([mode, "--model", "out/my_toy_finetune"]))
+        assert str(delegated.pipeline) == "out/my_toy_finetune"
+    assert not hasattr(cli.delegated_args(parser.parse_args(["--closed-loop"])), "pipeline")

@@ -100,7 +100,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                            "Cosmos3-Nano's shape, built on the device, measured by the serving benchmark "
                            "(bench/serving.py)")
     what.add_argument("--model", default=None, metavar="PATH",
-                      help="benchmark a Cosmos3OmniPipeline checkpoint directory instead of a random-weight config")
+                      help="benchmark a Cosmos3OmniPipeline checkpoint directory instead of a random-weight config; "
+                           "with --quality or --closed-loop: the toy pipeline to evaluate (default: the bundled one)")
     what.add_argument("--device", default=None, help="cpu or cuda[:i] (default: cuda when available)")
     what.add_argument("--dtype", type=_names(tuple(DTYPES)), default=None,
                       help="transformer dtypes, comma-separated, e.g. bf16 or fp32,bf16 (default: fp32 on CPU; fp32 "
@@ -203,6 +204,8 @@ def delegated_args(args: argparse.Namespace) -> argparse.Namespace:
     for name in ("config", "model", "device", "dtype", "steps", "threads"):
         if getattr(args, name, None) is not None:
             setattr(out, name, getattr(args, name))
+    if getattr(args, "model", None) is not None:
+        out.pipeline = Path(args.model)  # the toy modules (--quality, --closed-loop) name their weights "pipeline"
     if tuple(args.ns) != DEFAULT_NS:
         out.ns = ",".join(str(n) for n in args.ns)
     return out

@@ -32,6 +32,7 @@ from typing import Any
 
 import torch
 
+from ..errors import ParameterError
 from .params import FAULTS, parse_fault
 
 STEP_DELAY_ENV = "TRAJECTORY_ENSEMBLE_TEST_STEP_DELAY_S"
@@ -82,7 +83,7 @@ class FaultInjector:
         if fault:
             try:
                 fault, indices = parse_fault(fault)
-            except Exception as error:  # noqa: BLE001 - re-raised as the documented ValueError
+            except ParameterError as error:
                 raise ValueError(f"unknown fault {fault!r}; expected one of {list(FAULTS)}: {error}") from None
         with self._lock:
             self._armed = fault or None

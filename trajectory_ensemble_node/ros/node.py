@@ -56,7 +56,7 @@ from ..errors import (
 from ..models.cosmos3 import Cosmos3ActionModel, RolloutSpec, resolve_device
 from ..safety import load_limits
 from . import params as node_params
-from .continuity import CONTINUED, ChunkMemory, ServedChunk
+from .continuity import CONTINUED, NOT_REQUESTED, ChunkMemory, ServedChunk
 from .conversions import metrics_key_values, stamp_seconds
 from .deferred import Deferred
 from .publishing import OutputTopics
@@ -433,7 +433,7 @@ class TrajectoryEnsembleNode(Node):
                   metrics: dict[str, Any]) -> None:
         # What the robot executes next is what the next continuation continues, in the model's space.
         decision = record.continuity
-        if decision is not None and decision.status not in (CONTINUED, "not requested"):
+        if decision is not None and decision.status not in (CONTINUED, NOT_REQUESTED):
             self.after_result.log(self.get_logger(), "info",
                                   f"goal {record.goal_id}: started fresh ({decision.status})")
         normalizer = self.model.normalizer_for(self.params.domain_name)

@@ -56,7 +56,7 @@ from ..errors import (
 from ..models.cosmos3 import Cosmos3ActionModel, RolloutSpec, resolve_device
 from ..safety import load_limits
 from . import params as node_params
-from .continuity import CONTINUED, NOT_REQUESTED, ChunkMemory, ServedChunk
+from .continuity import CONTINUED, FRESH_REASONS, NO_PREVIOUS, NOT_REQUESTED, ChunkMemory, ServedChunk
 from .conversions import metrics_key_values, stamp_seconds
 from .deferred import Deferred
 from .publishing import OutputTopics
@@ -340,11 +340,15 @@ class TrajectoryEnsembleNode(Node):
         # A start-jump limit without a current state would pass anything: such goals need a recent state.
         require_state = p.require_state or self.model.capabilities.uses_state or self._start_jump
         observation = self.observations.latest(p.max_observation_age_s, require_state=require_state)
-        record.continuity = self.memory.decide(
+        decision = self.memory.decide(
             continue_previous=plan.continue_previous, reset=plan.reset_context, inference_delay=plan.inference_delay,
             guidance=plan.guidance, stamp=stamp_seconds(observation.stamp), instruction=plan.instruction,
             weights_version=self.model.weights_version,
         )
+        earlier = record.continuity  # a queued goal is built again once admitted: keep why its chunk was dropped
+        if earlier is not None and earlier.status in FRESH_REASONS and decision.status == NO_PREVIOUS:
+            decision = earlier
+        record.continuity = decision
         deadline_s = None
         if plan.deadline_s:
             # The goal's deadline counts from acceptance; the engine's from submission, a moment later.

@@ -1,6 +1,6 @@
 """Trustworthy output over real DDS (issue 17): faulty candidates, uncertainty, per-goal deadlines.
 
-One node process (the random tiny model, 8 candidates, 10 steps, a joint trajectory, a tiny calibrated threshold so
+One node process (the random tiny model, 8 candidates, 20 steps, a joint trajectory, a tiny calibrated threshold so
 that disagreeing candidates are marked uncertain) serves the module; the test-only ``fault_injection`` hook corrupts
 chosen candidates inside the real engine. Tests run in file order.
 """
@@ -25,7 +25,7 @@ from trajectory_ensemble_node.errors import ErrorCode  # noqa: E402
 pytestmark = [pytest.mark.ros, pytest.mark.slow]
 
 COUNT = 8
-STEPS = 10
+STEPS = 20  # enough steps that half the goal time still fits several after encoding, whatever its jitter
 JOINTS = [f"joint_{i}" for i in range(10)]
 THRESHOLD = 1e-6
 stamps = Stamps(5000)

@@ -136,6 +136,9 @@ class ChunkMemory:
             last = self._last
             if last is None:
                 return ContinuityDecision(None, NO_PREVIOUS)
+            horizon = int(last.action.shape[0])
+            # The same alignment ExecutionContext.shift uses: new action k lines up with old action k + shift.
+            overlap = horizon - round((stamp - last.stamp) / last.dt)
             reason = None
             if last.weights_version != weights_version:
                 reason = WEIGHTS_UPDATED
@@ -143,13 +146,11 @@ class ChunkMemory:
                 reason = INSTRUCTION_CHANGED
             elif stamp < last.stamp:
                 reason = OLDER_OBSERVATION
-            elif round((stamp - last.stamp) / last.dt) >= int(last.action.shape[0]):
+            elif overlap <= 0:
                 reason = ELAPSED
             if reason is not None:
                 self._last = None
                 return ContinuityDecision(None, reason)
-            horizon = int(last.action.shape[0])
-            overlap = horizon - round((stamp - last.stamp) / last.dt)
             if inference_delay:
                 frozen, source = inference_delay, "goal"
             else:

@@ -16,6 +16,7 @@ from builtin_interfaces.msg import Time
 from trajectory_ensemble_msgs.msg import CandidateValidity, Continuity, Uncertainty
 
 from ..safety import REASONS
+from .conversions import seconds_to_time
 
 
 def _int(metrics: Mapping[str, Any], key: str) -> int:
@@ -26,12 +27,6 @@ def _int(metrics: Mapping[str, Any], key: str) -> int:
 def _float(metrics: Mapping[str, Any], key: str, default: float = 0.0) -> float:
     value = metrics.get(key)
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else default
-
-
-def seconds_to_time(seconds: float) -> Time:
-    """A ``builtin_interfaces/Time`` from seconds (rounded to the nanosecond)."""
-    total = int(round(seconds * 1e9))
-    return Time(sec=total // 1_000_000_000, nanosec=total % 1_000_000_000)
 
 
 def uncertainty_msg(metrics: Mapping[str, Any]) -> Uncertainty:

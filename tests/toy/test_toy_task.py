@@ -165,3 +165,34 @@ def test_closed_loop_states_reach_the_target_with_continuation_labels():
     for state, chunks in later:
         assert not task.collides(state, chunks[0])
         assert np.allclose(chunks[0][-1], state.target)
+
+
+def test_approach_is_time_consistent_and_stays_at_the_target():
+    scene = task.make_scene(7).with_robot(task.make_scene(7).target + np.array([0.3, 0.0]))
+    chunk = task.approach(scene, speed=0.1)
+    assert np.allclose(chunk[0], scene.target + [0.2, 0.0]) and np.allclose(chunk[2:], scene.target)
+    # Planning again after one executed action gives the rest of the same approach.
+    again = task.approach(scene.with_robot(chunk[0]), speed=0.1)
+    assert np.allclose(again[:-1], chunk[1:])
+
+
+def test_recovery_states_surround_the_target_with_straight_approach_labels():
+    recovery = []
+    for seed in range(60):
+        base = task.training_examples(seed, closed_loop_states=1)
+        both = task.training_examples(seed, closed_loop_states=1, recovery_states=1)
+        # Recovery states come on top of the others, which are unchanged.
+        assert all(np.array_equal(a.robot, b.robot) for (a, _), (b, _) in zip(base, both[: len(base)], strict=True))
+        recovery.extend(both[len(base):])
+    assert len(recovery) >= 55
+    distances = np.array([np.linalg.norm(s.robot - s.target) for s, _ in recovery])
+    assert distances.min() >= task.RECOVERY_DISTANCE[0] and distances.max() <= task.RECOVERY_DISTANCE[1]
+    # Off any expert path: positions all around the target, not only on the side the robot comes from.
+    angles = [np.arctan2(*(s.robot - s.target)[::-1]) for s, _ in recovery]
+    assert np.histogram(angles, bins=4, range=(-np.pi, np.pi))[0].min() > 0
+    for state, chunks in recovery:
+        (chunk,) = chunks
+        assert not task.collides(state, chunk)
+        assert np.allclose(chunk[-1], state.target)
+        steps = np.linalg.norm(np.diff(np.vstack([state.robot, chunk]), axis=0), axis=1)
+        assert np.all(steps <= np.linalg.norm(state.target - state.start) / task.HORIZON + 1e-9)

@@ -16,7 +16,7 @@ Methods (exact names): ``sync``; ``naive_async`` (take the new chunk over from a
 ``weighted_average`` (LeRobot async: overlap ``0.3 old + 0.7 new``); ``bid`` (N = 8, ``backward_coherence``, no
 guidance); ``guided`` (gradient-free prefix guidance, N = 1); ``guided_mode`` (prefix guidance + ``mode_continuity``,
 N = 8); ``rtc_vjp`` (RTC's VJP guidance, N = 1). ``guided_mask`` (frozen actions conditioned through the action mask,
-N = 1) can be asked for with ``--methods``.
+N = 1) and ``guided_bid`` (prefix guidance + ``backward_coherence``, N = 8) can be asked for with ``--methods``.
 
 Episodes end at the target (robot centre within ``TARGET_RADIUS``), on a collision (an executed segment closer
 than ``COLLISION_CLEARANCE`` to the obstacle edge) or at ``STEP_BUDGET`` steps. Candidate seeds are common to all
@@ -84,7 +84,10 @@ METHODS: dict[str, Method] = {
     "guided_mode": Method(8, "mode_continuity", "prefix", "switch"),
     "rtc_vjp": Method(1, "none", "vjp", "switch"),
 }
-EXTRA_METHODS: dict[str, Method] = {"guided_mask": Method(1, "none", "mask", "switch")}
+EXTRA_METHODS: dict[str, Method] = {
+    "guided_mask": Method(1, "none", "mask", "switch"),
+    "guided_bid": Method(8, "backward_coherence", "prefix", "switch"),
+}
 DEFAULT_METHODS = tuple(METHODS)
 
 

@@ -65,7 +65,8 @@ class ToyDataset:
         return len(self.options)
 
 
-def _cache_key(num_seeds: int, mid_probability: float, pipe: Cosmos3OmniPipeline, closed_loop_states: int = 0) -> str:
+def _cache_key(num_seeds: int, mid_probability: float, pipe: Cosmos3OmniPipeline, closed_loop_states: int = 0,
+               recovery_states: int = 0) -> str:
     # The encoded latents depend on the scenes, the renderer and the VAE weights; hash all three.
     digest = hashlib.sha256()
     probe = task.make_scene(0)
@@ -84,6 +85,8 @@ def _cache_key(num_seeds: int, mid_probability: float, pipe: Cosmos3OmniPipeline
     if closed_loop_states:
         # Only when set, so the key of the original dataset (and an existing cache of it) stays valid.
         settings["closed_loop_states"] = closed_loop_states
+    if recovery_states:
+        settings["recovery_states"] = recovery_states
     digest.update(json.dumps(settings, sort_keys=True).encode())
     return digest.hexdigest()[:16]
 
@@ -117,6 +120,7 @@ def build_dataset(
     *,
     mid_probability: float = 0.35,
     closed_loop_states: int = 0,
+    recovery_states: int = 0,
     cache_dir: Path | None = None,
     batch: int = 8,
     log=print,
@@ -129,13 +133,15 @@ def build_dataset(
         mid_probability (`float`): Probability that a seed also contributes a mid-episode state.
         closed_loop_states (`int`): States along an expert detour per seed, up to and at the target, labelled with
             the detour's continuation (0: the original dataset).
+        recovery_states (`int`): States per seed near the target, off the expert paths, labelled with the straight
+            approach (``task.recovery_state``; 0: none).
         cache_dir (`Path`, *optional*): Where to keep the encoded dataset between runs.
         batch (`int`): Clips per VAE call.
         log (`Callable[[str], None]`): Progress output.
     """
     cache = None
     if cache_dir is not None:
-        cache = Path(cache_dir) / f"toy_data_{_cache_key(num_seeds, mid_probability, pipe, closed_loop_states)}.pt"
+        cache = Path(cache_dir) / f"toy_data_{_cache_key(num_seeds, mid_probability, pipe, closed_loop_states, recovery_states)}.pt"
         if cache.exists():
             saved = torch.load(cache, weights_only=False)
             log(f"loaded encoded dataset {cache} ({len(saved['options'])} states)")
@@ -151,7 +157,7 @@ def build_dataset(
     clips: list[torch.Tensor] = []
     started = time.perf_counter()
     labelled = [example for seed in range(num_seeds)
-                for example in task.training_examples(seed, mid_probability, closed_loop_states)]
+                for example in task.training_examples(seed, mid_probability, closed_loop_states, recovery_states)]
     states = [state for state, _ in labelled]
     for index, (state, chunks) in enumerate(labelled):
         image = task.render(state)

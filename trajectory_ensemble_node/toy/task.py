@@ -299,8 +299,48 @@ CLOSED_LOOP_PROGRESS = (0.5, HORIZON + 2.0)
 the target)."""
 
 
-def training_examples(seed: int, mid_probability: float = 0.35,
-                      closed_loop_states: int = 0) -> list[tuple[Scene, list[np.ndarray]]]:
+RECOVERY_DISTANCE = (0.03, 0.35)
+"""Range of distances from the target of recovery training states (uniform; normalized units)."""
+
+
+def approach(scene: Scene, speed: float, horizon: int = HORIZON) -> np.ndarray:
+    """The time-consistent straight approach ``[horizon, 2]`` from ``scene.robot`` to ``scene.target``: ``speed``
+    per control step along the line, then staying at the target.
+
+    Executing ``s`` of its actions and planning again from where the robot is gives the rest of the same approach,
+    so consecutive chunks agree, as :func:`expert_continuation` does along a detour.
+    """
+    span = scene.target - scene.robot
+    length = float(np.linalg.norm(span))
+    travelled = np.minimum(speed * np.arange(1, horizon + 1), length)
+    if length == 0.0:
+        return np.repeat(scene.target[None], horizon, axis=0).astype(np.float64)
+    return scene.robot + travelled[:, None] * (span / length)
+
+
+def recovery_state(scene: Scene, rng: np.random.Generator, attempts: int = 16) -> tuple[Scene, np.ndarray] | None:
+    """A state near ``scene``'s target off any expert path, labelled with :func:`approach` at the expert's mean speed.
+
+    The robot is placed at a distance uniform in :data:`RECOVERY_DISTANCE`, in a uniform direction, inside the image
+    and with the straight approach keeping :data:`EXPERT_CLEARANCE` from the obstacle; ``None`` when ``attempts``
+    draws found no such place.
+    """
+    speed = float(np.linalg.norm(scene.target - scene.robot)) / HORIZON
+    for _ in range(attempts):
+        distance = rng.uniform(*RECOVERY_DISTANCE)
+        angle = rng.uniform(0.0, 2.0 * math.pi)
+        position = scene.target + distance * np.array([math.cos(angle), math.sin(angle)])
+        if np.abs(position).max() > 1.0 - ROBOT_RADIUS:
+            continue
+        moved = scene.with_robot(position)
+        label = approach(moved, speed)
+        if clearance(moved, label) >= EXPERT_CLEARANCE:
+            return moved, label
+    return None
+
+
+def training_examples(seed: int, mid_probability: float = 0.35, closed_loop_states: int = 0,
+                      recovery_states: int = 0) -> list[tuple[Scene, list[np.ndarray]]]:
     """The training states of one seed with their expert chunks (one per expert option of the state).
 
     With ``closed_loop_states = 0`` these are :func:`training_states`, each mid-episode state labelled with the
@@ -320,24 +360,35 @@ def training_examples(seed: int, mid_probability: float = 0.35,
     it started with, and to stay once it has arrived, which is what makes consecutive chunks meet at a seam.
     The image shows the robot, obstacle and target, not where the episode started, so the speed along the path
     is only implied (the initial spans vary by about +-15 %); the label is what the expert would do from there.
+
+    With ``recovery_states = R > 0`` the seed also contributes up to ``R`` :func:`recovery_state` s: the robot
+    near the target but off the expert paths, labelled with the straight approach. Why: a policy's own chunks
+    leave the robot 0.1-0.2 from the target in places no expert path passes, and a policy trained only on the
+    paths hovers there (the closed-loop fine-tune's stalled episodes all end so).
     """
     scene = make_scene(TRAIN_SEED_BASE + seed)
     if closed_loop_states <= 0:
-        return [(state, [expert_path(state, side_sign) for side_sign in expert_sides(state)])
-                for state in training_states(seed, mid_probability)]
-    examples = [(scene, [expert_path(scene, side_sign) for side_sign in expert_sides(scene)])]
-    mid = _mid_episode(seed, mid_probability)
-    if mid is not None:
-        _, side_sign, k, position = mid
-        examples.append((scene.with_robot(position), [expert_continuation(scene, side_sign, float(k))]))
-    rng = np.random.default_rng([int(seed), 0xC105ED])
-    sides = expert_sides(scene)
-    for _ in range(closed_loop_states):
-        side_sign = int(sides[int(rng.integers(len(sides)))])
-        progress = float(rng.uniform(*CLOSED_LOOP_PROGRESS))
-        position = expert_curve(scene, side_sign, np.array([progress / HORIZON]))[0]
-        position = position + rng.normal(0.0, CLOSED_LOOP_JITTER, size=2)
-        examples.append((scene.with_robot(position), [expert_continuation(scene, side_sign, progress)]))
+        examples = [(state, [expert_path(state, side_sign) for side_sign in expert_sides(state)])
+                    for state in training_states(seed, mid_probability)]
+    else:
+        examples = [(scene, [expert_path(scene, side_sign) for side_sign in expert_sides(scene)])]
+        mid = _mid_episode(seed, mid_probability)
+        if mid is not None:
+            _, side_sign, k, position = mid
+            examples.append((scene.with_robot(position), [expert_continuation(scene, side_sign, float(k))]))
+        rng = np.random.default_rng([int(seed), 0xC105ED])
+        sides = expert_sides(scene)
+        for _ in range(closed_loop_states):
+            side_sign = int(sides[int(rng.integers(len(sides)))])
+            progress = float(rng.uniform(*CLOSED_LOOP_PROGRESS))
+            position = expert_curve(scene, side_sign, np.array([progress / HORIZON]))[0]
+            position = position + rng.normal(0.0, CLOSED_LOOP_JITTER, size=2)
+            examples.append((scene.with_robot(position), [expert_continuation(scene, side_sign, progress)]))
+    recovery_rng = np.random.default_rng([int(seed), 0x5EC0])
+    for _ in range(recovery_states):
+        state = recovery_state(scene, recovery_rng)
+        if state is not None:
+            examples.append((state[0], [state[1]]))
     return examples
 
 

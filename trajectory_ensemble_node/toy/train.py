@@ -66,6 +66,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--closed-loop-states", type=int, default=0,
                         help="per seed, states along an expert detour up to the target, labelled with the detour's "
                              "continuation (task.training_examples); 0 = the original dataset")
+    parser.add_argument("--recovery-states", type=int, default=0,
+                        help="per seed, states near the target off the expert paths, labelled with the straight "
+                             "approach (task.recovery_state); 0 = none")
     parser.add_argument("--bimodal-share", type=float, default=None,
                         help="draw this share of each batch's states from those with several expert options (the "
                              "bimodal initial scenes); default: every state equally likely")
@@ -256,7 +259,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"latent normalization: mean {[round(m, 3) for m in latents_mean]}, "
               f"std {[round(s, 3) for s in latents_std]}", flush=True)
     dataset = build_dataset(pipe, args.scenes, mid_probability=args.mid_probability,
-                            closed_loop_states=args.closed_loop_states, cache_dir=work_dir,
+                            closed_loop_states=args.closed_loop_states,
+                            recovery_states=args.recovery_states, cache_dir=work_dir,
                             log=lambda m: print(m, flush=True))
     encode_s = time.perf_counter() - started
     torch.set_num_threads(args.threads)

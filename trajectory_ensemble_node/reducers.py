@@ -28,7 +28,7 @@ silently. Half-precision inputs are reduced in float32 and returned in their own
 | ``mode`` | mean of the largest complete-linkage cluster (RMS threshold 0.2) | no | normalized | - |
 | ``pose_gripper`` | per 10-wide block: mean translation, chordal-mean rotation, median gripper | no | raw | 10 |
 | ``backward_coherence`` | the candidate nearest the previous chunk over the overlap (BID) | no | normalized | - |
-| ``mode_continuity`` | mean of the cluster nearest the previous chunk over the overlap | no | normalized | - |
+| ``mode_continuity`` | in the cluster nearest the previous chunk over the overlap, its nearest member | no | normalized | - |
 
 The last two (:mod:`.continuity`) are continuity-aware (``uses_context``): they also receive a
 :class:`ContinuityReference`, the previous chunk at the new chunk's times with per-action weights, when a request

@@ -147,6 +147,11 @@ def test_an_episode_record_feeds_the_in_process_bench_metrics():
                            switches=[{"step": 0, "seam_jump_sim": None}, {"step": 1, "seam_jump_sim": 0.05}])
     metrics = summarize([record.episode()])
     assert metrics["success_rate"] == 1.0 and metrics["mode_flips_per_episode"] == 1.0
+    # Chunks planned past the obstacle (side 0) neither flip nor hide a flip between the chunks around them.
+    record.sides = [1, 0, -1, 0, 0]
+    assert summarize([record.episode()])["mode_flips_per_episode"] == 1.0
+    record.sides = [1, 1, 0, 0]
+    assert summarize([record.episode()])["mode_flips_per_episode"] == 0.0
     assert metrics["seam_jump_mean"] == pytest.approx(0.05) and metrics["steps_to_target"] == 2.0
 
 

@@ -196,3 +196,24 @@ def test_recovery_states_surround_the_target_with_straight_approach_labels():
         assert np.allclose(chunk[-1], state.target)
         steps = np.linalg.norm(np.diff(np.vstack([state.robot, chunk]), axis=0), axis=1)
         assert np.all(steps <= np.linalg.norm(state.target - state.start) / task.HORIZON + 1e-9)
+
+
+def test_a_chunk_planned_past_the_obstacle_has_no_side():
+    scene = task.make_scene(task.HELDOUT_SEED_BASE + 3)
+    axis = (scene.target - scene.start) / np.linalg.norm(scene.target - scene.start)
+    normal = np.array([-axis[1], axis[0]])
+    stay = np.repeat(scene.target[None], task.HORIZON, axis=0)
+    # Hovering at the target on either side of the obstacle's axis line (which passes within BIMODAL_BAND of the
+    # target): side() flips, passing_side() says "passed" for both.
+    on_line = scene.obstacle + np.dot(scene.target - scene.obstacle, axis) * axis
+    above, below = on_line + 0.02 * normal, on_line - 0.02 * normal
+    assert np.linalg.norm(above - scene.target) < task.TARGET_RADIUS + task.BIMODAL_BAND
+    hover = [np.repeat(p[None], task.HORIZON, axis=0) for p in (above, below)]
+    assert task.side(scene, hover[0], start=above) != task.side(scene, hover[1], start=below)
+    assert task.passing_side(scene, hover[0], start=above) == task.passing_side(scene, hover[1], start=below) == 0
+    # Beside the obstacle and before it, the side is the polyline's.
+    for side_sign in (1, -1):
+        path = task.expert_path(scene, side_sign)
+        assert task.passing_side(scene, path, start=scene.start) == task.side(scene, path) == side_sign
+        beside = scene.obstacle + side_sign * (scene.radius + 0.1) * normal
+        assert task.passing_side(scene, stay, start=beside) == side_sign

@@ -241,7 +241,7 @@ class SimRobot:
             deviation = plan.deviation(times, rows, hold=position)
             switch = plan.splice(times, rows, arrival_ns, hold=position)
             planned_from = self._positions_at.get(stamp, position)
-            record.sides.append(task.side(scene, rows, start=planned_from))
+            record.sides.append(task.passing_side(scene, rows, start=planned_from))
             record.switches.append({
                 "chunk": goal.index, "seed": goal.seed, "stamp_s": stamp / NS_PER_S, "arrival_s": arrival_ns / NS_PER_S,
                 "step": steps, "time_s": None if switch is None else switch.time_ns / NS_PER_S,

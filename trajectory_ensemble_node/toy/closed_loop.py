@@ -120,7 +120,9 @@ class Episode:
 
     @property
     def flips(self) -> int:
-        return int(sum(a != b for a, b in zip(self.sides, self.sides[1:])))
+        """Changes of side between consecutive chunks that pass the obstacle (side 0: planned past it)."""
+        passing = [side for side in self.sides if side != 0]
+        return int(sum(a != b for a, b in zip(passing, passing[1:])))
 
     @property
     def jerk(self) -> float:
@@ -185,7 +187,7 @@ def run_episode(draw: Drawer, scene: task.Scene, method: Method, delay: int, see
     episode = Episode(positions=[position.copy()])
     chunk, ms = draw(scene, position, method, seed, None)
     episode.group_ms.append(ms)
-    episode.sides.append(task.side(scene, chunk, start=position))
+    episode.sides.append(task.passing_side(scene, chunk, start=position))
     plan: dict[int, np.ndarray] = {1 + k: chunk[k] for k in range(task.HORIZON)}  # absolute step -> waypoint
     chunks: list[tuple[int, np.ndarray]] = [(0, chunk)]  # (planning step, chunk), for temporal ensembling
     current, current_time = chunk, 0
@@ -217,7 +219,7 @@ def run_episode(draw: Drawer, scene: task.Scene, method: Method, delay: int, see
             episode.group_ms.append(ms)
             episode.switches.append(t)
             episode.seams.append(float(np.linalg.norm(new[0] - current[EXECUTE])))
-            episode.sides.append(task.side(scene, new, start=position))
+            episode.sides.append(task.passing_side(scene, new, start=position))
             current = new
         return episode
 
@@ -251,7 +253,7 @@ def run_episode(draw: Drawer, scene: task.Scene, method: Method, delay: int, see
                     plan[step] = (weights[:, None] * np.asarray(covering)).sum(0) / weights.sum()
             episode.switches.append(t)
             episode.seams.append(float(np.linalg.norm(plan[first] - old_next)))
-            episode.sides.append(task.side(scene, new, start=position))
+            episode.sides.append(task.passing_side(scene, new, start=position))
             current, current_time = new, planned_at
         if advance(plan.get(t + 1, position)):
             return episode
@@ -334,7 +336,8 @@ DEFINITIONS = {
                     f"{STEP_BUDGET} steps",
     "collision_rate": f"an executed segment came within {task.COLLISION_CLEARANCE} of the obstacle edge",
     "mode_flips_per_episode": "changes of obstacle side between consecutive chunks of an episode (task.side of each "
-                              "chunk's polyline from its planning position)",
+                              "chunk's polyline from its planning position), over the chunks planned before the "
+                              "robot passed the obstacle's far edge (task.passing_side)",
     "seam_jump_mean": "at each chunk switch, distance between the first waypoint executed under the new plan and the "
                       "waypoint the old plan had for that step (normalized units); mean over all switches",
     "seam_jump_max": "largest such jump over all switches",

@@ -182,6 +182,22 @@ def side(scene: Scene, waypoints: np.ndarray, start: np.ndarray | None = None) -
     return 1 if _cross(scene.target - scene.start, q - scene.obstacle) >= 0 else -1
 
 
+def passing_side(scene: Scene, waypoints: np.ndarray, start: np.ndarray) -> int:
+    """:func:`side` of a chunk planned at ``start`` in an episode, or 0 when the robot has passed the obstacle.
+
+    Passed: ``start`` lies beyond the obstacle's far edge along the episode axis (``scene.start -> scene.target``),
+    so no chunk planned there passes the obstacle on either side. :func:`side` would still give a sign, that of
+    the robot's offset from the obstacle's axis line, and the target lies within ``BIMODAL_BAND`` of that line:
+    a robot settling on the target would count as changing sides.
+    """
+    axis = scene.target - scene.start
+    length = max(float(np.linalg.norm(axis)), 1e-9)
+    progress = float(np.dot(np.asarray(start) - scene.start, axis)) / length
+    if progress > float(np.dot(scene.obstacle - scene.start, axis)) / length + scene.radius:
+        return 0
+    return side(scene, waypoints, start=start)
+
+
 def mode_agreement(scene: Scene, first: np.ndarray, second: np.ndarray) -> bool:
     """Whether two consecutive chunks pass the obstacle on the same side.
 

@@ -141,7 +141,8 @@ def build_dataset(
     """
     cache = None
     if cache_dir is not None:
-        cache = Path(cache_dir) / f"toy_data_{_cache_key(num_seeds, mid_probability, pipe, closed_loop_states, recovery_states)}.pt"
+        key = _cache_key(num_seeds, mid_probability, pipe, closed_loop_states, recovery_states)
+        cache = Path(cache_dir) / f"toy_data_{key}.pt"
         if cache.exists():
             saved = torch.load(cache, weights_only=False)
             log(f"loaded encoded dataset {cache} ({len(saved['options'])} states)")

@@ -9,7 +9,7 @@ import math
 import pytest
 
 from trajectory_ensemble_node.bench import cli
-from trajectory_ensemble_node.toy.closed_loop import METHODS
+from trajectory_ensemble_node.toy.closed_loop import METHODS, method_table
 
 NAMES = ("sync", "naive_async", "temporal_ensemble", "weighted_average", "bid", "guided", "guided_mode", "rtc_vjp")
 METRICS = ("success_rate", "collision_rate", "mode_flips_per_episode", "seam_jump_mean", "seam_jump_max", "jerk",
@@ -71,3 +71,19 @@ def test_bench_model_selects_the_toy_pipeline_the_toy_modes_evaluate():
         delegated = cli.delegated_args(parser.parse_args([mode, "--model", "out/my_toy_finetune"]))
         assert str(delegated.pipeline) == "out/my_toy_finetune"
     assert not hasattr(cli.delegated_args(parser.parse_args(["--closed-loop"])), "pipeline")
+
+
+def test_context_guidance_mask_serves_only_the_gradient_free_methods_with_the_mask():
+    prefix, mask = method_table("prefix"), method_table("mask")
+    assert {name for name, m in mask.items() if m.guidance == "mask"} == {"guided", "guided_mode", "guided_bid",
+                                                                          "guided_mask"}
+    assert prefix["guided_mode"].guidance == "prefix" and mask["rtc_vjp"].guidance == "vjp"
+    assert mask["bid"].guidance == "none" and mask["sync"].guidance is None
+    assert all(mask[name].count == prefix[name].count and mask[name].reducer == prefix[name].reducer
+               for name in prefix)
+    with pytest.raises(ValueError, match="got 'vjp'"):
+        method_table("vjp")
+    parser = argparse.ArgumentParser()
+    cli.add_arguments(parser)
+    delegated = cli.delegated_args(parser.parse_args(["--closed-loop", "--context-guidance", "mask"]))
+    assert delegated.context_guidance == "mask"

@@ -90,6 +90,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="--closed-loop: inference delays in control steps, comma-separated (default 0,2)")
     modes.add_argument("--methods", type=str, default=None,
                        help="--closed-loop: methods, comma-separated (default: all eight)")
+    modes.add_argument("--context-guidance", choices=("prefix", "mask"), default="prefix",
+                       help="--closed-loop: guidance of the gradient-free methods (guided, guided_mode); 'mask' "
+                            "suits a policy trained with clean action prefixes (train-toy --prefix-conditioning)")
     modes.add_argument("--client-executor", choices=("events", "single"), default="events",
                        help="--ros: the client's rclpy executor, the C++ EventsExecutor (default) or the Python "
                             "SingleThreadedExecutor; its cost is inside the measured latency")
@@ -198,7 +201,8 @@ def delegated_args(args: argparse.Namespace) -> argparse.Namespace:
     wrong type. So unset knobs are left out, and ``--ns`` travels as the comma-separated string it was typed as.
     """
     out = argparse.Namespace(scenes=args.scenes, scene_seed=args.scene_seed, json=args.json, quiet=args.quiet,
-                             client_executor=args.client_executor, delays=args.delays)
+                             client_executor=args.client_executor, delays=args.delays,
+                             context_guidance=args.context_guidance)
     if getattr(args, "methods", None):
         out.methods = args.methods
     for name in ("config", "model", "device", "dtype", "steps", "threads"):

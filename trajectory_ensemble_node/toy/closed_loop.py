@@ -17,6 +17,9 @@ Methods (exact names): ``sync``; ``naive_async`` (take the new chunk over from a
 guidance); ``guided`` (gradient-free prefix guidance, N = 1); ``guided_mode`` (prefix guidance + ``mode_continuity``,
 N = 8); ``rtc_vjp`` (RTC's VJP guidance, N = 1). ``guided_mask`` (frozen actions conditioned through the action mask,
 N = 1) and ``guided_bid`` (prefix guidance + ``backward_coherence``, N = 8) can be asked for with ``--methods``.
+``--context-guidance mask`` serves the gradient-free methods (``guided``, ``guided_mode``, ``guided_bid``) with
+``"mask"`` guidance instead of ``"prefix"``: for a policy trained with clean action prefixes
+(``train-toy --prefix-conditioning``), which reads a frozen prefix given through the action mask.
 
 Episodes end at the target (robot centre within ``TARGET_RADIUS``), on a collision (an executed segment closer
 than ``COLLISION_CLEARANCE`` to the obstacle edge) or at ``STEP_BUDGET`` steps. Candidate seeds are common to all
@@ -26,6 +29,7 @@ methods (held-out scene ``i``, i.e. seed ``HELDOUT_SEED_BASE + i``, chunk ``c``:
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import json
 import subprocess
@@ -89,6 +93,16 @@ EXTRA_METHODS: dict[str, Method] = {
     "guided_bid": Method(8, "backward_coherence", "prefix", "switch"),
 }
 DEFAULT_METHODS = tuple(METHODS)
+GRADIENT_FREE = ("prefix", "mask")
+"""Guidance modes ``--context-guidance`` can give the gradient-free methods."""
+
+
+def method_table(context_guidance: str = "prefix") -> dict[str, Method]:
+    """Every method by name, the gradient-free ones (``"prefix"`` by default) served with ``context_guidance``."""
+    if context_guidance not in GRADIENT_FREE:
+        raise ValueError(f"context_guidance must be one of {GRADIENT_FREE}, got {context_guidance!r}")
+    return {name: dataclasses.replace(method, guidance=context_guidance) if method.guidance == "prefix" else method
+            for name, method in {**METHODS, **EXTRA_METHODS}.items()}
 
 
 @dataclass
@@ -266,14 +280,15 @@ def scene_seed(base_seed: int, scene: task.Scene) -> int:
 
 
 def evaluate(model: Any, scenes: Sequence[task.Scene], methods: Sequence[str], delays: Sequence[int], *,
-             steps: int, base_seed: int, log=print, on_scene=None) -> dict[str, dict[int, list[Episode]]]:
+             steps: int, base_seed: int, log=print, on_scene=None,
+             context_guidance: str = "prefix") -> dict[str, dict[int, list[Episode]]]:
     """Episodes per method and delay (held-out scene ``i`` uses seeds ``base_seed + 1000 i + chunk``, whatever the run it is in).
 
     ``on_scene(done, episodes, group_ms)`` is called after every scene (the bench writes its files there, so a run
     cut short still leaves the scenes it finished).
     """
     draw = Drawer(model, steps)
-    table = {**METHODS, **EXTRA_METHODS}
+    table = method_table(context_guidance)
     out: dict[str, dict[int, list[Episode]]] = {name: {d: [] for d in delays} for name in methods}
     started = time.perf_counter()
     for i, scene in enumerate(scenes):
@@ -363,7 +378,8 @@ def run(args: argparse.Namespace) -> int:
     torch.set_num_threads(int(getattr(args, "threads", None) or 1))
     delays = [int(d) for d in str(getattr(args, "delays", "0,2")).split(",") if d.strip()]
     methods = [m for m in str(getattr(args, "methods", ",".join(DEFAULT_METHODS))).split(",") if m.strip()]
-    table = {**METHODS, **EXTRA_METHODS}
+    context_guidance = str(getattr(args, "context_guidance", None) or "prefix")
+    table = method_table(context_guidance)
     unknown = [m for m in methods if m not in table]
     if unknown or any(d < 0 or d + EXECUTE > task.HORIZON for d in delays):
         raise SystemExit(f"unknown methods {unknown} or delays {delays} outside [0, {task.HORIZON - EXECUTE}]")
@@ -385,7 +401,7 @@ def run(args: argparse.Namespace) -> int:
                 "date": started, "commit": commit, "pipeline": str(pipeline or "shipped toy_policy"), "scenes": done,
                 "scene_seeds": [scenes[0].seed, scenes[done - 1].seed], "base_seed": base_seed,
                 "delays": delays, "s": EXECUTE, "chunk": task.HORIZON, "dt": DT, "step_budget": STEP_BUDGET,
-                "num_inference_steps": steps, "temporal_ensemble_m": TE_M, "weighted_average_old": WA_OLD,
+                "num_inference_steps": steps, "context_guidance": context_guidance, "temporal_ensemble_m": TE_M, "weighted_average_old": WA_OLD,
                 "methods": {name: vars(table[name]) for name in methods},
                 "median_group_ms": group_ms, "torch_threads": torch.get_num_threads(),
             },
@@ -397,7 +413,8 @@ def run(args: argparse.Namespace) -> int:
         if done == len(scenes) or done % 10 == 0:
             write_plot(result, episodes, scenes[:done], out.with_suffix(".png"))
 
-    evaluate(model, scenes, methods, delays, steps=steps, base_seed=base_seed, log=log, on_scene=write)
+    evaluate(model, scenes, methods, delays, steps=steps, base_seed=base_seed, log=log, on_scene=write,
+             context_guidance=context_guidance)
     log(f"wrote {out}, {out.with_suffix('.md')}, {out.with_suffix('.png')}")
     log(out.with_suffix(".md").read_text())
     return 0
@@ -448,6 +465,9 @@ def add_closed_loop_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--delays", type=str, default="0,2", help="inference delays d in control steps")
     parser.add_argument("--methods", type=str, default=",".join(DEFAULT_METHODS),
                         help=f"comma-separated; extra: {', '.join(EXTRA_METHODS)}")
+    parser.add_argument("--context-guidance", choices=GRADIENT_FREE, default="prefix",
+                        help="guidance of the gradient-free methods (guided, guided_mode, guided_bid); 'mask' suits "
+                             "a policy trained with clean action prefixes (train-toy --prefix-conditioning)")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

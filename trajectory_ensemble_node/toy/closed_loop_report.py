@@ -39,7 +39,8 @@ def markdown_table(result: dict[str, Any]) -> str:
         f"Closed loop on the toy task: {settings.get('scenes', '?')} held-out scenes "
         f"(seeds {settings.get('scene_seeds', '?')}), chunk {settings.get('chunk', '?')}, "
         f"s = {settings.get('s', '?')} actions executed per chunk, dt = {settings.get('dt', 0):.3f} s, budget "
-        f"{settings.get('step_budget', '?')} steps, {settings.get('num_inference_steps', '?')} denoising steps. "
+        f"{settings.get('step_budget', '?')} steps, {settings.get('num_inference_steps', '?')} denoising steps, "
+        f"'{settings.get('context_guidance', 'prefix')}' guidance for the gradient-free methods. "
         f"Run {settings.get('date', '?')} at commit {settings.get('commit', '?')}"
         f"{', pipeline ' + settings['pipeline'] if 'pipeline' in settings else ''}. 95% intervals in brackets.\n"
     ]

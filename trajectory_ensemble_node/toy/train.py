@@ -10,7 +10,13 @@ share it at inference. The conventions match what the serving path integrates:
 - the network predicts the velocity ``v = eps - x0`` (UniPC ``flow_prediction`` computes ``x0 = x_t - sigma * v``);
 - the transformer gets the timestep ``sigma * 1000`` (it scales by 0.001 internally);
 - loss = MSE on the action tokens' raw channels + ``vision_weight`` x MSE on the noisy vision tokens, whose target
-  is the VAE latent of the rendered clip of the robot following the demonstrated path.
+  is the VAE latent of the rendered clip of the robot following the demonstrated path;
+- with ``--prefix-conditioning P``, a share ``P`` of the examples get their first ``d`` actions (``d`` uniform in
+  ``1..--prefix-max``) as clean tokens through the action mask, exactly as ``"mask"`` context guidance serves a
+  frozen prefix (training-time action conditioning, Black et al. 2025); the loss covers only the noisy actions.
+  ``--prefix-offset S`` moves such a prefix off the demonstration (:func:`offset_prefix`), so the policy learns to
+  continue the chunk it is given rather than re-plan from the image; those examples leave the vision term out,
+  since their clip shows the unmoved path.
 
 The saved pipeline (``save_pretrained``, safetensors, fp16) holds the EMA weights, the VAE and the tokenizer.
 """
@@ -19,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import json
 import math
 import time
@@ -69,9 +76,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--recovery-states", type=int, default=0,
                         help="per seed, states near the target off the expert paths, labelled with the straight "
                              "approach (task.recovery_state); 0 = none")
-    parser.add_argument("--bimodal-share", type=float, default=None,
+    parser.add_argument("--bimodal-share", type=_share, default=None,
                         help="draw this share of each batch's states from those with several expert options (the "
                              "bimodal initial scenes); default: every state equally likely")
+    parser.add_argument("--prefix-conditioning", type=_share, default=0.0,
+                        help="share of examples whose first d actions are given clean through the action mask "
+                             "(how 'mask' context guidance serves a frozen prefix); 0 = none")
+    parser.add_argument("--prefix-max", type=int, default=task.HORIZON // 2,
+                        help="largest clean prefix d of a --prefix-conditioning example (d is uniform in 1..this)")
+    parser.add_argument("--prefix-offset", type=_nonnegative, default=0.0,
+                        help="std (normalized units) of the offset a --prefix-conditioning example's clean prefix is "
+                             "moved by, the rest of its chunk joining the prefix and returning to the demonstration "
+                             "(offset_prefix); 0 = prefixes are the demonstration's own")
     parser.add_argument("--steps", type=int, default=3000, help="optimizer steps")
     parser.add_argument("--batch", type=int, default=8, help="examples packed into one forward")
     parser.add_argument("--lr", type=float, default=1e-3, help="peak learning rate of the one-cycle schedule")
@@ -88,6 +104,55 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="half of each batch's sigmas are shifted by this toward high noise (1 = none)")
     parser.add_argument("--init", type=Path, default=None,
                         help="continue from this pipeline directory (e.g. the shipped weights) instead of a fresh one")
+
+
+def _share(text: str) -> float:
+    """An argparse type: a share in ``[0, 1]``."""
+    value = float(text)
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"must be a share in [0, 1], got {text!r}")
+    return value
+
+
+def _nonnegative(text: str) -> float:
+    """An argparse type: a finite number ``>= 0``."""
+    value = float(text)
+    if not (math.isfinite(value) and value >= 0.0):
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text!r}")
+    return value
+
+
+def sample_prefixes(count: int, generator: torch.Generator, share: float, largest: int) -> list[int]:
+    """Clean-prefix lengths per example: ``d`` uniform in ``1..largest`` for a share ``share`` of them, else 0."""
+    if share <= 0.0 or largest < 1:
+        return [0] * count
+    use = torch.rand(count, generator=generator) < share
+    lengths = torch.randint(1, largest + 1, (count,), generator=generator)
+    return torch.where(use, lengths, torch.zeros_like(lengths)).tolist()
+
+
+def offset_prefix(chunk: torch.Tensor, clean: int, offset: torch.Tensor) -> torch.Tensor:
+    """A demonstration whose first ``clean`` actions are moved by up to ``offset``, the rest joining them.
+
+    The prefix drifts linearly from the robot (action ``k`` moves by ``(k + 1) / clean * offset``), as a previous
+    chunk planned from elsewhere does; the actions after it start where the prefix ends and return to the
+    demonstration linearly by the chunk's end. A policy trained on these continues a given prefix without a jump at
+    its end, which is what a frozen prefix served through the action mask needs at a chunk switch.
+
+    Args:
+        chunk (`torch.Tensor` of shape `[H, 2]`): The demonstration.
+        clean (`int`): Prefix length, ``1 <= clean < H``.
+        offset (`torch.Tensor` of shape `[2]`): Offset of the prefix's last action.
+
+    Returns:
+        `torch.Tensor` of shape `[H, 2]`.
+    """
+    horizon = chunk.shape[0]
+    if not 1 <= clean < horizon:
+        raise ValueError(f"clean must be in [1, {horizon}), got {clean!r}")
+    k = torch.arange(horizon, dtype=chunk.dtype)
+    ramp = torch.where(k < clean, (k + 1) / clean, 1.0 - (k - clean + 1) / (horizon - clean))
+    return chunk + ramp[:, None] * offset.to(chunk.dtype)
 
 
 def sample_sigmas(count: int, generator: torch.Generator, shift: float) -> torch.Tensor:
@@ -113,6 +178,8 @@ def training_loss(
     sigmas: torch.Tensor,
     generator: torch.Generator,
     vision_weight: float,
+    prefixes: list[int] | None = None,
+    offsets: list[torch.Tensor | None] | None = None,
 ) -> tuple[torch.Tensor, float, float]:
     """Flow-matching loss of ``examples`` packed into ONE transformer forward.
 
@@ -123,6 +190,10 @@ def training_loss(
         sigmas (`torch.Tensor` of shape `[B]`): Noise level per example.
         generator (`torch.Generator`): Noise source.
         vision_weight (`float`): Weight of the vision term.
+        prefixes (`list[int]`, *optional*): Per example, how many leading actions are clean conditioning tokens
+            (left out of the noisy action indexes and of the loss); default none.
+        offsets (`list`, *optional*): Per example, ``None`` or the ``[2]`` offset its clean prefix is moved by
+            (:func:`offset_prefix`; needs a prefix); a moved example leaves the vision term out.
 
     Returns:
         `tuple`: total loss (scalar tensor), action MSE, vision MSE (floats).
@@ -130,27 +201,54 @@ def training_loss(
     transformer = pipe.transformer
     raw = dataset.actions.shape[-1]
     action_dim = transformer.config.action_dim
-    items, targets_v, targets_a = [], [], []
-    for example, sigma in zip(examples, sigmas.tolist()):
+    horizon = dataset.actions.shape[1]
+    prefixes = prefixes if prefixes is not None else [0] * len(examples)
+    if len(prefixes) != len(examples) or any(not 0 <= d < horizon for d in prefixes):
+        raise ValueError(f"prefixes must give each of the {len(examples)} examples a length in [0, {horizon}), "
+                         f"got {prefixes!r}")
+    offsets = offsets if offsets is not None else [None] * len(examples)
+    if len(offsets) != len(examples) or any(o is not None and not d for o, d in zip(offsets, prefixes)):
+        raise ValueError(f"offsets must give each of the {len(examples)} examples None, or an offset where it has a "
+                         f"prefix; got offsets for {[o is not None for o in offsets]} and prefixes {prefixes!r}")
+    items, targets_v, targets_a, loss_mask = [], [], [], []
+    for example, sigma, clean, offset in zip(examples, sigmas.tolist(), prefixes, offsets):
         x0_v = dataset.clips[example : example + 1]  # [1, C, T, h, w]
         x0_a = dataset.actions[example]  # [H, 2]
+        if offset is not None:
+            x0_a = offset_prefix(x0_a, clean, offset)
         eps_v = torch.randn(x0_v.shape, generator=generator)
         eps_a = torch.randn(x0_a.shape, generator=generator)
         vision = x0_v.clone()
         vision[:, :, 1:] = (1 - sigma) * x0_v[:, :, 1:] + sigma * eps_v[:, :, 1:]
         action = torch.zeros(1, x0_a.shape[0], action_dim)
         action[0, :, :raw] = (1 - sigma) * x0_a + sigma * eps_a
-        items.append(PackItem(branch=dataset.branch, vision=vision, action=action, timestep=sigma * 1000.0))
+        branch = dataset.branch
+        if clean:
+            action[0, :clean, :raw] = x0_a[:clean]
+            noisy = branch.template.action_noisy_frame_indexes
+            branch = dataclasses.replace(branch, template=dataclasses.replace(
+                branch.template, action_noisy_frame_indexes=noisy[noisy >= clean]))
+        items.append(PackItem(branch=branch, vision=vision, action=action, timestep=sigma * 1000.0))
         targets_v.append((eps_v - x0_v)[:, :, 1:])
         targets_a.append(eps_a - x0_a)
+        loss_mask.append((torch.arange(horizon) >= clean).float()[:, None].expand(horizon, raw))
     packed = pack_forward(items, torch.device("cpu"))
     processor = install_fanout(transformer)
     with processor.use_layout(packed.layout):
         preds_v, _, preds_a = transformer(**packed.kwargs, return_dict=False)
     pred_v = torch.cat([p[:, :, 1:] for p in split_predictions(packed, preds_v)], dim=0)
     pred_a = torch.cat([p[:, :, :raw] for p in split_predictions(packed, preds_a)], dim=0)
-    loss_a = torch.nn.functional.mse_loss(pred_a, torch.stack(targets_a))
-    loss_v = torch.nn.functional.mse_loss(pred_v, torch.cat(targets_v))
+    if any(prefixes):
+        mask = torch.stack(loss_mask)
+        loss_a = (mask * (pred_a - torch.stack(targets_a)) ** 2).sum() / mask.sum()
+    else:
+        loss_a = torch.nn.functional.mse_loss(pred_a, torch.stack(targets_a))
+    if any(o is not None for o in offsets):
+        keep = [i for i, o in enumerate(offsets) if o is None]
+        loss_v = (torch.nn.functional.mse_loss(pred_v[keep], torch.cat(targets_v)[keep]) if keep
+                  else pred_v.sum() * 0.0)
+    else:
+        loss_v = torch.nn.functional.mse_loss(pred_v, torch.cat(targets_v))
     return loss_a + vision_weight * loss_v, loss_a.item(), loss_v.item()
 
 
@@ -297,7 +395,13 @@ def run(args: argparse.Namespace) -> int:
         # The expert side is drawn 50/50 per sample in a bimodal state, so one image is paired with both detours.
         examples = [int(rng.choice(dataset.options[s])) for s in states]
         sigmas = sample_sigmas(args.batch, generator, shift)
-        loss, loss_a, loss_v = training_loss(pipe, dataset, examples, sigmas, generator, args.vision_weight)
+        prefixes = sample_prefixes(args.batch, generator, args.prefix_conditioning, args.prefix_max)
+        offsets = None
+        if args.prefix_offset > 0 and any(prefixes):
+            drawn = torch.randn(args.batch, 2, generator=generator) * args.prefix_offset
+            offsets = [drawn[i] if d else None for i, d in enumerate(prefixes)]
+        loss, loss_a, loss_v = training_loss(pipe, dataset, examples, sigmas, generator, args.vision_weight,
+                                             prefixes, offsets)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)

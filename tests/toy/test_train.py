@@ -126,3 +126,25 @@ def test_offset_examples_train_the_moved_chunk_without_the_vision_term(setup):
     assert one[2] != plain[2] and one[2] > 0.0  # the vision term of the unmoved example only
     with pytest.raises(ValueError, match="offsets must give each of the 2 examples"):
         _loss(setup, [0, 3], offsets=[torch.tensor([0.1, 0.1]), None])
+
+
+def test_drift_chunk_grows_linearly_to_the_offset():
+    chunk = torch.zeros(task.HORIZON, 2)
+    moved = toy_train.drift_chunk(chunk, torch.tensor([0.08, -0.04]))
+    assert torch.allclose(moved[-1], torch.tensor([0.08, -0.04]))
+    assert torch.allclose(moved[:, 0].diff(), torch.full((task.HORIZON - 1,), 0.01))
+
+
+def test_drifted_demonstrations_change_the_trained_chunk_and_zero_drift_changes_nothing(setup):
+    with torch.no_grad():
+        plain = _loss(setup, None)
+        still = toy_train.training_loss(setup[0], setup[1], [0, 1], torch.tensor([0.6, 0.3]),
+                                        torch.Generator().manual_seed(5), 0.1, None, None, torch.zeros(2, 2))
+        drifted = toy_train.training_loss(setup[0], setup[1], [0, 1], torch.tensor([0.6, 0.3]),
+                                          torch.Generator().manual_seed(5), 0.1, None, None,
+                                          torch.tensor([[0.1, 0.0], [0.0, -0.1]]))
+    assert still[1:] == plain[1:]
+    assert drifted[1] != plain[1]
+    with pytest.raises(ValueError, match=r"drifts must have shape \(2, 2\), got \(3, 2\)"):
+        toy_train.training_loss(setup[0], setup[1], [0, 1], torch.tensor([0.6, 0.3]), torch.Generator(), 0.1,
+                                None, None, torch.zeros(3, 2))

@@ -16,7 +16,10 @@ share it at inference. The conventions match what the serving path integrates:
   frozen prefix (training-time action conditioning, Black et al. 2025); the loss covers only the noisy actions.
   ``--prefix-offset S`` moves such a prefix off the demonstration (:func:`offset_prefix`), so the policy learns to
   continue the chunk it is given rather than re-plan from the image; those examples leave the vision term out,
-  since their clip shows the unmoved path.
+  since their clip shows the unmoved path;
+- with ``--demo-drift S`` every demonstration drifts off its path by a random offset growing along the chunk
+  (:func:`drift_chunk`), as demonstrations by hand do. The image then no longer fixes the action, so the denoiser
+  learns to read the action tokens it is given, and a guided prefix informs the actions after it.
 
 The saved pipeline (``save_pretrained``, safetensors, fp16) holds the EMA weights, the VAE and the tokenizer.
 """
@@ -88,6 +91,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="std (normalized units) of the offset a --prefix-conditioning example's clean prefix is "
                              "moved by, the rest of its chunk joining the prefix and returning to the demonstration "
                              "(offset_prefix); 0 = prefixes are the demonstration's own")
+    parser.add_argument("--demo-drift", type=_nonnegative, default=0.0,
+                        help="std (normalized units) of the offset every demonstration drifts to by its chunk's end "
+                             "(drift_chunk); 0 = the expert's own paths")
     parser.add_argument("--steps", type=int, default=3000, help="optimizer steps")
     parser.add_argument("--batch", type=int, default=8, help="examples packed into one forward")
     parser.add_argument("--lr", type=float, default=1e-3, help="peak learning rate of the one-cycle schedule")
@@ -155,6 +161,21 @@ def offset_prefix(chunk: torch.Tensor, clean: int, offset: torch.Tensor) -> torc
     return chunk + ramp[:, None] * offset.to(chunk.dtype)
 
 
+def drift_chunk(chunk: torch.Tensor, offset: torch.Tensor) -> torch.Tensor:
+    """A demonstration drifting linearly off its path, action ``k`` moved by ``(k + 1) / H * offset``.
+
+    Args:
+        chunk (`torch.Tensor` of shape `[H, 2]`): The demonstration.
+        offset (`torch.Tensor` of shape `[2]`): Offset of its last action.
+
+    Returns:
+        `torch.Tensor` of shape `[H, 2]`.
+    """
+    horizon = chunk.shape[0]
+    ramp = torch.arange(1, horizon + 1, dtype=chunk.dtype) / horizon
+    return chunk + ramp[:, None] * offset.to(chunk.dtype)
+
+
 def sample_sigmas(count: int, generator: torch.Generator, shift: float) -> torch.Tensor:
     """Logit-normal sigmas, half of them shifted toward high noise (``shift * s / (1 + (shift - 1) * s)``).
 
@@ -180,6 +201,7 @@ def training_loss(
     vision_weight: float,
     prefixes: list[int] | None = None,
     offsets: list[torch.Tensor | None] | None = None,
+    drifts: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, float, float]:
     """Flow-matching loss of ``examples`` packed into ONE transformer forward.
 
@@ -194,6 +216,8 @@ def training_loss(
             (left out of the noisy action indexes and of the loss); default none.
         offsets (`list`, *optional*): Per example, ``None`` or the ``[2]`` offset its clean prefix is moved by
             (:func:`offset_prefix`; needs a prefix); a moved example leaves the vision term out.
+        drifts (`torch.Tensor` of shape `[B, 2]`, *optional*): Per example, the end offset its demonstration
+            drifts to (:func:`drift_chunk`), applied before any prefix offset.
 
     Returns:
         `tuple`: total loss (scalar tensor), action MSE, vision MSE (floats).
@@ -211,9 +235,13 @@ def training_loss(
         raise ValueError(f"offsets must give each of the {len(examples)} examples None, or an offset where it has a "
                          f"prefix; got offsets for {[o is not None for o in offsets]} and prefixes {prefixes!r}")
     items, targets_v, targets_a, loss_mask = [], [], [], []
-    for example, sigma, clean, offset in zip(examples, sigmas.tolist(), prefixes, offsets):
+    if drifts is not None and tuple(drifts.shape) != (len(examples), 2):
+        raise ValueError(f"drifts must have shape ({len(examples)}, 2), got {tuple(drifts.shape)}")
+    for index, (example, sigma, clean, offset) in enumerate(zip(examples, sigmas.tolist(), prefixes, offsets)):
         x0_v = dataset.clips[example : example + 1]  # [1, C, T, h, w]
         x0_a = dataset.actions[example]  # [H, 2]
+        if drifts is not None:
+            x0_a = drift_chunk(x0_a, drifts[index])
         if offset is not None:
             x0_a = offset_prefix(x0_a, clean, offset)
         eps_v = torch.randn(x0_v.shape, generator=generator)
@@ -400,8 +428,9 @@ def run(args: argparse.Namespace) -> int:
         if args.prefix_offset > 0 and any(prefixes):
             drawn = torch.randn(args.batch, 2, generator=generator) * args.prefix_offset
             offsets = [drawn[i] if d else None for i, d in enumerate(prefixes)]
+        drifts = torch.randn(args.batch, 2, generator=generator) * args.demo_drift if args.demo_drift > 0 else None
         loss, loss_a, loss_v = training_loss(pipe, dataset, examples, sigmas, generator, args.vision_weight,
-                                             prefixes, offsets)
+                                             prefixes, offsets, drifts)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)

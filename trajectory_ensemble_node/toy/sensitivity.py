@@ -1,0 +1,134 @@
+"""How much a toy policy's clean action prediction reads the action latent it is denoising.
+
+Guidance reaches past the frozen prefix only through the model: the frozen actions and the ramp are pulled into the
+latent, and the next step's clean prediction ``x0_hat = x - sigma * v`` must move with them. This measures
+``d x0_hat[target] / d x[source]`` by finite differences on the real transformer (one raw channel, the packed
+training forward of :mod:`.train`), per noise level, averaged over training examples and both raw channels. A
+denoiser that reads its own latent fully gives ``1 / (1 - sigma)`` on the diagonal; one that predicts from the image
+alone gives 0. As ``sigma -> 0`` every flow model tends to 1 on the diagonal, since ``x0_hat -> x``.
+
+``python -m trajectory_ensemble_node.toy.sensitivity --pipeline DIR [--pipeline DIR ...] --json PATH``
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..models.cosmos3.attention import install_fanout
+from ..models.cosmos3.packing import PackItem, pack_forward, split_predictions
+from .data import ToyDataset, build_dataset
+
+DEFAULT_SIGMAS = (0.9, 0.7, 0.5, 0.3, 0.15, 0.05)
+DEFAULT_JSON = Path("bench/results/latent_sensitivity-toy.json")
+
+
+def _clean_prediction(pipe: Any, dataset: ToyDataset, vision: torch.Tensor, action: torch.Tensor,
+                      sigma: float) -> torch.Tensor:
+    item = PackItem(branch=dataset.branch, vision=vision, action=action, timestep=sigma * 1000.0)
+    packed = pack_forward([item], torch.device("cpu"))
+    processor = install_fanout(pipe.transformer)
+    with torch.no_grad(), processor.use_layout(packed.layout):
+        _, _, preds = pipe.transformer(**packed.kwargs, return_dict=False)
+    raw = dataset.actions.shape[-1]
+    velocity = split_predictions(packed, preds)[0][0, :, :raw].float()
+    return action[0, :, :raw].float() - sigma * velocity
+
+
+def latent_sensitivity(pipe: Any, dataset: ToyDataset, *, target: int = 2, sources: Sequence[int] = (0, 1, 2),
+                       sigmas: Sequence[float] = DEFAULT_SIGMAS, examples: Sequence[int] | None = None,
+                       delta: float = 0.05, seed: int = 0) -> dict[str, dict[str, float]]:
+    """Mean ``d x0_hat[target] / d x[source]`` per source action and noise level.
+
+    Args:
+        pipe (`Cosmos3OmniPipeline`): The policy (float32).
+        dataset (`ToyDataset`): Encoded examples; their clean clips and chunks set the noisy inputs.
+        target (`int`): Action whose clean prediction is read.
+        sources (`Sequence[int]`): Actions whose latent is moved.
+        sigmas (`Sequence[float]`): Noise levels in ``(0, 1)``.
+        examples (`Sequence[int]`, *optional*): Example indexes (default: all).
+        delta (`float`): Finite-difference step in normalized units, ``> 0``.
+        seed (`int`): Noise seed.
+
+    Returns:
+        `dict`: ``{str(source): {str(sigma): mean derivative}}``.
+    """
+    horizon, raw = dataset.actions.shape[1:]
+    if not (0 <= target < horizon and all(0 <= s < horizon for s in sources)):
+        raise ValueError(f"target {target!r} and sources {list(sources)!r} must be actions in [0, {horizon})")
+    if delta <= 0 or any(not 0.0 < s < 1.0 for s in sigmas):
+        raise ValueError(f"delta must be > 0 and sigmas in (0, 1), got {delta!r} and {list(sigmas)!r}")
+    generator = torch.Generator().manual_seed(seed)
+    width = pipe.transformer.config.action_dim
+    chosen = list(range(len(dataset.actions))) if examples is None else list(examples)
+    out: dict[str, dict[str, float]] = {str(s): {} for s in sources}
+    for sigma in sigmas:
+        values: dict[int, list[float]] = {s: [] for s in sources}
+        for example in chosen:
+            clip = dataset.clips[example : example + 1]
+            vision = clip.clone()
+            vision[:, :, 1:] = (1 - sigma) * clip[:, :, 1:] + sigma * torch.randn(clip[:, :, 1:].shape,
+                                                                                 generator=generator)
+            action = torch.zeros(1, horizon, width)
+            eps = torch.randn(horizon, raw, generator=generator)
+            action[0, :, :raw] = (1 - sigma) * dataset.actions[example] + sigma * eps
+            base = _clean_prediction(pipe, dataset, vision, action, sigma)
+            for source in sources:
+                for channel in range(raw):
+                    moved = action.clone()
+                    moved[0, source, channel] += delta
+                    shifted = _clean_prediction(pipe, dataset, vision, moved, sigma)
+                    values[source].append(float((shifted - base)[target, channel]) / delta)
+        for source in sources:
+            out[str(source)][str(sigma)] = float(np.mean(values[source]))
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from . import load_toy_pipeline
+    from .closed_loop import git_commit
+
+    parser = argparse.ArgumentParser(prog="python -m trajectory_ensemble_node.toy.sensitivity", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--pipeline", type=Path, action="append", default=None,
+                        help="toy pipeline directory, repeatable (default: the shipped toy policy)")
+    parser.add_argument("--seeds", type=int, default=8, help="training scene seeds whose examples are probed")
+    parser.add_argument("--target", type=int, default=2, help="action whose clean prediction is read (d = 2's first "
+                                                              "free action)")
+    parser.add_argument("--json", type=Path, default=DEFAULT_JSON)
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    sources = sorted({0, args.target - 1, args.target} - {-1})
+    result: dict[str, Any] = {
+        "settings": {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                     "commit": git_commit(), "seeds": args.seeds, "target": args.target, "sources": sources,
+                     "sigmas": list(DEFAULT_SIGMAS), "delta": 0.05,
+                     "definition": f"mean d x0_hat[{args.target}] / d x[source] over examples and both channels; "
+                                   "reading the latent fully: 1 / (1 - sigma) on the diagonal"},
+        "pipelines": {},
+    }
+    for path in args.pipeline or [None]:
+        pipe = load_toy_pipeline(path=path)
+        dataset = build_dataset(pipe, args.seeds, log=lambda message: None)
+        result["pipelines"][str(path or "shipped toy_policy")] = latent_sensitivity(
+            pipe, dataset, target=args.target, sources=sources)
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(result, indent=1))
+    for name, table in result["pipelines"].items():
+        print(name)
+        for source, row in table.items():
+            print(f"  d x0_hat[{args.target}] / d x[{source}]: "
+                  + ", ".join(f"sigma {s}: {v:.3f}" for s, v in row.items()))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

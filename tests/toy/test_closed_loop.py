@@ -9,7 +9,7 @@ import math
 import pytest
 
 from trajectory_ensemble_node.bench import cli
-from trajectory_ensemble_node.toy.closed_loop import METHODS, method_table
+from trajectory_ensemble_node.toy.closed_loop import METHODS, main, method_table
 
 NAMES = ("sync", "naive_async", "temporal_ensemble", "weighted_average", "bid", "guided", "guided_mode", "rtc_vjp")
 METRICS = ("success_rate", "collision_rate", "mode_flips_per_episode", "seam_jump_mean", "seam_jump_max", "jerk",
@@ -87,3 +87,22 @@ def test_context_guidance_mask_serves_only_the_gradient_free_methods_with_the_ma
     cli.add_arguments(parser)
     delegated = cli.delegated_args(parser.parse_args(["--closed-loop", "--context-guidance", "mask"]))
     assert delegated.context_guidance == "mask"
+
+
+def test_merge_joins_disjoint_runs_and_refuses_mismatched_or_overlapping_ones(result, tmp_path):
+    out, document = result
+    later = json.loads(json.dumps(document))
+    later["settings"]["scene_seeds"] = [seed + 1 for seed in document["settings"]["scene_seeds"]]
+    (tmp_path / "later.json").write_text(json.dumps(later))
+    merged = tmp_path / "merged.json"
+    assert main(["--merge", str(out), str(tmp_path / "later.json"), "--json", str(merged)]) == 0
+    combined = json.loads(merged.read_text())
+    assert combined["settings"]["scenes"] == 2
+    assert len(combined["episodes"]["guided_mode"]["2"]) == 2
+    other = json.loads(json.dumps(later))
+    other["settings"]["context_guidance"] = "mask"
+    (tmp_path / "other.json").write_text(json.dumps(other))
+    with pytest.raises(SystemExit, match="context_guidance 'mask' != 'prefix'"):
+        main(["--merge", str(out), str(tmp_path / "other.json"), "--json", str(tmp_path / "x.json")])
+    with pytest.raises(SystemExit, match="their held-out scenes overlap"):
+        main(["--merge", str(out), str(out), "--json", str(tmp_path / "y.json")])

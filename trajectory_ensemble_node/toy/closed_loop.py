@@ -420,11 +420,32 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+MERGE_KEYS = ("pipeline", "num_inference_steps", "context_guidance", "delays", "s", "chunk", "step_budget",
+              "base_seed", "methods")
+"""Settings that runs must share to be merged (date and commit may differ)."""
+
+
+def _check_mergeable(documents: Sequence[dict[str, Any]], paths: Sequence[Path]) -> None:
+    """Refuse runs that differ in a :data:`MERGE_KEYS` setting or cover overlapping scenes."""
+    first = documents[0]["settings"]
+    for path, document in zip(paths[1:], documents[1:]):
+        for key in MERGE_KEYS:
+            mine, theirs = first.get(key), document["settings"].get(key)
+            if mine != theirs:
+                raise ValueError(f"cannot merge {str(path)!r} with {str(paths[0])!r}: {key} {theirs!r} != {mine!r}")
+    ranges = sorted((int(d["settings"]["scene_seeds"][0]), int(d["settings"]["scene_seeds"][1]), str(p))
+                    for d, p in zip(documents, paths))
+    for (_, end, left), (start, _, right) in zip(ranges, ranges[1:]):
+        if start <= end:
+            raise ValueError(f"cannot merge {right!r} with {left!r}: their held-out scenes overlap (seed {start})")
+
+
 def merge(paths: Sequence[Path], out: Path) -> dict[str, Any]:
     """Merge runs over disjoint scene ranges (same settings) into one result, re-summarized from their episodes."""
     from .closed_loop_report import write_markdown, write_plot
 
     documents = [json.loads(Path(p).read_text()) for p in paths]
+    _check_mergeable(documents, paths)
     first = documents[0]
     episodes: dict[str, dict[int, list[Episode]]] = {}
     for document in documents:
@@ -478,7 +499,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="merge these result files (disjoint scene ranges) into --json instead of running")
     args = parser.parse_args(argv)
     if args.merge:
-        merge(args.merge, args.json)
+        try:
+            merge(args.merge, args.json)
+        except ValueError as exc:
+            raise SystemExit(f"error: {exc}") from exc
         print(args.json.with_suffix(".md").read_text())
         return 0
     return run(args)

@@ -35,7 +35,7 @@ from ..errors import GrpoError
 from ..models.cosmos3.adapter import Cosmos3Adapter
 from ..models.cosmos3.attention import install_fanout
 from ..models.cosmos3.conditioning import GroupConditioning
-from ..models.cosmos3.packing import PackItem, pack_forward, split_predictions
+from ..models.cosmos3.packing import PackItem, forward_items
 from ..models.cosmos3.rollout import SIGMA_ONE_ATOL, gaussian_log_prob, sde_transition
 from . import task
 
@@ -174,11 +174,7 @@ def recompute_log_probs(
         timestep = tensors["timesteps"][step].item()
         for branch in conditioning.branches:
             items.append(PackItem(branch=branch, vision=vision, action=action, timestep=timestep))
-    packed = pack_forward(items, device)
-    processor = install_fanout(transformer)
-    with processor.use_layout(packed.layout):
-        preds_v, _, preds_a = transformer(**packed.kwargs, return_dict=False)
-    pred_v, pred_a = split_predictions(packed, preds_v), split_predictions(packed, preds_a)
+    pred_v, pred_a = forward_items(transformer, items, device)
     branches = len(conditioning.branches)
     scale = float(manifest["guidance_scale"])
     noisy_action = (1.0 - conditioning.action_mask).bool().cpu()  # [A, 1]

@@ -22,8 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..models.cosmos3.attention import install_fanout
-from ..models.cosmos3.packing import PackItem, pack_forward, split_predictions
+from ..models.cosmos3.packing import PackItem, forward_items
 from .data import ToyDataset, build_dataset
 
 DEFAULT_SIGMAS = (0.9, 0.7, 0.5, 0.3, 0.15, 0.05)
@@ -33,12 +32,10 @@ DEFAULT_JSON = Path("bench/results/latent_sensitivity-toy.json")
 def _clean_prediction(pipe: Any, dataset: ToyDataset, vision: torch.Tensor, action: torch.Tensor,
                       sigma: float) -> torch.Tensor:
     item = PackItem(branch=dataset.branch, vision=vision, action=action, timestep=sigma * 1000.0)
-    packed = pack_forward([item], torch.device("cpu"))
-    processor = install_fanout(pipe.transformer)
-    with torch.no_grad(), processor.use_layout(packed.layout):
-        _, _, preds = pipe.transformer(**packed.kwargs, return_dict=False)
+    with torch.no_grad():
+        _, preds = forward_items(pipe.transformer, [item], torch.device("cpu"))
     raw = dataset.actions.shape[-1]
-    velocity = split_predictions(packed, preds)[0][0, :, :raw].float()
+    velocity = preds[0][0, :, :raw].float()
     return action[0, :, :raw].float() - sigma * velocity
 
 

@@ -40,7 +40,7 @@ from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import Cosmos3OmniPipeline
 
 from ..models.cosmos3.attention import install_fanout
 from ..models.cosmos3.conditioning import encode_conditioning
-from ..models.cosmos3.packing import PackItem, pack_forward, split_predictions
+from ..models.cosmos3.packing import PackItem, forward_items
 from ..models.cosmos3.tiny import TinyCosmos3Config, build_pipeline
 from . import task
 from .data import ToyDataset, action_condition, build_dataset
@@ -260,12 +260,9 @@ def training_loss(
         targets_v.append((eps_v - x0_v)[:, :, 1:])
         targets_a.append(eps_a - x0_a)
         loss_mask.append((torch.arange(horizon) >= clean).float()[:, None].expand(horizon, raw))
-    packed = pack_forward(items, torch.device("cpu"))
-    processor = install_fanout(transformer)
-    with processor.use_layout(packed.layout):
-        preds_v, _, preds_a = transformer(**packed.kwargs, return_dict=False)
-    pred_v = torch.cat([p[:, :, 1:] for p in split_predictions(packed, preds_v)], dim=0)
-    pred_a = torch.cat([p[:, :, :raw] for p in split_predictions(packed, preds_a)], dim=0)
+    preds_v, preds_a = forward_items(transformer, items, torch.device("cpu"))
+    pred_v = torch.cat([p[:, :, 1:] for p in preds_v], dim=0)
+    pred_a = torch.cat([p[:, :, :raw] for p in preds_a], dim=0)
     if any(prefixes):
         mask = torch.stack(loss_mask)
         loss_a = (mask * (pred_a - torch.stack(targets_a)) ** 2).sum() / mask.sum()

@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from .attention import AttentionLayout, GenRun, PrefixSlot
+from .attention import AttentionLayout, GenRun, PrefixSlot, install_fanout
 
 
 @dataclass(frozen=True)
@@ -276,3 +276,26 @@ def split_predictions(
         out.append(torch.cat(chunk, dim=0) if chunk[0].dim() == 5 else torch.stack(chunk, dim=0))
         start += count
     return out
+
+
+def forward_items(
+    transformer: Any, items: Sequence[PackItem], device: torch.device
+) -> tuple[list[torch.Tensor | None], list[torch.Tensor | None]]:
+    """Run ``items`` through ``transformer`` in one packed forward, outside the serving loop (training, probes).
+
+    No prefix cache: every prefix is in the sequence. Gradients flow unless the caller disables them.
+
+    Args:
+        transformer (`Cosmos3OmniTransformer`): The model; the fan-out processor is installed on it if needed.
+        items (`Sequence[PackItem]`): The blocks to run.
+        device (`torch.device`): Device of the index tensors.
+
+    Returns:
+        `tuple`: per item, its stacked vision predictions ``[n, C, T, h, w]`` and action predictions ``[n, A, D]``
+        (``None`` where the forward has none), in item order.
+    """
+    packed = pack_forward(items, device)
+    processor = install_fanout(transformer)
+    with processor.use_layout(packed.layout):
+        preds_v, _, preds_a = transformer(**packed.kwargs, return_dict=False)
+    return split_predictions(packed, preds_v), split_predictions(packed, preds_a)

@@ -94,6 +94,8 @@ def test_sample_prefixes_draws_nothing_when_off_and_stays_in_range_when_on():
     ("--bimodal-share", "-0.1", "must be a share in [0, 1], got '-0.1'"),
     ("--prefix-offset", "-0.1", "must be a finite number >= 0, got '-0.1'"),
     ("--prefix-offset", "nan", "must be a finite number >= 0, got 'nan'"),
+    ("--prefix-max", "0", f"must be in [1, {task.HORIZON}), got '0'"),
+    ("--prefix-max", str(task.HORIZON), f"must be in [1, {task.HORIZON}), got '{task.HORIZON}'"),
 ])
 def test_bad_option_values_are_refused_with_the_value(option, value, message, capsys):
     parser = argparse.ArgumentParser()

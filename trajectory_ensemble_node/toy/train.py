@@ -85,7 +85,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prefix-conditioning", type=_share, default=0.0,
                         help="share of examples whose first d actions are given clean through the action mask "
                              "(how 'mask' context guidance serves a frozen prefix); 0 = none")
-    parser.add_argument("--prefix-max", type=int, default=task.HORIZON // 2,
+    parser.add_argument("--prefix-max", type=_prefix_length, default=task.HORIZON // 2,
                         help="largest clean prefix d of a --prefix-conditioning example (d is uniform in 1..this)")
     parser.add_argument("--prefix-offset", type=_nonnegative, default=0.0,
                         help="std (normalized units) of the offset a --prefix-conditioning example's clean prefix is "
@@ -125,6 +125,14 @@ def _nonnegative(text: str) -> float:
     value = float(text)
     if not (math.isfinite(value) and value >= 0.0):
         raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text!r}")
+    return value
+
+
+def _prefix_length(text: str) -> int:
+    """An argparse type: a clean-prefix length that leaves at least one action to denoise."""
+    value = int(text)
+    if not 1 <= value < task.HORIZON:
+        raise argparse.ArgumentTypeError(f"must be in [1, {task.HORIZON}), got {text!r}")
     return value
 
 

@@ -96,6 +96,9 @@ def test_sample_prefixes_draws_nothing_when_off_and_stays_in_range_when_on():
     ("--prefix-offset", "nan", "must be a finite number >= 0, got 'nan'"),
     ("--prefix-max", "0", f"must be in [1, {task.HORIZON}), got '0'"),
     ("--prefix-max", str(task.HORIZON), f"must be in [1, {task.HORIZON}), got '{task.HORIZON}'"),
+    ("--demo-speed", "1.0", "must be in [0, 1), got '1.0'"),
+    ("--demo-speed", "-0.2", "must be in [0, 1), got '-0.2'"),
+    ("--demo-speed-share", "2", "must be a share in [0, 1], got '2'"),
 ])
 def test_bad_option_values_are_refused_with_the_value(option, value, message, capsys):
     parser = argparse.ArgumentParser()
@@ -150,3 +153,56 @@ def test_drifted_demonstrations_change_the_trained_chunk_and_zero_drift_changes_
     with pytest.raises(ValueError, match=r"drifts must have shape \(2, 2\), got \(3, 2\)"):
         toy_train.training_loss(setup[0], setup[1], [0, 1], torch.tensor([0.6, 0.3]), torch.Generator(), 0.1,
                                 None, None, torch.zeros(3, 2))
+
+
+def test_dataset_keeps_where_each_demonstration_starts(setup):
+    _, dataset = setup
+    scene = task.make_scene(task.TRAIN_SEED_BASE)
+    assert dataset.starts.shape == (len(dataset.actions), 2)
+    assert torch.allclose(dataset.starts, torch.tensor(scene.robot, dtype=torch.float32).expand(2, 2))
+
+
+def test_retime_chunk_walks_the_same_path_slower_or_faster_and_stays_at_its_end():
+    chunk = torch.stack([0.1 * torch.arange(1, task.HORIZON + 1), torch.zeros(task.HORIZON)], dim=1)
+    chunk[4:, 1] = 0.1 * torch.arange(1, task.HORIZON - 3)  # a corner: the path bends after waypoint 3
+    start = torch.zeros(2)
+    assert torch.equal(toy_train.retime_chunk(chunk, start, 1.0), chunk)
+    slow = toy_train.retime_chunk(chunk, start, 0.5)
+    assert torch.allclose(slow[0], torch.tensor([0.05, 0.0]))  # half way to waypoint 0
+    assert torch.allclose(slow[1::2], chunk[: task.HORIZON // 2])  # every other step lands on a waypoint
+    fast = toy_train.retime_chunk(chunk, start, 1.5)
+    assert torch.allclose(fast[0], (chunk[0] + chunk[1]) / 2)
+    assert torch.equal(fast[-3:], chunk[-1].expand(3, 2))  # arrived: stays at the last waypoint
+    with pytest.raises(ValueError, match="factor must be a finite number > 0, got 0.0"):
+        toy_train.retime_chunk(chunk, start, 0.0)
+
+
+def test_sample_speeds_draws_nothing_when_off_and_stays_in_range_when_on():
+    generator = torch.Generator().manual_seed(0)
+    state = generator.get_state()
+    assert torch.equal(toy_train.sample_speeds(8, generator, 0.5, 0.0), torch.ones(8))
+    assert torch.equal(generator.get_state(), state)
+    drawn = toy_train.sample_speeds(4000, generator, 0.5, 0.3)
+    moved = drawn[drawn != 1.0]
+    assert 0.45 < len(moved) / len(drawn) < 0.55
+    assert moved.min() >= 0.7 and moved.max() <= 1.3 and moved.min() < 0.72 and moved.max() > 1.28
+
+
+def test_retimed_demonstrations_train_the_retimed_chunk_without_the_vision_term(setup):
+    pipe, dataset = setup
+    args = (pipe, dataset, [0, 1], torch.tensor([0.6, 0.3]))
+    with torch.no_grad():
+        plain = toy_train.training_loss(*args, torch.Generator().manual_seed(5), 0.1)
+        unit = toy_train.training_loss(*args, torch.Generator().manual_seed(5), 0.1, speeds=torch.ones(2))
+        both = toy_train.training_loss(*args, torch.Generator().manual_seed(5), 0.1, speeds=torch.tensor([0.7, 1.3]))
+        one = toy_train.training_loss(*args, torch.Generator().manual_seed(5), 0.1, speeds=torch.tensor([0.7, 1.0]))
+    assert unit[0].item() == plain[0].item() and unit[1:] == plain[1:]
+    assert both[1] != plain[1]
+    assert both[2] == 0.0  # neither clip shows its retimed chunk
+    assert one[2] > 0.0 and one[2] != plain[2]  # the vision term of the example at its own speed only
+    with pytest.raises(ValueError, match=r"speeds must have shape \(2,\), got \(3,\)"):
+        toy_train.training_loss(*args, torch.Generator(), 0.1, speeds=torch.ones(3))
+    with pytest.raises(ValueError, match="needs the dataset's start positions"):
+        bare = type(dataset)(**{**dataset.__dict__, "starts": None})
+        toy_train.training_loss(pipe, bare, [0, 1], torch.tensor([0.6, 0.3]), torch.Generator(), 0.1,
+                                speeds=torch.tensor([0.7, 1.0]))

@@ -51,6 +51,7 @@ class ToyDataset:
         actions (`torch.Tensor` of shape `[E, H, 2]`): Expert waypoints per example.
         state_of (`torch.LongTensor` of shape `[E]`): State index of each example.
         options (`list[list[int]]`): Example indexes of each state (1 or 2).
+        starts (`torch.Tensor` of shape `[E, 2]`, *optional*): Robot position each example's waypoints start from.
     """
 
     branch: Branch
@@ -59,6 +60,7 @@ class ToyDataset:
     actions: torch.Tensor
     state_of: torch.Tensor
     options: list[list[int]]
+    starts: torch.Tensor | None = None
 
     @property
     def num_states(self) -> int:
@@ -89,6 +91,18 @@ def _cache_key(num_seeds: int, mid_probability: float, pipe: Cosmos3OmniPipeline
         settings["recovery_states"] = recovery_states
     digest.update(json.dumps(settings, sort_keys=True).encode())
     return digest.hexdigest()[:16]
+
+
+def _labelled(num_seeds: int, mid_probability: float, closed_loop_states: int,
+              recovery_states: int) -> list[tuple[task.Scene, list[np.ndarray]]]:
+    return [example for seed in range(num_seeds)
+            for example in task.training_examples(seed, mid_probability, closed_loop_states, recovery_states)]
+
+
+def _starts(labelled: list[tuple[task.Scene, list[np.ndarray]]]) -> torch.Tensor:
+    # One row per example, in the order build_dataset stores them (states in order, their options in order).
+    rows = [state.robot for state, chunks in labelled for _ in chunks]
+    return torch.tensor(np.stack(rows), dtype=torch.float32)
 
 
 @torch.no_grad()
@@ -146,6 +160,10 @@ def build_dataset(
         if cache.exists():
             saved = torch.load(cache, weights_only=False)
             log(f"loaded encoded dataset {cache} ({len(saved['options'])} states)")
+            if saved.get("starts") is None:
+                # Caches written before starts were kept: the states are a pure function of the settings (no
+                # rendering or encoding needed), so recompute them rather than re-encode.
+                saved["starts"] = _starts(_labelled(num_seeds, mid_probability, closed_loop_states, recovery_states))
             return ToyDataset(**saved)
 
     device = torch.device("cpu")
@@ -157,8 +175,7 @@ def build_dataset(
     pending: list[list[np.ndarray]] = []
     clips: list[torch.Tensor] = []
     started = time.perf_counter()
-    labelled = [example for seed in range(num_seeds)
-                for example in task.training_examples(seed, mid_probability, closed_loop_states, recovery_states)]
+    labelled = _labelled(num_seeds, mid_probability, closed_loop_states, recovery_states)
     states = [state for state, _ in labelled]
     for index, (state, chunks) in enumerate(labelled):
         image = task.render(state)
@@ -203,6 +220,7 @@ def build_dataset(
         actions=torch.tensor(np.stack(actions), dtype=torch.float32),
         state_of=state_index,
         options=options,
+        starts=_starts(labelled),
     )
     log(f"encoded {len(states)} states, {len(actions)} examples in {time.perf_counter() - started:.0f} s")
     if cache is not None:

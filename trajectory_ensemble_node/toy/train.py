@@ -19,7 +19,12 @@ share it at inference. The conventions match what the serving path integrates:
   since their clip shows the unmoved path;
 - with ``--demo-drift S`` every demonstration drifts off its path by a random offset growing along the chunk
   (:func:`drift_chunk`), as demonstrations by hand do. The image then no longer fixes the action, so the denoiser
-  learns to read the action tokens it is given, and a guided prefix informs the actions after it.
+  learns to read the action tokens it is given, and a guided prefix informs the actions after it;
+- with ``--demo-speed V`` a share ``--demo-speed-share`` of the demonstrations is retimed by a factor uniform in
+  ``[1 - V, 1 + V]`` (:func:`retime_chunk`): the same path, walked slower or faster, as demonstrations by hand are.
+  The image cannot show the speed, so a policy trained on these draws candidates that differ in speed (within one
+  side of the obstacle), and only the chunk being executed says which speed continues it. Retimed examples leave
+  the vision term out, since their clip shows the path at the expert's own speed.
 
 The saved pipeline (``save_pretrained``, safetensors, fp16) holds the EMA weights, the VAE and the tokenizer.
 """
@@ -94,6 +99,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--demo-drift", type=_nonnegative, default=0.0,
                         help="std (normalized units) of the offset every demonstration drifts to by its chunk's end "
                              "(drift_chunk); 0 = the expert's own paths")
+    parser.add_argument("--demo-speed", type=_speed_spread, default=0.0,
+                        help="retime a share of the demonstrations by a factor uniform in [1 - V, 1 + V] "
+                             "(retime_chunk); 0 = the expert's own speed")
+    parser.add_argument("--demo-speed-share", type=_share, default=0.5,
+                        help="share of the examples --demo-speed retimes (the others keep the vision term)")
     parser.add_argument("--steps", type=int, default=3000, help="optimizer steps")
     parser.add_argument("--batch", type=int, default=8, help="examples packed into one forward")
     parser.add_argument("--lr", type=float, default=1e-3, help="peak learning rate of the one-cycle schedule")
@@ -125,6 +135,14 @@ def _nonnegative(text: str) -> float:
     value = float(text)
     if not (math.isfinite(value) and value >= 0.0):
         raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text!r}")
+    return value
+
+
+def _speed_spread(text: str) -> float:
+    """An argparse type: a speed spread in ``[0, 1)``, so every retiming factor is positive."""
+    value = float(text)
+    if not (math.isfinite(value) and 0.0 <= value < 1.0):
+        raise argparse.ArgumentTypeError(f"must be in [0, 1), got {text!r}")
     return value
 
 
@@ -184,6 +202,40 @@ def drift_chunk(chunk: torch.Tensor, offset: torch.Tensor) -> torch.Tensor:
     return chunk + ramp[:, None] * offset.to(chunk.dtype)
 
 
+def retime_chunk(chunk: torch.Tensor, start: torch.Tensor, factor: float) -> torch.Tensor:
+    """A demonstration walked at ``factor`` times its speed along the same path.
+
+    The path is the polyline from ``start`` through the waypoints; waypoint ``k`` (the position after step ``k + 1``)
+    moves to the path point ``factor * (k + 1)`` steps in, linearly interpolated between waypoints. Past the last
+    waypoint the chunk stays there: every toy label ends at the target (``task.training_examples``).
+
+    Args:
+        chunk (`torch.Tensor` of shape `[H, 2]`): The demonstration.
+        start (`torch.Tensor` of shape `[2]`): The robot position it starts from.
+        factor (`float`): Speed factor, ``> 0`` (1 returns the chunk unchanged).
+
+    Returns:
+        `torch.Tensor` of shape `[H, 2]`.
+    """
+    if not (math.isfinite(factor) and factor > 0.0):
+        raise ValueError(f"factor must be a finite number > 0, got {factor!r}")
+    horizon = chunk.shape[0]
+    path = torch.cat([start.to(chunk.dtype)[None], chunk], dim=0)  # [H + 1, 2], index = steps in
+    steps = (torch.arange(1, horizon + 1, dtype=torch.float64) * factor).clamp(max=horizon)
+    low = steps.floor().long().clamp(max=horizon - 1)
+    frac = (steps - low).to(chunk.dtype)[:, None]
+    return path[low] + frac * (path[low + 1] - path[low])
+
+
+def sample_speeds(count: int, generator: torch.Generator, share: float, spread: float) -> torch.Tensor:
+    """Speed factors ``[count]``: uniform in ``[1 - spread, 1 + spread]`` for a share ``share``, else exactly 1."""
+    if share <= 0.0 or spread <= 0.0:
+        return torch.ones(count)
+    use = torch.rand(count, generator=generator) < share
+    factors = 1.0 + spread * (2.0 * torch.rand(count, generator=generator) - 1.0)
+    return torch.where(use, factors, torch.ones_like(factors))
+
+
 def sample_sigmas(count: int, generator: torch.Generator, shift: float) -> torch.Tensor:
     """Logit-normal sigmas, half of them shifted toward high noise (``shift * s / (1 + (shift - 1) * s)``).
 
@@ -210,6 +262,7 @@ def training_loss(
     prefixes: list[int] | None = None,
     offsets: list[torch.Tensor | None] | None = None,
     drifts: torch.Tensor | None = None,
+    speeds: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, float, float]:
     """Flow-matching loss of ``examples`` packed into ONE transformer forward.
 
@@ -226,6 +279,9 @@ def training_loss(
             (:func:`offset_prefix`; needs a prefix); a moved example leaves the vision term out.
         drifts (`torch.Tensor` of shape `[B, 2]`, *optional*): Per example, the end offset its demonstration
             drifts to (:func:`drift_chunk`), applied before any prefix offset.
+        speeds (`torch.Tensor` of shape `[B]`, *optional*): Per example, the factor its demonstration is retimed by
+            (:func:`retime_chunk`, from ``dataset.starts``), applied first; an example not at 1 leaves the vision
+            term out.
 
     Returns:
         `tuple`: total loss (scalar tensor), action MSE, vision MSE (floats).
@@ -245,9 +301,17 @@ def training_loss(
     items, targets_v, targets_a, loss_mask = [], [], [], []
     if drifts is not None and tuple(drifts.shape) != (len(examples), 2):
         raise ValueError(f"drifts must have shape ({len(examples)}, 2), got {tuple(drifts.shape)}")
+    if speeds is not None:
+        if tuple(speeds.shape) != (len(examples),):
+            raise ValueError(f"speeds must have shape ({len(examples)},), got {tuple(speeds.shape)}")
+        if dataset.starts is None:
+            raise ValueError("retiming demonstrations needs the dataset's start positions (dataset.starts)")
+    retimed = [speeds is not None and float(speeds[i]) != 1.0 for i in range(len(examples))]
     for index, (example, sigma, clean, offset) in enumerate(zip(examples, sigmas.tolist(), prefixes, offsets)):
         x0_v = dataset.clips[example : example + 1]  # [1, C, T, h, w]
         x0_a = dataset.actions[example]  # [H, 2]
+        if retimed[index]:
+            x0_a = retime_chunk(x0_a, dataset.starts[example], float(speeds[index]))
         if drifts is not None:
             x0_a = drift_chunk(x0_a, drifts[index])
         if offset is not None:
@@ -276,8 +340,9 @@ def training_loss(
         loss_a = (mask * (pred_a - torch.stack(targets_a)) ** 2).sum() / mask.sum()
     else:
         loss_a = torch.nn.functional.mse_loss(pred_a, torch.stack(targets_a))
-    if any(o is not None for o in offsets):
-        keep = [i for i, o in enumerate(offsets) if o is None]
+    if any(o is not None for o in offsets) or any(retimed):
+        # A moved or retimed example's clip shows the demonstration it was made from, not the chunk it trains.
+        keep = [i for i, o in enumerate(offsets) if o is None and not retimed[i]]
         loss_v = (torch.nn.functional.mse_loss(pred_v[keep], torch.cat(targets_v)[keep]) if keep
                   else pred_v.sum() * 0.0)
     else:
@@ -434,8 +499,11 @@ def run(args: argparse.Namespace) -> int:
             drawn = torch.randn(args.batch, 2, generator=generator) * args.prefix_offset
             offsets = [drawn[i] if d else None for i, d in enumerate(prefixes)]
         drifts = torch.randn(args.batch, 2, generator=generator) * args.demo_drift if args.demo_drift > 0 else None
+        speeds = None
+        if args.demo_speed > 0:
+            speeds = sample_speeds(args.batch, generator, args.demo_speed_share, args.demo_speed)
         loss, loss_a, loss_v = training_loss(pipe, dataset, examples, sigmas, generator, args.vision_weight,
-                                             prefixes, offsets, drifts)
+                                             prefixes, offsets, drifts, speeds)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)

@@ -22,8 +22,8 @@ share it at inference. The conventions match what the serving path integrates:
   learns to read the action tokens it is given, and a guided prefix informs the actions after it;
 - with ``--demo-speed V`` a share ``--demo-speed-share`` of the demonstrations is retimed by a factor uniform in
   ``[1 - V, 1 + V]`` (:func:`retime_chunk`): the same path, walked slower or faster, as demonstrations by hand are.
-  The image cannot show the speed, so a policy trained on these draws candidates that differ in speed (within one
-  side of the obstacle), and only the chunk being executed says which speed continues it. Retimed examples leave
+  The image cannot show the speed, so a policy that learns them draws candidates that differ in speed within one
+  side of the obstacle, and only the chunk being executed says which speed continues it. Retimed examples leave
   the vision term out, since their clip shows the path at the expert's own speed.
 
 The saved pipeline (``save_pretrained``, safetensors, fp16) holds the EMA weights, the VAE and the tokenizer.

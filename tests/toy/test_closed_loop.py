@@ -93,11 +93,15 @@ def test_merge_joins_disjoint_runs_and_refuses_mismatched_or_overlapping_ones(re
     out, document = result
     later = json.loads(json.dumps(document))
     later["settings"]["scene_seeds"] = [seed + 1 for seed in document["settings"]["scene_seeds"]]
+    later["settings"]["commit"] = "abc1234"
     (tmp_path / "later.json").write_text(json.dumps(later))
     merged = tmp_path / "merged.json"
     assert main(["--merge", str(out), str(tmp_path / "later.json"), "--json", str(merged)]) == 0
     combined = json.loads(merged.read_text())
     assert combined["settings"]["scenes"] == 2
+    # Both runs' code is named, in the report too.
+    assert combined["settings"]["commit"] == f"{document['settings']['commit']}, abc1234"
+    assert f"at commit {document['settings']['commit']}, abc1234" in merged.with_suffix(".md").read_text()
     assert len(combined["episodes"]["guided_mode"]["2"]) == 2
     other = json.loads(json.dumps(later))
     other["settings"]["context_guidance"] = "mask"

@@ -460,6 +460,9 @@ def merge(paths: Sequence[Path], out: Path) -> dict[str, Any]:
                                                        for d in documents]))
                                    for k in first["settings"]["median_group_ms"]}
     settings["merged_from"] = [str(p) for p in paths]
+    # Runs may come from different commits (MERGE_KEYS leaves the code out); name every one, in run order.
+    commits = list(dict.fromkeys(str(d["settings"].get("commit", "?")) for d in documents))
+    settings["commit"] = ", ".join(commits)
     result = {
         "closed_loop": {name: {str(d): summarize(v) for d, v in per.items()} for name, per in episodes.items()},
         "settings": settings, "definitions": first["definitions"],

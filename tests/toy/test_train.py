@@ -11,6 +11,7 @@ import torch
 
 from trajectory_ensemble_node.models.cosmos3.attention import install_fanout
 from trajectory_ensemble_node.toy import load_toy_pipeline, task
+from trajectory_ensemble_node.toy import augment
 from trajectory_ensemble_node.toy import train as toy_train
 from trajectory_ensemble_node.toy.data import build_dataset
 
@@ -82,9 +83,9 @@ def test_prefixes_out_of_range_are_refused_with_the_value(setup, prefixes):
 def test_sample_prefixes_draws_nothing_when_off_and_stays_in_range_when_on():
     generator = torch.Generator().manual_seed(3)
     state = generator.get_state()
-    assert toy_train.sample_prefixes(8, generator, 0.0, 4) == [0] * 8
+    assert augment.sample_prefixes(8, generator, 0.0, 4) == [0] * 8
     assert torch.equal(generator.get_state(), state)  # off: the noise of a plain run is unchanged
-    drawn = toy_train.sample_prefixes(2000, generator, 0.5, 3)
+    drawn = augment.sample_prefixes(2000, generator, 0.5, 3)
     assert set(drawn) == {0, 1, 2, 3}
     assert 0.45 < sum(d > 0 for d in drawn) / len(drawn) < 0.55
 
@@ -111,14 +112,14 @@ def test_bad_option_values_are_refused_with_the_value(option, value, message, ca
 def test_offset_prefix_moves_the_prefix_and_joins_it_without_a_jump():
     chunk = torch.stack([torch.linspace(0.1, 0.8, task.HORIZON), torch.zeros(task.HORIZON)], dim=1)
     offset = torch.tensor([0.0, 0.2])
-    moved = toy_train.offset_prefix(chunk, 2, offset)
+    moved = augment.offset_prefix(chunk, 2, offset)
     shift = (moved - chunk)[:, 1]
     assert torch.allclose(shift[:2], torch.tensor([0.1, 0.2]))  # drifts away from the robot up to the offset
     assert torch.all(shift[1:].diff() <= 1e-7) and shift[-1].abs() < 1e-7  # then back, by the chunk's end
     assert (shift[2] - shift[1]).abs() < 0.2 / 4  # no jump right after the prefix
     assert torch.equal(moved[:, 0], chunk[:, 0])
     with pytest.raises(ValueError, match=f"clean must be in \\[1, {task.HORIZON}\\), got 0"):
-        toy_train.offset_prefix(chunk, 0, offset)
+        augment.offset_prefix(chunk, 0, offset)
 
 
 def test_offset_examples_train_the_moved_chunk_without_the_vision_term(setup):
@@ -135,7 +136,7 @@ def test_offset_examples_train_the_moved_chunk_without_the_vision_term(setup):
 
 def test_drift_chunk_grows_linearly_to_the_offset():
     chunk = torch.zeros(task.HORIZON, 2)
-    moved = toy_train.drift_chunk(chunk, torch.tensor([0.08, -0.04]))
+    moved = augment.drift_chunk(chunk, torch.tensor([0.08, -0.04]))
     assert torch.allclose(moved[-1], torch.tensor([0.08, -0.04]))
     assert torch.allclose(moved[:, 0].diff(), torch.full((task.HORIZON - 1,), 0.01))
 
@@ -166,23 +167,23 @@ def test_retime_chunk_walks_the_same_path_slower_or_faster_and_stays_at_its_end(
     chunk = torch.stack([0.1 * torch.arange(1, task.HORIZON + 1), torch.zeros(task.HORIZON)], dim=1)
     chunk[4:, 1] = 0.1 * torch.arange(1, task.HORIZON - 3)  # a corner: the path bends after waypoint 3
     start = torch.zeros(2)
-    assert torch.equal(toy_train.retime_chunk(chunk, start, 1.0), chunk)
-    slow = toy_train.retime_chunk(chunk, start, 0.5)
+    assert torch.equal(augment.retime_chunk(chunk, start, 1.0), chunk)
+    slow = augment.retime_chunk(chunk, start, 0.5)
     assert torch.allclose(slow[0], torch.tensor([0.05, 0.0]))  # half way to waypoint 0
     assert torch.allclose(slow[1::2], chunk[: task.HORIZON // 2])  # every other step lands on a waypoint
-    fast = toy_train.retime_chunk(chunk, start, 1.5)
+    fast = augment.retime_chunk(chunk, start, 1.5)
     assert torch.allclose(fast[0], (chunk[0] + chunk[1]) / 2)
     assert torch.equal(fast[-3:], chunk[-1].expand(3, 2))  # arrived: stays at the last waypoint
     with pytest.raises(ValueError, match="factor must be a finite number > 0, got 0.0"):
-        toy_train.retime_chunk(chunk, start, 0.0)
+        augment.retime_chunk(chunk, start, 0.0)
 
 
 def test_sample_speeds_draws_nothing_when_off_and_stays_in_range_when_on():
     generator = torch.Generator().manual_seed(0)
     state = generator.get_state()
-    assert torch.equal(toy_train.sample_speeds(8, generator, 0.5, 0.0), torch.ones(8))
+    assert torch.equal(augment.sample_speeds(8, generator, 0.5, 0.0), torch.ones(8))
     assert torch.equal(generator.get_state(), state)
-    drawn = toy_train.sample_speeds(4000, generator, 0.5, 0.3)
+    drawn = augment.sample_speeds(4000, generator, 0.5, 0.3)
     moved = drawn[drawn != 1.0]
     assert 0.45 < len(moved) / len(drawn) < 0.55
     assert moved.min() >= 0.7 and moved.max() <= 1.3 and moved.min() < 0.72 and moved.max() > 1.28

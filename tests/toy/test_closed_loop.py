@@ -102,6 +102,17 @@ def test_merge_joins_disjoint_runs_and_refuses_mismatched_or_overlapping_ones(re
     # Both runs' code is named, in the report too.
     assert combined["settings"]["commit"] == f"{document['settings']['commit']}, abc1234"
     assert f"at commit {document['settings']['commit']}, abc1234" in merged.with_suffix(".md").read_text()
+    # A merged result merges again: its ranges carry over, and an overlap with any of them is refused.
+    third = json.loads(json.dumps(document))
+    third["settings"]["scene_seeds"] = [seed + 2 for seed in document["settings"]["scene_seeds"]]
+    (tmp_path / "third.json").write_text(json.dumps(third))
+    again = tmp_path / "again.json"
+    assert main(["--merge", str(merged), str(tmp_path / "third.json"), "--json", str(again)]) == 0
+    seeds = document["settings"]["scene_seeds"]
+    assert json.loads(again.read_text())["settings"]["scene_seeds"] == [seeds, [s + 1 for s in seeds],
+                                                                          [s + 2 for s in seeds]]
+    with pytest.raises(SystemExit, match="their held-out scenes overlap"):
+        main(["--merge", str(merged), str(tmp_path / "later.json"), "--json", str(tmp_path / "z.json")])
     assert len(combined["episodes"]["guided_mode"]["2"]) == 2
     other = json.loads(json.dumps(later))
     other["settings"]["context_guidance"] = "mask"

@@ -426,6 +426,13 @@ MERGE_KEYS = ("pipeline", "num_inference_steps", "context_guidance", "delays", "
 """Settings that runs must share to be merged (date and commit may differ)."""
 
 
+def scene_ranges(settings: dict[str, Any]) -> list[tuple[int, int]]:
+    """The held-out scene seed ranges ``(first, last)`` of a result: one for a run, several for a merged result."""
+    seeds = settings["scene_seeds"]
+    pairs = seeds if seeds and isinstance(seeds[0], (list, tuple)) else [seeds]
+    return [(int(first), int(last)) for first, last in pairs]
+
+
 def _check_mergeable(documents: Sequence[dict[str, Any]], paths: Sequence[Path]) -> None:
     """Refuse runs that differ in a :data:`MERGE_KEYS` setting or cover overlapping scenes."""
     first = documents[0]["settings"]
@@ -434,8 +441,8 @@ def _check_mergeable(documents: Sequence[dict[str, Any]], paths: Sequence[Path])
             mine, theirs = first.get(key), document["settings"].get(key)
             if mine != theirs:
                 raise ValueError(f"cannot merge {str(path)!r} with {str(paths[0])!r}: {key} {theirs!r} != {mine!r}")
-    ranges = sorted((int(d["settings"]["scene_seeds"][0]), int(d["settings"]["scene_seeds"][1]), str(p))
-                    for d, p in zip(documents, paths))
+    ranges = sorted((first, last, str(p)) for d, p in zip(documents, paths)
+                    for first, last in scene_ranges(d["settings"]))
     for (_, end, left), (start, _, right) in zip(ranges, ranges[1:]):
         if start <= end:
             raise ValueError(f"cannot merge {right!r} with {left!r}: their held-out scenes overlap (seed {start})")
@@ -455,7 +462,7 @@ def merge(paths: Sequence[Path], out: Path) -> dict[str, Any]:
                 episodes.setdefault(name, {}).setdefault(int(delay), []).extend(map(Episode.from_record, records))
     settings = dict(first["settings"])
     settings["scenes"] = sum(d["settings"]["scenes"] for d in documents)
-    settings["scene_seeds"] = [[*d["settings"]["scene_seeds"]] for d in documents]
+    settings["scene_seeds"] = [list(pair) for d in documents for pair in scene_ranges(d["settings"])]
     settings["median_group_ms"] = {k: float(np.median([d["settings"]["median_group_ms"].get(k, np.nan)
                                                        for d in documents]))
                                    for k in first["settings"]["median_group_ms"]}
@@ -471,8 +478,8 @@ def merge(paths: Sequence[Path], out: Path) -> dict[str, Any]:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result))
     write_markdown(result, out.with_suffix(".md"))
-    scenes = [task.make_scene(seed) for d in documents
-              for seed in range(d["settings"]["scene_seeds"][0], d["settings"]["scene_seeds"][1] + 1)]
+    scenes = [task.make_scene(seed) for d in documents for first, last in scene_ranges(d["settings"])
+              for seed in range(first, last + 1)]
     write_plot(result, episodes, scenes, out.with_suffix(".png"))
     return result
 

@@ -187,6 +187,13 @@ def test_sample_speeds_draws_nothing_when_off_and_stays_in_range_when_on():
     moved = drawn[drawn != 1.0]
     assert 0.45 < len(moved) / len(drawn) < 0.55
     assert moved.min() >= 0.7 and moved.max() <= 1.3 and moved.min() < 0.72 and moved.max() > 1.28
+    # Only eligible examples (e.g. those with a clean prefix) are retimed, from the same draw.
+    eligible = [i % 2 == 0 for i in range(8)]
+    alone = augment.sample_speeds(8, torch.Generator().manual_seed(3), 1.0, 0.3)
+    some = augment.sample_speeds(8, torch.Generator().manual_seed(3), 1.0, 0.3, eligible)
+    assert torch.equal(some[0::2], alone[0::2]) and torch.equal(some[1::2], torch.ones(4))
+    with pytest.raises(ValueError, match="eligible must have 8 entries, got 3"):
+        augment.sample_speeds(8, generator, 1.0, 0.3, [True] * 3)
 
 
 def test_retimed_demonstrations_train_the_retimed_chunk_without_the_vision_term(setup):

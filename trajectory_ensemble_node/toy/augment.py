@@ -90,10 +90,20 @@ def retime_chunk(chunk: torch.Tensor, start: torch.Tensor, factor: float) -> tor
     return path[low] + frac * (path[low + 1] - path[low])
 
 
-def sample_speeds(count: int, generator: torch.Generator, share: float, spread: float) -> torch.Tensor:
-    """Speed factors ``[count]``: uniform in ``[1 - spread, 1 + spread]`` for a share ``share``, else exactly 1."""
+def sample_speeds(count: int, generator: torch.Generator, share: float, spread: float,
+                  eligible: list[bool] | None = None) -> torch.Tensor:
+    """Speed factors ``[count]``: uniform in ``[1 - spread, 1 + spread]`` for a share ``share``, else exactly 1.
+
+    Args:
+        eligible (`list[bool]`, *optional*): Per example, whether it may be retimed at all (e.g. only the examples
+            with a clean prefix); the draw is the same either way, so this only sets the others to 1.
+    """
     if share <= 0.0 or spread <= 0.0:
         return torch.ones(count)
     use = torch.rand(count, generator=generator) < share
+    if eligible is not None:
+        if len(eligible) != count:
+            raise ValueError(f"eligible must have {count} entries, got {len(eligible)}")
+        use &= torch.tensor(eligible, dtype=torch.bool)
     factors = 1.0 + spread * (2.0 * torch.rand(count, generator=generator) - 1.0)
     return torch.where(use, factors, torch.ones_like(factors))

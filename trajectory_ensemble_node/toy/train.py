@@ -24,7 +24,9 @@ share it at inference. The conventions match what the serving path integrates:
   ``[1 - V, 1 + V]`` (:func:`retime_chunk`): the same path, walked slower or faster, as demonstrations by hand are.
   The image cannot show the speed, so a policy that learns them draws candidates that differ in speed within one
   side of the obstacle, and only the chunk being executed says which speed continues it. Retimed examples leave
-  the vision term out, since their clip shows the path at the expert's own speed.
+  the vision term out, since their clip shows the path at the expert's own speed. With ``--demo-speed-prefixed``
+  only examples with a clean prefix are retimed: a policy then reads the speed from the frozen prefix it is given
+  (through the action mask) and keeps the expert's speed when it has none, so a first chunk is as before.
 
 The saved pipeline (``save_pretrained``, safetensors, fp16) holds the EMA weights, the VAE and the tokenizer.
 """
@@ -105,6 +107,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "(retime_chunk); 0 = the expert's own speed")
     parser.add_argument("--demo-speed-share", type=_share, default=0.5,
                         help="share of the examples --demo-speed retimes (the others keep the vision term)")
+    parser.add_argument("--demo-speed-prefixed", action="store_true",
+                        help="retime only examples with a clean prefix (--prefix-conditioning): the prefix then "
+                             "says the speed, and examples without one keep the expert's")
     parser.add_argument("--steps", type=int, default=3000, help="optimizer steps")
     parser.add_argument("--batch", type=int, default=8, help="examples packed into one forward")
     parser.add_argument("--lr", type=float, default=1e-3, help="peak learning rate of the one-cycle schedule")
@@ -420,7 +425,8 @@ def run(args: argparse.Namespace) -> int:
         drifts = torch.randn(args.batch, 2, generator=generator) * args.demo_drift if args.demo_drift > 0 else None
         speeds = None
         if args.demo_speed > 0:
-            speeds = sample_speeds(args.batch, generator, args.demo_speed_share, args.demo_speed)
+            eligible = [d > 0 for d in prefixes] if args.demo_speed_prefixed else None
+            speeds = sample_speeds(args.batch, generator, args.demo_speed_share, args.demo_speed, eligible)
         loss, loss_a, loss_v = training_loss(pipe, dataset, examples, sigmas, generator, args.vision_weight,
                                              prefixes, offsets, drifts, speeds)
         optimizer.zero_grad(set_to_none=True)

@@ -1,5 +1,6 @@
 """The latent-sensitivity probe: at vanishing noise every flow model's clean prediction is its own latent, so the
-probe must read 1 on the diagonal and 0 elsewhere; bad arguments are refused with their values."""
+probe must read 1 on the diagonal and 0 elsewhere; the prefix-speed probe reads 1 on a frozen action; bad arguments
+are refused with their values."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import torch
 
 from trajectory_ensemble_node.toy import load_toy_pipeline
 from trajectory_ensemble_node.toy.data import build_dataset
-from trajectory_ensemble_node.toy.sensitivity import latent_sensitivity
+from trajectory_ensemble_node.toy.sensitivity import latent_sensitivity, prefix_speed_gain
 
 
 @pytest.fixture(scope="module")
@@ -38,3 +39,16 @@ def test_at_mid_noise_the_result_is_finite_and_labelled_per_source_and_sigma(set
 def test_bad_arguments_are_refused_with_their_values(setup, kwargs, message):
     with pytest.raises(ValueError, match=message):
         latent_sensitivity(*setup, **kwargs)
+
+
+@pytest.mark.parametrize("guidance", ["prefix", "mask"])
+def test_a_frozen_action_carries_the_whole_prefix_speed(setup, guidance):
+    from trajectory_ensemble_node.models.cosmos3 import Cosmos3ActionModel
+    from trajectory_ensemble_node.toy import task
+
+    model = Cosmos3ActionModel(setup[0])
+    # Action 2 inside a frozen prefix of 3 equals the previous chunk, so it moves exactly as the retimed expert.
+    gains = prefix_speed_gain(model, task.heldout_scenes(1), guidance=guidance, frozen=3, target=2, count=2, steps=2)
+    assert gains == [pytest.approx(1.0, abs=1e-3)]
+    with pytest.raises(ValueError, match=r"factors must differ, got \(1.0, 1.0\)"):
+        prefix_speed_gain(model, task.heldout_scenes(1), factors=(1.0, 1.0))

@@ -7,6 +7,10 @@ training forward of :mod:`.train`), per noise level, averaged over training exam
 denoiser that reads its own latent fully gives ``1 / (1 - sigma)`` on the diagonal; one that predicts from the image
 alone gives 0. As ``sigma -> 0`` every flow model tends to 1 on the diagonal, since ``x0_hat -> x``.
 
+A second probe, :func:`prefix_speed_gain`, asks the same of the frozen prefix through the serving path: give a
+group the expert's chunk walked at two speeds as its frozen prefix and see how far the first free action moves with
+it. Gain 1: the policy continues the prefix's speed; gain 0: it plans from the image alone.
+
 ``python -m trajectory_ensemble_node.toy.sensitivity --pipeline DIR [--pipeline DIR ...] --json PATH``
 """
 
@@ -22,7 +26,11 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..contract import CandidateTrajectorySpec
+from ..engine.context import ExecutionContext
 from ..models.cosmos3.packing import PackItem, forward_items
+from . import request_kwargs, task
+from .augment import retime_chunk
 from .data import ToyDataset, build_dataset
 
 DEFAULT_SIGMAS = (0.9, 0.7, 0.5, 0.3, 0.15, 0.05)
@@ -88,6 +96,57 @@ def latent_sensitivity(pipe: Any, dataset: ToyDataset, *, target: int = 2, sourc
     return out
 
 
+def prefix_speed_gain(model: Any, scenes: Sequence[task.Scene], *, guidance: str = "mask", frozen: int = 2,
+                      target: int = 2, factors: tuple[float, float] = (0.7, 1.3), count: int = 8,
+                      steps: int = task.NUM_INFERENCE_STEPS, seed: int = 1) -> list[float]:
+    """Per scene, how much of a frozen prefix's speed the policy carries into action ``target``.
+
+    The prefix is the first ``frozen`` actions of the scene's expert chunk retimed by each of ``factors``
+    (:func:`~.augment.retime_chunk`), given as an execution context whose overlap ends with it (no ramp, so only the
+    model carries the speed on). Gain = change of the candidates' mean distance from the robot at ``target`` over
+    the change of the retimed expert's: 1 when the policy continues the prefix, 0 when it ignores it.
+
+    Args:
+        model (`Cosmos3ActionModel`): The served toy policy.
+        scenes (`Sequence[task.Scene]`): Scenes (their first expert side is used).
+        guidance (`str`): Context guidance mode (``"mask"`` for a policy trained with clean prefixes).
+        frozen (`int`): Prefix length ``d``.
+        target (`int`): Action read (``frozen`` is the first free one).
+        factors (`tuple[float, float]`): The two speeds, different.
+        count (`int`): Candidates per group.
+        steps (`int`): Denoising steps.
+        seed (`int`): Base seed of every group (the same for both speeds).
+
+    Returns:
+        `list[float]`: One gain per scene.
+    """
+    slow, fast = factors
+    if slow == fast:
+        raise ValueError(f"factors must differ, got {factors!r}")
+    dt = 1.0 / task.FPS
+    gains = []
+    for scene in scenes:
+        expert = torch.tensor(task.expert_path(scene, task.expert_sides(scene)[0]), dtype=torch.float32)
+        robot = torch.tensor(scene.robot, dtype=torch.float32)
+        moved, wanted = {}, {}
+        for factor in factors:
+            chunk = retime_chunk(expert, robot, factor)
+            # A previous chunk whose last `frozen` actions are the prefix: overlap == frozen, so weights end there.
+            previous = torch.zeros(task.HORIZON, chunk.shape[1])
+            previous[task.HORIZON - frozen :] = chunk[:frozen]
+            context = ExecutionContext(previous, 0.0, dt, frozen, (task.HORIZON - frozen) * dt, guidance=guidance)
+            kwargs = request_kwargs(task.render(scene))
+            kwargs["num_inference_steps"] = steps
+            result = model.generate(**kwargs, spec=CandidateTrajectorySpec(count=count, reducer="mean",
+                                                                           return_candidates=True),
+                                    base_seed=seed, context=context)
+            moved[factor] = float(torch.linalg.vector_norm(result.candidates[:, target].float() - robot, dim=-1)
+                                  .mean())
+            wanted[factor] = float(torch.linalg.vector_norm(chunk[target] - robot))
+        gains.append((moved[fast] - moved[slow]) / (wanted[fast] - wanted[slow]))
+    return gains
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     from . import load_toy_pipeline
     from .closed_loop import git_commit
@@ -99,6 +158,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, default=8, help="training scene seeds whose examples are probed")
     parser.add_argument("--target", type=int, default=2, help="action whose clean prediction is read (d = 2's first "
                                                               "free action)")
+    parser.add_argument("--prefix-scenes", type=int, default=0,
+                        help="also run prefix_speed_gain on this many held-out scenes ('mask' guidance); 0 = skip")
     parser.add_argument("--json", type=Path, default=DEFAULT_JSON)
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args(argv)
@@ -109,14 +170,24 @@ def main(argv: Sequence[str] | None = None) -> int:
                      "commit": git_commit(), "seeds": args.seeds, "target": args.target, "sources": sources,
                      "sigmas": list(DEFAULT_SIGMAS), "delta": 0.05,
                      "definition": f"mean d x0_hat[{args.target}] / d x[source] over examples and both channels; "
-                                   "reading the latent fully: 1 / (1 - sigma) on the diagonal"},
+                                   "reading the latent fully: 1 / (1 - sigma) on the diagonal",
+                     "prefix_scenes": args.prefix_scenes,
+                     "prefix_definition": "prefix_speed_gain: change of the candidates' mean distance from the robot "
+                                          f"at action {args.target} over the change of the expert's, with its first "
+                                          "2 actions walked at 0.7x and 1.3x given as the frozen prefix ('mask')"},
         "pipelines": {},
     }
     for path in args.pipeline or [None]:
         pipe = load_toy_pipeline(path=path)
         dataset = build_dataset(pipe, args.seeds, log=lambda message: None)
-        result["pipelines"][str(path or "shipped toy_policy")] = latent_sensitivity(
-            pipe, dataset, target=args.target, sources=sources)
+        name = str(path or "shipped toy_policy")
+        result["pipelines"][name] = latent_sensitivity(pipe, dataset, target=args.target, sources=sources)
+        if args.prefix_scenes > 0:
+            from ..models.cosmos3 import Cosmos3ActionModel
+
+            gains = prefix_speed_gain(Cosmos3ActionModel(pipe, max_batch_candidates=64),
+                                      task.heldout_scenes(args.prefix_scenes), target=args.target)
+            result.setdefault("prefix_speed_gain", {})[name] = {"mean": float(np.mean(gains)), "per_scene": gains}
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(result, indent=1))
     for name, table in result["pipelines"].items():
@@ -124,6 +195,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         for source, row in table.items():
             print(f"  d x0_hat[{args.target}] / d x[{source}]: "
                   + ", ".join(f"sigma {s}: {v:.3f}" for s, v in row.items()))
+        if name in result.get("prefix_speed_gain", {}):
+            print(f"  prefix speed gain at action {args.target}: {result['prefix_speed_gain'][name]['mean']:.2f}")
     return 0
 
 

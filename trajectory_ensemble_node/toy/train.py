@@ -25,8 +25,9 @@ share it at inference. The conventions match what the serving path integrates:
   The image cannot show the speed, so a policy that learns them draws candidates that differ in speed within one
   side of the obstacle, and only the chunk being executed says which speed continues it. Retimed examples leave
   the vision term out, since their clip shows the path at the expert's own speed. With ``--demo-speed-prefixed``
-  only examples with a clean prefix are retimed: a policy then reads the speed from the frozen prefix it is given
-  (through the action mask) and keeps the expert's speed when it has none, so a first chunk is as before.
+  only examples with a clean prefix are retimed: the speed is then told by the frozen prefix (through the action
+  mask), never left to chance, and examples without a prefix keep the expert's. What these policies did in closed
+  loop is in ``docs/closed-loop.md``.
 
 The saved pipeline (``save_pretrained``, safetensors, fp16) holds the EMA weights, the VAE and the tokenizer.
 """

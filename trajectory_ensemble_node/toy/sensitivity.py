@@ -129,14 +129,14 @@ def prefix_speed_gain(model: Any, scenes: Sequence[task.Scene], *, guidance: str
         expert = torch.tensor(task.expert_path(scene, task.expert_sides(scene)[0]), dtype=torch.float32)
         robot = torch.tensor(scene.robot, dtype=torch.float32)
         moved, wanted = {}, {}
+        kwargs = request_kwargs(task.render(scene))
+        kwargs["num_inference_steps"] = steps
         for factor in factors:
             chunk = retime_chunk(expert, robot, factor)
             # A previous chunk whose last `frozen` actions are the prefix: overlap == frozen, so weights end there.
             previous = torch.zeros(task.HORIZON, chunk.shape[1])
             previous[task.HORIZON - frozen :] = chunk[:frozen]
             context = ExecutionContext(previous, 0.0, dt, frozen, (task.HORIZON - frozen) * dt, guidance=guidance)
-            kwargs = request_kwargs(task.render(scene))
-            kwargs["num_inference_steps"] = steps
             result = model.generate(**kwargs, spec=CandidateTrajectorySpec(count=count, reducer="mean",
                                                                            return_candidates=True),
                                     base_seed=seed, context=context)

@@ -226,12 +226,11 @@ def training_loss(
     items, targets_v, targets_a, loss_mask = [], [], [], []
     if drifts is not None and tuple(drifts.shape) != (len(examples), 2):
         raise ValueError(f"drifts must have shape ({len(examples)}, 2), got {tuple(drifts.shape)}")
-    if speeds is not None:
-        if tuple(speeds.shape) != (len(examples),):
-            raise ValueError(f"speeds must have shape ({len(examples)},), got {tuple(speeds.shape)}")
-        if dataset.starts is None:
-            raise ValueError("retiming demonstrations needs the dataset's start positions (dataset.starts)")
+    if speeds is not None and tuple(speeds.shape) != (len(examples),):
+        raise ValueError(f"speeds must have shape ({len(examples)},), got {tuple(speeds.shape)}")
     retimed = [speeds is not None and float(speeds[i]) != 1.0 for i in range(len(examples))]
+    if any(retimed) and dataset.starts is None:
+        raise ValueError("retiming demonstrations needs the dataset's start positions (dataset.starts)")
     for index, (example, sigma, clean, offset) in enumerate(zip(examples, sigmas.tolist(), prefixes, offsets)):
         x0_v = dataset.clips[example : example + 1]  # [1, C, T, h, w]
         x0_a = dataset.actions[example]  # [H, 2]

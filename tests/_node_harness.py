@@ -192,6 +192,12 @@ class RosClient:
             self.node.create_subscription(msg_type, topic, lambda msg, n=name: self._record(n, msg), qos)
         self.Goal = GenerateTrajectory.Goal
         self.action = ActionClient(self.node, GenerateTrajectory, f"{NS}/generate_trajectory")
+        # Feedback is read from the action's feedback topic, not through the ActionClient: rclpy drops a goal's
+        # feedback callback once its result arrives, and DDS does not order the feedback topic against the result
+        # service, so the last feedback (stage "done") sometimes lands after the result and would be lost.
+        self._feedback: dict[bytes, list[Any]] = {}
+        self.node.create_subscription(GenerateTrajectory.Impl.FeedbackMessage,
+                                      f"{NS}/generate_trajectory/_action/feedback", self._record_feedback, qos)
         self.weights = self.node.create_client(UpdateWeights, f"{NS}/update_weights")
         self.UpdateWeights = UpdateWeights
         self.params = AsyncParameterClient(self.node, NS)
@@ -206,6 +212,15 @@ class RosClient:
     def _record(self, name: str, msg: Any) -> None:
         with self._lock:
             self.received[name].append(msg)
+
+    def _record_feedback(self, msg: Any) -> None:
+        with self._lock:
+            self._feedback.setdefault(bytes(msg.goal_id.uuid), []).append(msg.feedback)
+
+    def _feedback_list(self, goal_uuid: bytes) -> list[Any]:
+        # The list is shared with the subscription, so an outcome's feedback keeps growing as messages land.
+        with self._lock:
+            return self._feedback.setdefault(goal_uuid, [])
 
     def messages(self, name: str) -> list[Any]:
         with self._lock:
@@ -307,11 +322,13 @@ class RosClient:
 
         outcome = GoalOutcome(goal_id="", accepted=False)
         goal = self.Goal(**fields)
-        future = self.action.send_goal_async(goal, feedback_callback=lambda fb: outcome.feedback.append(fb.feedback))
+        future = self.action.send_goal_async(goal)
         handle = self.wait_future(future, timeout, "goal acceptance")
         outcome.handle = handle
         outcome.accepted = bool(handle.accepted)
-        outcome.goal_id = str(uuid.UUID(bytes=bytes(bytearray(handle.goal_id.uuid))))
+        goal_uuid = bytes(bytearray(handle.goal_id.uuid))
+        outcome.goal_id = str(uuid.UUID(bytes=goal_uuid))
+        outcome.feedback = self._feedback_list(goal_uuid)
         if handle.accepted:
             # Ask for the result at once, as real clients do: the answer then arrives even if the node exits.
             outcome.result_future = handle.get_result_async()

@@ -301,10 +301,8 @@ def test_action_round_trip_over_dds(ros_env: dict[str, str]) -> None:
         executor.spin_until_future_complete(result_future, timeout_sec=30.0)
         assert result_future.done(), "result never arrived"
         response = result_future.result()
-        # Feedback and result travel on different channels; let late feedback land before checking.
-        end = time.monotonic() + 2.0
-        while len(feedback) < 3 and time.monotonic() < end:
-            executor.spin_once(timeout_sec=0.05)
+        # rclpy's ActionClient drops a goal's feedback callback once the result arrives, so feedback landing later
+        # is lost; the server sleeps after each step so its feedback leads the result by far more than DDS jitter.
 
         assert response.status == GoalStatus.STATUS_SUCCEEDED
         result = response.result

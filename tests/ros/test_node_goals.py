@@ -88,7 +88,7 @@ def test_feedback_reports_every_denoising_step(client):
     client.publish_image(stamps())
     outcome = client.run_goal(candidate_count=2)
     # Feedback and the result travel on different DDS channels with no order between them, so the last feedback
-    # messages may land just after the result.
+    # messages may land just after the result (the harness reads them from the feedback topic for that reason).
     client.wait(lambda: outcome.feedback and outcome.feedback[-1].stage == "done", 5, "the last ('done') feedback")
     denoising = [(f.step, f.total_steps) for f in outcome.feedback if f.stage == "denoising"]
     assert denoising == [(1, 3), (2, 3), (3, 3)]

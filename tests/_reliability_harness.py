@@ -157,21 +157,24 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
-def publish_until_received(client: RosClient, stamp: int, timeout_s: float = 30.0, **image_fields: Any) -> None:
-    """Publish a good frame until the node's ``/diagnostics`` count it (the image subscription is best effort, and a
+def publish_until_received(client: RosClient, stamp: int, timeout_s: float = 30.0, *,
+                           counted: str = "frames_received", **image_fields: Any) -> None:
+    """Publish a frame until the node's ``/diagnostics`` count it (the image subscription is best effort, and a
     loaded host drops samples), so a goal's outcome never hangs on a lost frame.
 
     Args:
         client (`RosClient`): A connected client.
         stamp (`int`): The frame's stamp (seconds).
         timeout_s (`float`): Give up (TimeoutError) after this long.
+        counted (`str`): The observations counter the frame must raise: ``frames_received`` for a good frame,
+            ``frames_rejected_<cause>`` for one the node refuses.
         **image_fields: Passed to ``image_msg`` (size, encoding...).
     """
     def received() -> int:
         for array in reversed(client.messages("diagnostics")):
             for status in array.status:
                 if status.name.endswith(": observations"):
-                    return int({kv.key: kv.value for kv in status.values}.get("frames_received", "0"))
+                    return int({kv.key: kv.value for kv in status.values}.get(counted, "0"))
         return 0
 
     before = received()
@@ -183,4 +186,4 @@ def publish_until_received(client: RosClient, stamp: int, timeout_s: float = 30.
             if received() > before:
                 return
             time.sleep(0.05)
-    raise TimeoutError(f"no frame counted by the node within {timeout_s} s")
+    raise TimeoutError(f"no frame counted by the node in {counted} within {timeout_s} s")

@@ -46,7 +46,7 @@ def test_node_package_xml() -> None:
     assert _tags(root, "name") == ["trajectory_ensemble"]
     assert set(_tags(root, "depend")) == {
         "rclpy", "std_msgs", "sensor_msgs", "diagnostic_msgs", "trajectory_msgs", "action_msgs",
-        "trajectory_ensemble_msgs",
+        "unique_identifier_msgs", "trajectory_ensemble_msgs",
     }  # fmt: skip
     assert _tags(root, "exec_depend") == ["launch_ros"]
     assert set(_tags(root, "test_depend")) == {"launch_testing", "launch_testing_ros"}

@@ -51,9 +51,7 @@ def publish_state(client, **fields) -> None:
 def test_frames_refused_for_their_encoding_are_the_root_cause_in_the_goal_error(served):
     _, client = served
     publish_state(client, position=[0.0] * 7)
-    for _ in range(3):
-        client.publish_image(stamps(), encoding="yuv422", settle_s=0.0)
-    time.sleep(0.3)
+    publish_until_received(client, stamps(), counted="frames_rejected_encoding", encoding="yuv422")
     outcome = client.run_goal()
     assert outcome.result.error_code == ErrorCode.NO_OBSERVATION, outcome.result.error_message
     message = outcome.result.error_message

@@ -103,7 +103,7 @@ def test_send_goal_with_a_toy_scene_prints_feedback_and_the_result_of_the_publis
     assert feedback[-1] == "feedback: done 3/3" and "feedback: reducing 3/3" in feedback
     assert "feedback: denoising 3/3" in feedback
     assert all(lines.index(line) > accepted for line in feedback)
-    assert "result: SUCCEEDED" in lines
+    assert "result: SUCCEEDED" in lines and lines.index("feedback: done 3/3") < lines.index("result: SUCCEEDED")
     assert field(out, "error") == "0 OK" and field(out, "base_seed") == "11"
     assert field(out, "weights_version") == "0"
     assert field(out, "trajectory").startswith("8 x 10 (horizon x action_dim), reducer mean, 2 candidates, dt 0.1 s")

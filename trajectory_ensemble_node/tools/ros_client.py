@@ -121,14 +121,19 @@ class ClientSession:
             if time.monotonic() >= deadline:
                 return
 
-    def wait_future(self, future: Any, timeout_s: float, interrupted: Callable[[], bool] | None = None) -> bool:
-        """Spin until ``future`` is done (True), ``timeout_s`` passes or ``interrupted()`` turns true (False)."""
+    def wait_until(self, predicate: Callable[[], Any], timeout_s: float,
+                   interrupted: Callable[[], bool] | None = None) -> bool:
+        """Spin until ``predicate()`` is true (True), ``timeout_s`` passes or ``interrupted()`` turns true (False)."""
         deadline = time.monotonic() + timeout_s
-        while not future.done():
+        while not predicate():
             if time.monotonic() >= deadline or (interrupted is not None and interrupted()):
                 return False
             self.executor.spin_once(timeout_sec=0.05)
         return True
+
+    def wait_future(self, future: Any, timeout_s: float, interrupted: Callable[[], bool] | None = None) -> bool:
+        """Spin until ``future`` is done (True), ``timeout_s`` passes or ``interrupted()`` turns true (False)."""
+        return self.wait_until(future.done, timeout_s, interrupted)
 
     def action_servers(self, action_type: str = "trajectory_ensemble_msgs/action/GenerateTrajectory") -> list[str]:
         """Names of the action servers of ``action_type`` on the graph (for "did you mean" messages)."""

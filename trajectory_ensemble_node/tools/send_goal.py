@@ -48,6 +48,8 @@ CANCEL_GRACE_S = 30.0
 """How long a canceled goal (Ctrl-C, --timeout) may take to reach its terminal state before the command gives up."""
 TOY_FRAME_REPEATS = 3
 """The toy frame is published this many times (same stamp): one lost sample must not leave the node without it."""
+LAST_FEEDBACK_GRACE_S = 2.0
+"""How long a succeeded goal's last feedback (``done``) may trail its result before the result is printed without it."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -247,6 +249,7 @@ def send_goal(args: argparse.Namespace, log: Callable[[str], None] = print) -> i
     from action_msgs.msg import GoalStatus
     from rclpy.action import ActionClient
     from trajectory_ensemble_msgs.action import GenerateTrajectory
+    from unique_identifier_msgs.msg import UUID
 
     names = {v: k[len("STATUS_"):] for k, v in vars(GoalStatus).items() if k.startswith("STATUS_")}
     action_name = f"{args.node}/generate_trajectory"
@@ -264,16 +267,10 @@ def send_goal(args: argparse.Namespace, log: Callable[[str], None] = print) -> i
         if args.toy_scene is not None:
             publish_toy_scene(session, args.image_topic or f"{args.node}/observation/image", args.toy_scene,
                               args.wait, log)
-        # Feedback can arrive before the goal response is handled: hold it until the "accepted" line is out.
-        early: list[str] | None = []
-
-        def on_feedback(msg: Any) -> None:
-            if early is None:
-                log(_feedback_line(msg.feedback))
-            else:
-                early.append(_feedback_line(msg.feedback))
-
-        sent = client.send_goal_async(build_goal(GenerateTrajectory.Goal, args), feedback_callback=on_feedback)
+        goal_uuid = uuid.uuid4()
+        feedback = _FeedbackLog(session.node, GenerateTrajectory, action_name, goal_uuid, log)
+        sent = client.send_goal_async(build_goal(GenerateTrajectory.Goal, args),
+                                      goal_uuid=UUID(uuid=list(goal_uuid.bytes)))
         if not session.wait_future(sent, GOAL_RESPONSE_TIMEOUT_S, lambda: interrupts.count > 1):
             log(f"result: no answer to the goal from {action_name} within {GOAL_RESPONSE_TIMEOUT_S:g} s")
             return EXIT_UNREACHABLE if not interrupts.count else EXIT_INTERRUPTED
@@ -284,9 +281,7 @@ def send_goal(args: argparse.Namespace, log: Callable[[str], None] = print) -> i
             log("result: REJECTED")
             return EXIT_REJECTED
         log(f"goal {goal_id}: accepted by {action_name}")
-        for line in early:
-            log(line)
-        early = None
+        feedback.release()
         result_future = handle.get_result_async()
         timed_out = False
         if not session.wait_future(result_future, args.timeout, lambda: interrupts.count > 0):
@@ -300,11 +295,50 @@ def send_goal(args: argparse.Namespace, log: Callable[[str], None] = print) -> i
                 return EXIT_INTERRUPTED if interrupts.count > 1 else EXIT_TIMEOUT
         response = result_future.result()
         status = names.get(response.status, str(response.status))
+        if status == "SUCCEEDED":
+            session.wait_until(lambda: feedback.done, LAST_FEEDBACK_GRACE_S)
         for line in result_lines(status, response.result, args.print_data):
             log(line)
         if timed_out:
             return EXIT_TIMEOUT
         return {"SUCCEEDED": EXIT_SUCCEEDED, "CANCELED": EXIT_CANCELED}.get(status, EXIT_ABORTED)
+
+
+class _FeedbackLog:
+    """Prints one goal's feedback, read from the action's feedback topic.
+
+    Not through the ActionClient's feedback callback: rclpy drops that callback once the goal's result arrives, and
+    DDS does not order the feedback topic against the result service, so the last feedback (``done``) can land after
+    the result and would be lost. Lines are held until :meth:`release` (after the "accepted" line).
+    """
+
+    def __init__(self, node: Any, action_type: Any, action_name: str, goal_uuid: uuid.UUID,
+                 log: Callable[[str], None]) -> None:
+        from rclpy.qos import QoSProfile
+
+        self._goal = goal_uuid.bytes
+        self._log = log
+        self._held: list[str] | None = []
+        self.done = False
+        # The ActionClient's own feedback QoS (reliable, keep last 10), so the node's writer matches either way.
+        node.create_subscription(action_type.Impl.FeedbackMessage, f"{action_name}/_action/feedback",
+                                 self._on_message, QoSProfile(depth=10))
+
+    def _on_message(self, msg: Any) -> None:
+        if bytes(msg.goal_id.uuid) != self._goal:
+            return  # another client's goal
+        self.done = self.done or msg.feedback.stage == "done"
+        line = _feedback_line(msg.feedback)
+        if self._held is None:
+            self._log(line)
+        else:
+            self._held.append(line)
+
+    def release(self) -> None:
+        """Print the held lines; print later ones as they come."""
+        held, self._held = self._held or [], None
+        for line in held:
+            self._log(line)
 
 
 def _feedback_line(feedback: Any) -> str:

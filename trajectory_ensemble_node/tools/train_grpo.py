@@ -20,9 +20,7 @@ held-out scenes that training never sees: per-candidate collision and success ra
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
-import subprocess
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -34,6 +32,7 @@ import torch
 from ..contract import CandidateTrajectorySpec
 from ..models.cosmos3 import Cosmos3ActionModel, RolloutSpec
 from ..models.cosmos3.conditioning import encode_conditioning
+from ..provenance import git_commit, utc_now
 from ..toy import ACTION_SETTINGS, load_toy_pipeline, request_kwargs, task
 from ..toy.grpo import (
     GroupRecord,
@@ -82,13 +81,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="scene sampling and candidate seeds")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
 
-
-def _commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              check=True, cwd=Path(__file__).resolve().parent).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def conditioning_for(pipe: Any, scene: task.Scene) -> Any:
@@ -325,7 +317,7 @@ def write_plot(result: dict[str, Any], path: Path) -> None:
 def run(args: argparse.Namespace) -> int:
     """Train, write JSON and plot; returns 0 (1 when the iteration-0 ratio check fails)."""
     torch.set_num_threads(args.threads)
-    commit = _commit()  # the code that ran, not whatever HEAD is when the run ends
+    commit = git_commit()  # the code that ran, not whatever HEAD is when the run ends
     args.work_dir.mkdir(parents=True, exist_ok=True)
     sde_steps = parse_steps(args.sde_steps)
     if args.ros:
@@ -344,7 +336,7 @@ def run(args: argparse.Namespace) -> int:
             grpo["ros_checks"] = policy.report()
     finally:
         policy.close()
-    result = {"grpo": grpo, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    result = {"grpo": grpo, "date": utc_now(),
               "commit": commit, "torch": torch.__version__}
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(result, indent=1))

@@ -20,10 +20,8 @@ Output: ``{"uncertainty": {"threshold", "alpha", "false_alarm_rate", "detection_
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import math
-import subprocess
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -33,6 +31,7 @@ import numpy as np
 import torch
 
 from ..contract import CandidateTrajectorySpec
+from ..provenance import git_commit, utc_now
 from . import load_toy_pipeline, request_kwargs, task
 from .quality import wilson
 from .shifted import FAMILIES, SHIFTED_SEED_BASE, collides_shifted, render_shifted, shifted_scenes
@@ -106,20 +105,13 @@ def _rate(flags: Sequence[bool]) -> dict[str, Any]:
     return {"rate": hits / max(len(flags), 1), "count": hits, "of": len(flags), "ci95": list(wilson(hits, len(flags)))}
 
 
-def _commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
 
 def run(args: argparse.Namespace) -> int:
     """Calibrate, evaluate, print and write the JSON and markdown; returns 0."""
     if args.scenes < 1 or args.heldout < 1 or args.shifted < 1:
         raise SystemExit(f"--scenes, --heldout and --shifted must be >= 1, got {args.scenes}, {args.heldout}, "
                          f"{args.shifted}")
-    commit = _commit()  # the code that runs is the code checked out now, not at the end of a long run
+    commit = git_commit()  # the code that runs is the code checked out now, not at the end of a long run
     torch.set_num_threads(args.threads)
     from ..models.cosmos3 import Cosmos3ActionModel
 
@@ -160,7 +152,7 @@ def run(args: argparse.Namespace) -> int:
     result = {
         "uncertainty": uncertainty,
         "settings": {
-            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "date": utc_now(),
             "commit": commit,
             "family": args.family,
             "count": args.count,

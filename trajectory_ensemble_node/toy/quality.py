@@ -27,7 +27,6 @@ import argparse
 import datetime
 import json
 import math
-import subprocess
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -38,6 +37,7 @@ import torch
 
 from ..contract import CandidateTrajectorySpec, check_reducer
 from ..errors import ReducerLayoutError
+from ..provenance import git_commit
 from ..reducers import get_reducer
 from . import load_toy_pipeline, request_kwargs, task
 from .report import write_markdown, write_plot
@@ -264,16 +264,6 @@ DEFINITIONS = {
     "intervals": "95%: Wilson score interval for rates; percentile bootstrap over scenes (2000 resamples) for means",
 }
 
-
-def git_commit() -> str | None:
-    """``git describe --always --dirty`` of this checkout, or None outside a git work tree."""
-    try:
-        return subprocess.run(
-            ["git", "describe", "--always", "--dirty"], cwd=Path(__file__).resolve().parent,
-            capture_output=True, text=True, timeout=10, check=True,
-        ).stdout.strip() or None
-    except (OSError, subprocess.SubprocessError):
-        return None
 
 
 def run(args: argparse.Namespace) -> int:

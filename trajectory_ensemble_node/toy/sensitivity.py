@@ -17,7 +17,6 @@ it. Gain 1: the policy continues the prefix's speed; gain 0: it plans from the i
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 from collections.abc import Sequence
 from pathlib import Path
@@ -29,6 +28,7 @@ import torch
 from ..contract import CandidateTrajectorySpec
 from ..engine.context import ExecutionContext
 from ..models.cosmos3.packing import PackItem, forward_items
+from ..provenance import git_commit, utc_now
 from . import request_kwargs, task
 from .augment import retime_chunk
 from .data import ToyDataset, build_dataset
@@ -149,7 +149,6 @@ def prefix_speed_gain(model: Any, scenes: Sequence[task.Scene], *, guidance: str
 
 def main(argv: Sequence[str] | None = None) -> int:
     from . import load_toy_pipeline
-    from .closed_loop import git_commit
 
     parser = argparse.ArgumentParser(prog="python -m trajectory_ensemble_node.toy.sensitivity", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -166,7 +165,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     sources = sorted({0, args.target - 1, args.target} - {-1})
     result: dict[str, Any] = {
-        "settings": {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "settings": {"date": utc_now(),
                      "commit": git_commit(), "seeds": args.seeds, "target": args.target, "sources": sources,
                      "sigmas": list(DEFAULT_SIGMAS), "delta": 0.05,
                      "definition": f"mean d x0_hat[{args.target}] / d x[source] over examples and both channels; "

@@ -13,7 +13,6 @@ time and reports how many finished in time, their p50/p95 engine time, and the s
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import time
 from collections.abc import Sequence
@@ -24,9 +23,9 @@ import numpy as np
 import torch
 
 from ..contract import CandidateTrajectorySpec
+from ..provenance import git_commit, utc_now
 from ..reducers import get_reducer
 from . import load_toy_pipeline, request_kwargs, task
-from .calibrate import _commit
 from .quality import wilson
 
 DEFAULT_JSON = Path("bench/results/steps-toy.json")
@@ -84,7 +83,7 @@ def _deadline_goals(model: Any, scenes: Sequence[task.Scene], count: int, goals:
 
 
 def run(args: argparse.Namespace) -> int:
-    commit = _commit()  # the code that runs is the code checked out now, not at the end of a long run
+    commit = git_commit()  # the code that runs is the code checked out now, not at the end of a long run
     torch.set_num_threads(args.threads)
     from ..models.cosmos3 import Cosmos3ActionModel
 
@@ -113,7 +112,7 @@ def run(args: argparse.Namespace) -> int:
         "steps": table,
         "deadline": deadlines,
         "settings": {
-            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "date": utc_now(),
             "commit": commit,
             "scenes": args.scenes,
             "scene_seeds": [scenes[0].seed, scenes[-1].seed],

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from trajectory_ensemble_node.toy import task
-from trajectory_ensemble_node.toy.closed_loop import summarize
+from trajectory_ensemble_node.toy.episodes import summarize
 from trajectory_ensemble_node.tools.sim import (
     NS_PER_S,
     EpisodeRecord,

@@ -35,7 +35,8 @@ from typing import Any
 import numpy as np
 
 from ..toy import task
-from ..toy.closed_loop import EXECUTE, STEP_BUDGET, Episode
+from ..toy.closed_loop import EXECUTE, STEP_BUDGET
+from ..toy.episodes import Episode
 
 NS_PER_S = 1_000_000_000
 START_NS = 100 * NS_PER_S
@@ -301,7 +302,7 @@ class EpisodeRecord:
     wall_s: float = 0.0
 
     def episode(self) -> Episode:
-        """The :class:`~..toy.closed_loop.Episode` of this run, for ``summarize`` (seams as the sim measured them)."""
+        """The :class:`~..toy.episodes.Episode` of this run, for ``summarize`` (seams as the sim measured them)."""
         seams = [s["seam_jump_sim"] for s in self.switches if s["seam_jump_sim"] is not None]
         return Episode(positions=[np.asarray(p) for p in self.positions],
                        switches=[s["step"] for s in self.switches if s["seam_jump_sim"] is not None], seams=seams,

@@ -3,13 +3,12 @@
 :func:`simulate` runs episodes of :class:`.sim_robot.SimRobot` against a running node, or starts one
 (:class:`.launcher.NodeProcess`: the toy model, ``use_sim_time: true``). ``make demo`` draws its closed-loop
 picture with :func:`plot_closed_loop`; ``trajectory-ensemble bench --closed-loop --ros`` is :func:`run_bench`, which
-writes the metric keys of the in-process bench (:func:`..toy.closed_loop.summarize`) for each execution setting.
+writes the metric keys of the in-process bench (:func:`..toy.episodes.summarize`) for each execution setting.
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import math
 import os
@@ -22,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from ..provenance import git_commit, utc_now
 from ..toy import task
 from .sim import EpisodeRecord, SimSettings, episode_line
 from .sim_robot import SimRobot
@@ -123,10 +123,10 @@ def finite(value: Any) -> Any:
 
 
 def summary(records: Sequence[EpisodeRecord]) -> dict[str, Any]:
-    """The in-process bench's metrics (``closed_loop.summarize``) plus what only a run through the node has:
+    """The in-process bench's metrics (``episodes.summarize``) plus what only a run through the node has:
     goal latencies (sim steps and wall seconds, episode-first goals excluded: the world waits for those) and the
     node's own seam report."""
-    from ..toy.closed_loop import summarize
+    from ..toy.episodes import summarize
 
     out = summarize([r.episode() for r in records])
     goals = [g for r in records for g in r.goals if g.status == "SUCCEEDED" and not g.clock_paused]
@@ -217,8 +217,6 @@ BENCH_RUNS: dict[str, dict[str, Any]] = {
 def run_bench(args: argparse.Namespace) -> int:
     """``bench --closed-loop --ros``: episodes through the node per execution setting; JSON with the in-process
     bench's metric keys per setting (``closed_loop``), settings, and the episode records."""
-    from ..toy.closed_loop import git_commit
-
     scenes = task.heldout_scenes(int(getattr(args, "scenes", 3) or 3), seed=int(getattr(args, "scene_seed", 0) or 0))
     names = [m for m in str(getattr(args, "methods", None) or ",".join(BENCH_RUNS)).split(",") if m.strip()]
     unknown = [m for m in names if m not in BENCH_RUNS]
@@ -228,8 +226,7 @@ def run_bench(args: argparse.Namespace) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     base = SimSettings(real_time_factor=BENCH_RTF)
     log = (lambda m: None) if getattr(args, "quiet", False) else (lambda m: print(m, flush=True))
-    started, commit, wall0 = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), git_commit(), \
-        time.monotonic()
+    started, commit, wall0 = utc_now(), git_commit(), time.monotonic()
     results: dict[str, list[EpisodeRecord]] = {}
     with serving_node(base, Path("out/bench/closed_loop-ros"), device=str(getattr(args, "device", None) or "cpu"),
                       log=log):

@@ -205,6 +205,8 @@ def execute(goal_handle):
             GenerateTrajectory.Feedback(step=step, total_steps=total, stage="denoising")
         )
         time.sleep(0.05)
+    # rclpy's ActionClient drops feedback that lands after the result: give the last one a wide lead.
+    time.sleep(0.3)
     goal_handle.succeed()
     result = GenerateTrajectory.Result()
     result.error_code = 0
@@ -302,7 +304,7 @@ def test_action_round_trip_over_dds(ros_env: dict[str, str]) -> None:
         assert result_future.done(), "result never arrived"
         response = result_future.result()
         # rclpy's ActionClient drops a goal's feedback callback once the result arrives, so feedback landing later
-        # is lost; the server sleeps after each step so its feedback leads the result by far more than DDS jitter.
+        # is lost; the server waits after its last feedback so that it leads the result by far more than DDS jitter.
 
         assert response.status == GoalStatus.STATUS_SUCCEEDED
         result = response.result

@@ -21,7 +21,6 @@ import concurrent.futures
 import logging
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -35,47 +34,17 @@ from ..errors import (
     GroupOutOfMemoryError,
     TrajectoryEnsembleError,
 )
-from ..metrics import now_ms, peak_memory_bytes
+from ..metrics import now_ms
 from ..seeding import make_generators
-from .adapter import CandidateModelAdapter, CandidateOutput, ForwardAborted, Slice
+from .adapter import CandidateModelAdapter, ForwardAborted, Slice
 from ..uncertainty import estimate_uncertainty
-from .deadline import StepCosts, plan_steps, refuse_unmeetable, step_metrics
+from .deadline import StepCosts, plan_steps, refuse_unmeetable
 from .reduction import reduce_candidates
 from .request import EngineConfig, GroupHandle, GroupRequest, ProgressEvent
+from .run import GroupRun
 from .validity import DEFAULT_CHECK, check_reduced, screen_candidates, to_model_space, validity_metrics
 
 logger = logging.getLogger("trajectory_ensemble.engine")
-
-
-@dataclass
-class _Run:
-    """One admitted group (engine-internal)."""
-
-    handle: GroupHandle
-    sequential: bool
-    submitted_ms: float
-    admitted_ms: float = 0.0
-    state: Any = None
-    part: int = 0  # sequential fallback: index of the candidate now running
-    outputs: list[CandidateOutput] = field(default_factory=list)
-    physical_forwards: int = 0
-    microbatches: int = 1
-    co_batched_max: int = 1
-    encode_ms: float = 0.0
-    denoise_ms: float = 0.0
-    retries: int = 0
-    fallback_reason: str | None = None
-    pending_slices: int = 0
-    deadline_ms: float | None = None  # absolute, on the now_ms() clock
-    steps_fitted: int | None = None
-
-    @property
-    def request(self) -> GroupRequest:
-        return self.handle.request
-
-    @property
-    def slots(self) -> int:
-        return 1 if self.sequential else self.request.count
 
 
 class GroupEngine:
@@ -95,8 +64,8 @@ class GroupEngine:
         self.config = config
         self.device = torch.device(device)
         self._lock = threading.Condition()
-        self._queue: collections.deque[_Run] = collections.deque()
-        self._running: list[_Run] = []
+        self._queue: collections.deque[GroupRun] = collections.deque()
+        self._running: list[GroupRun] = []
         self._updates: collections.deque[tuple[Callable[[], Any], concurrent.futures.Future]] = collections.deque()
         self._thread: threading.Thread | None = None
         self._stopping = False
@@ -120,7 +89,7 @@ class GroupEngine:
         if request.deadline_s is not None:
             refuse_unmeetable(self.costs, self.adapter, request, sequential)
         handle = GroupHandle(request)
-        run = _Run(handle=handle, sequential=sequential, submitted_ms=now_ms())
+        run = GroupRun(handle=handle, sequential=sequential, submitted_ms=now_ms())
         if request.deadline_s is not None:
             run.deadline_ms = run.submitted_ms + 1000.0 * request.deadline_s
         if request.count > max_batch:
@@ -271,7 +240,7 @@ class GroupEngine:
             if self._prepare(run):
                 self._running.append(run)
 
-    def _prepare(self, run: _Run) -> bool:
+    def _prepare(self, run: GroupRun) -> bool:
         request = run.request
         self._progress(run, "encoding", 0)
         started = now_ms()
@@ -292,7 +261,7 @@ class GroupEngine:
             return self._plan_steps(run)
         return True
 
-    def _plan_steps(self, run: _Run) -> bool:
+    def _plan_steps(self, run: GroupRun) -> bool:
         """Fit the group's step count to its deadline (after encoding, so only steps and post-processing remain)."""
         try:
             run.steps_fitted = plan_steps(self.costs, self.adapter, run.state, run.deadline_ms - now_ms(),
@@ -385,7 +354,7 @@ class GroupEngine:
                 iteration_started += now_ms() - finishing  # post-processing is estimated on its own (post_ms)
         self.costs.observe("step_ms", now_ms() - iteration_started)
 
-    def _finish_part(self, run: _Run) -> None:
+    def _finish_part(self, run: GroupRun) -> None:
         started = now_ms()
         try:
             run.outputs.append(self.adapter.finish(run.state))
@@ -404,7 +373,7 @@ class GroupEngine:
         self._running.remove(run)
         self._complete(run)
 
-    def _complete(self, run: _Run) -> None:
+    def _complete(self, run: GroupRun) -> None:
         request = run.request
         self._progress(run, "reducing", request.count)
         try:
@@ -430,7 +399,7 @@ class GroupEngine:
             extras: dict[str, Any] = {}
             for out in run.outputs:
                 extras.update(out.extras)
-            metrics = self._metrics(run, reduce_ms, extras)
+            metrics = run.metrics(reduce_ms, extras, self.device, self.adapter.weights_version)
             metrics.update(validity_metrics(screening, action_clamped))
             if request.context is not None:
                 model_action = action if request.normalizer is None else to_model_space(action, request.normalizer)
@@ -456,50 +425,19 @@ class GroupEngine:
         run.handle.metrics = metrics
         run.handle._finish(result, None)
 
-    def _metrics(self, run: _Run, reduce_ms: float, extras: dict[str, Any]) -> dict[str, Any]:
-        finished = now_ms()
-        postprocess_ms = sum(float(out.extras.get("postprocess_ms", 0.0)) for out in run.outputs)
-        metrics: dict[str, Any] = {
-            "candidate_count": run.request.count,
-            "physical_forwards": run.physical_forwards,
-            "microbatches": run.microbatches,
-            "fallback_reason": run.fallback_reason,
-            "co_batched_groups_max": run.co_batched_max,
-            "num_inference_steps": run.outputs[0].extras.get("num_inference_steps"),
-            "retries": run.retries,
-            "queue_ms": run.admitted_ms - run.submitted_ms,
-            "encode_ms": run.encode_ms,
-            "denoise_ms": run.denoise_ms,
-            "action_postprocess_ms": postprocess_ms,
-            "reduce_ms": reduce_ms,
-            "total_ms": finished - run.submitted_ms,
-            "peak_memory_bytes": peak_memory_bytes(self.device),
-            "weights_version": self.adapter.weights_version,
-        }
-        metrics.update(step_metrics(run.outputs[0].extras, run.steps_fitted, run.request.deadline_s,
-                                    None if run.deadline_ms is None else finished <= run.deadline_ms))
-        for key, value in extras.items():
-            if key not in ("rollout", "postprocess_ms") and isinstance(value, (int, float, str, type(None))):
-                metrics.setdefault(key, value)
-        return metrics
-
     # --- failure paths ---------------------------------------------------------------------------------------------
 
-    def _retry_or_fail(self, run: _Run, exc: BaseException) -> None:
+    def _retry_or_fail(self, run: GroupRun, exc: BaseException) -> None:
         budget = run.request.max_retries if run.request.max_retries is not None else self.config.max_retries
         if run.retries < budget and not isinstance(exc, TrajectoryEnsembleError):
             logger.warning("group %s failed (%s); rerunning it whole from its seeds", run.request.request_id, exc)
-            run.retries += 1
-            run.outputs.clear()
-            run.part = 0
-            run.physical_forwards = 0
-            run.denoise_ms = 0.0
+            run.restart()
             with self._lock:
                 self._queue.appendleft(run)
             return
         self._fail(run, self._named(run, exc, "denoising"))
 
-    def _named(self, run: _Run, exc: BaseException, stage: str) -> BaseException:
+    def _named(self, run: GroupRun, exc: BaseException, stage: str) -> BaseException:
         if isinstance(exc, TrajectoryEnsembleError):
             return exc
         request_id = run.request.request_id
@@ -512,20 +450,20 @@ class GroupEngine:
             torch.cuda.empty_cache()
         return error
 
-    def _fail(self, run: _Run, error: BaseException | None) -> None:
+    def _fail(self, run: GroupRun, error: BaseException | None) -> None:
         assert error is not None
         if not isinstance(error, GroupAbortedError):
             logger.info("group %s ended: %s: %s", run.request.request_id, type(error).__name__, error)
         run.handle._finish(None, error)
 
-    def _release(self, run: _Run) -> None:
+    def _release(self, run: GroupRun) -> None:
         if run.state is not None:
             try:
                 self.adapter.release(run.state)
             finally:
                 run.state = None
 
-    def _progress(self, run: _Run, stage: str, step: int, total: int | None = None) -> None:
+    def _progress(self, run: GroupRun, stage: str, step: int, total: int | None = None) -> None:
         callback = run.request.on_progress
         if callback is None:
             return

@@ -16,6 +16,7 @@ pytest.importorskip("trajectory_ensemble_msgs")
 from trajectory_ensemble_node.engine.context import LatencyEstimator  # noqa: E402
 from trajectory_ensemble_node.errors import (  # noqa: E402
     DelayTooLongError,
+    ErrorCode,
     ExecutionContextError,
     GoalRequestError,
     NegativeDelayError,
@@ -152,6 +153,34 @@ def test_results_map_the_engine_metrics_onto_typed_fields():
     fresh = SimpleNamespace()
     results.fill_report(fresh, {}, continuity_status="no previous chunk", previous_stamp=None)
     assert not fresh.continuity.continued and math.isnan(fresh.continuity.seam_jump)
+
+
+def test_a_succeeded_goal_s_result_and_last_feedback_carry_the_same_report():
+    from trajectory_ensemble_msgs.msg import ActionTrajectory
+
+    metrics = {"weights_version": 3, "steps_planned": 10, "steps_used": 10, "valid_candidates": 8,
+               "context_frozen": 2, "context_guidance": "prefix", "seam_jump": 0.1, "goal_ms": 12.5}
+    response = results.success_result(ActionTrajectory(horizon=8, action_dim=2), metrics, base_seed=2**63 + 1,
+                                      continuity_status="continued", previous_stamp=3.0)
+    assert (response.error_code, response.base_seed, response.weights_version) == (0, 2**63 + 1, 3)
+    assert response.trajectory.horizon == 8 and response.validity.valid == 8
+    assert {kv.key: kv.value for kv in response.metrics}["goal_ms"] == "12.5"
+    feedback = results.done_feedback(response)
+    assert (feedback.stage, feedback.step, feedback.total_steps) == ("done", 10, 10)
+    assert (feedback.frozen_actions, feedback.guidance) == (2, "prefix")
+    assert list(feedback.metrics) == list(response.metrics)
+
+
+def test_a_failed_goal_s_result_names_its_code_and_reports_dropped_candidates_only_when_counted():
+    plain = results.failure_result(ErrorCode.CANCELED, "canceled by the client", base_seed=7, weights_version=1)
+    assert (plain.error_code, plain.error_message, plain.base_seed) == (ErrorCode.CANCELED, "canceled by the client", 7)
+    assert list(plain.metrics) == [] and plain.validity.dropped == 0
+    counts = {"valid_candidates": 1, "dropped_candidates": 7, "dropped_non_finite": 7}
+    dropped = results.failure_result(ErrorCode.TOO_FEW_VALID_CANDIDATES, "1 of 8 valid", base_seed=7,
+                                     weights_version=1, counts=counts)
+    assert (dropped.validity.valid, dropped.validity.dropped) == (1, 7)
+    assert list(dropped.validity.drop_reasons) == ["non_finite"]
+    assert {kv.key: kv.value for kv in dropped.metrics}["dropped_candidates"] == "7"
 
 
 def test_the_nan_fault_corrupts_only_the_chosen_candidates():

@@ -57,10 +57,10 @@ from ..models.cosmos3 import Cosmos3ActionModel, RolloutSpec, resolve_device
 from ..safety import load_limits
 from . import params as node_params
 from .continuity import CONTINUED, FRESH_REASONS, NO_PREVIOUS, NOT_REQUESTED, ChunkMemory, ServedChunk
-from .conversions import metrics_key_values, stamp_seconds
+from .conversions import stamp_seconds
 from .deferred import Deferred
 from .publishing import OutputTopics
-from .results import fill_report
+from .results import done_feedback, failure_result, success_result
 from .diagnostics import DiagnosticsInputs, build_diagnostics
 from .faults import FaultInjector
 from .goals import GoalPlan, GoalRecord, GoalTracker, goal_id_str, plan_goal
@@ -406,18 +406,12 @@ class TrajectoryEnsembleNode(Node):
         decision = record.continuity
         metrics["continuity"] = decision.status if decision is not None else ""
         self._remember(record, plan, observation, result, metrics)
-        response = GenerateTrajectory.Result(
-            error_code=int(ErrorCode.OK), trajectory=trajectory, base_seed=int(result.base_seed),
-            weights_version=int(metrics.get("weights_version") or 0), metrics=metrics_key_values(metrics),
-        )
         context = decision.context if decision is not None else None
-        fill_report(response, metrics, continuity_status=metrics["continuity"],
-                    previous_stamp=context.previous_stamp if context is not None else None)
+        response = success_result(trajectory, metrics, base_seed=result.base_seed,
+                                  continuity_status=metrics["continuity"],
+                                  previous_stamp=context.previous_stamp if context is not None else None)
         # The last feedback carries the goal's metrics (validity counts, uncertainty, steps, seam jump).
-        goal_handle.publish_feedback(GenerateTrajectory.Feedback(
-            step=response.steps_used, total_steps=response.steps_planned, stage="done",
-            frozen_actions=response.continuity.frozen_actions, guidance=response.continuity.guidance,
-            metrics=response.metrics))
+        goal_handle.publish_feedback(done_feedback(response))
         if plan.return_candidates and candidates is not None:
             response.candidates = candidates
         if result.rollout is not None and getattr(result.rollout, "path", None) is not None:
@@ -449,11 +443,10 @@ class TrajectoryEnsembleNode(Node):
         estimate = self.memory.estimator.estimate
         metrics["latency_estimate_ms"] = None if estimate is None else estimate * 1000.0
 
-    def _result(self, plan: GoalPlan | None, code: int, message: str) -> GenerateTrajectory.Result:
-        return GenerateTrajectory.Result(
-            error_code=int(code), error_message=message, base_seed=int(plan.base_seed) if plan else 0,
-            weights_version=int(self.model.weights_version),
-        )
+    def _failure(self, plan: GoalPlan | None, code: int, message: str,
+                 counts: dict[str, Any] | None = None) -> GenerateTrajectory.Result:
+        return failure_result(code, message, base_seed=plan.base_seed if plan else 0,
+                              weights_version=self.model.weights_version, counts=counts)
 
     def _canceled(self, goal_handle: ServerGoalHandle, goal_id: str, plan: GoalPlan | None,
                   error: BaseException) -> GenerateTrajectory.Result:
@@ -467,7 +460,7 @@ class TrajectoryEnsembleNode(Node):
             goal_handle.abort()
         self.tracker.count("canceled")
         self.after_result.log(self.get_logger(), "info", f"goal {goal_id} canceled")
-        return self._result(plan, ErrorCode.CANCELED, str(error))
+        return self._failure(plan, ErrorCode.CANCELED, str(error))
 
     def _abort(self, goal_handle: ServerGoalHandle, goal_id: str, plan: GoalPlan | None,
                error: BaseException) -> GenerateTrajectory.Result:
@@ -481,12 +474,8 @@ class TrajectoryEnsembleNode(Node):
                 self._last_error = f"{ErrorCode(code).name}: {message}"
         self.after_result.log(self.get_logger(), "warning",
                               f"goal {goal_id} aborted ({ErrorCode(code).name}): {message}")
-        response = self._result(plan, code, message)
-        counts = getattr(error, "counts", None)  # TOO_FEW_VALID_CANDIDATES says which checks dropped them
-        if counts:
-            fill_report(response, counts, continuity_status="", previous_stamp=None)
-            response.metrics = metrics_key_values(counts)
-        return response
+        # TOO_FEW_VALID_CANDIDATES says which checks dropped them.
+        return self._failure(plan, code, message, getattr(error, "counts", None))
 
     # --- update_weights --------------------------------------------------------------------------------------------
 

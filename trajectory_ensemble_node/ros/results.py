@@ -1,4 +1,5 @@
-"""A goal's report in the action result: denoising steps, uncertainty, candidate validity, continuity.
+"""A goal's action result and last feedback: trajectory or error, and the report (denoising steps, uncertainty,
+candidate validity, continuity).
 
 The engine reports all of it as flat per-group metrics (``metrics`` in the result, the final feedback and
 ``/diagnostics`` carry those as KeyValues); this module maps them onto the typed result fields, so a behaviour tree
@@ -13,10 +14,12 @@ from collections.abc import Mapping
 from typing import Any
 
 from builtin_interfaces.msg import Time
-from trajectory_ensemble_msgs.msg import CandidateValidity, Continuity, Uncertainty
+from trajectory_ensemble_msgs.action import GenerateTrajectory
+from trajectory_ensemble_msgs.msg import ActionTrajectory, CandidateValidity, Continuity, Uncertainty
 
+from ..errors import ErrorCode
 from ..safety import REASONS
-from .conversions import seconds_to_time
+from .conversions import metrics_key_values, seconds_to_time
 
 
 def _int(metrics: Mapping[str, Any], key: str) -> int:
@@ -93,3 +96,50 @@ def fill_report(response: Any, metrics: Mapping[str, Any], *, continuity_status:
     response.uncertainty = uncertainty_msg(metrics)
     response.validity = validity_msg(metrics)
     response.continuity = continuity_msg(metrics, continuity_status, previous_stamp)
+
+
+def success_result(trajectory: ActionTrajectory, metrics: Mapping[str, Any], *, base_seed: int,
+                   continuity_status: str, previous_stamp: float | None) -> GenerateTrajectory.Result:
+    """The result of a succeeded goal: its trajectory, seed, weights version, metrics and typed report.
+
+    Args:
+        trajectory (`ActionTrajectory`): What was published on ``~/trajectory``.
+        metrics (`Mapping[str, Any]`): The group's metrics with the node's (``goal_ms``, ``continuity``...).
+        base_seed (`int`): The group's base seed.
+        continuity_status (`str`): See :func:`continuity_msg`.
+        previous_stamp (`float`, *optional*): See :func:`continuity_msg`.
+    """
+    response = GenerateTrajectory.Result(
+        error_code=int(ErrorCode.OK), trajectory=trajectory, base_seed=int(base_seed),
+        weights_version=int(metrics.get("weights_version") or 0), metrics=metrics_key_values(metrics),
+    )
+    fill_report(response, metrics, continuity_status=continuity_status, previous_stamp=previous_stamp)
+    return response
+
+
+def done_feedback(response: GenerateTrajectory.Result) -> GenerateTrajectory.Feedback:
+    """A succeeded goal's last feedback (``stage: done``): its steps, continuity and metrics, as its result has."""
+    return GenerateTrajectory.Feedback(
+        step=response.steps_used, total_steps=response.steps_planned, stage="done",
+        frozen_actions=response.continuity.frozen_actions, guidance=response.continuity.guidance,
+        metrics=response.metrics)
+
+
+def failure_result(code: int, message: str, *, base_seed: int, weights_version: int,
+                   counts: Mapping[str, Any] | None = None) -> GenerateTrajectory.Result:
+    """The result of a goal that ended without a trajectory (aborted, canceled, preempted, shut down).
+
+    Args:
+        code (`int`): Its :class:`~trajectory_ensemble_node.errors.ErrorCode`.
+        message (`str`): Why, for the operator.
+        base_seed (`int`): The group's base seed (0 when the goal never got a plan).
+        weights_version (`int`): The model's weights version.
+        counts (`Mapping[str, Any]`, *optional*): Validity counts of a group whose candidates were dropped
+            (``TOO_FEW_VALID_CANDIDATES``); they fill ``validity`` and ``metrics``.
+    """
+    response = GenerateTrajectory.Result(error_code=int(code), error_message=message, base_seed=int(base_seed),
+                                         weights_version=int(weights_version))
+    if counts:
+        fill_report(response, counts, continuity_status="", previous_stamp=None)
+        response.metrics = metrics_key_values(counts)
+    return response

@@ -263,6 +263,11 @@ class RosClient:
         for topic, pub in self.image_pubs.items():
             self.wait(lambda p=pub: p.get_subscription_count() > 0, timeout, f"a subscriber on {topic}")
         self.wait(lambda: self.state_pub.get_subscription_count() > 0, timeout, "a subscriber on the state topic")
+        from trajectory_ensemble_node.tools.ros_client import DISCOVERY_SETTLE_S
+
+        # Our writers have matched the node's readers; the node's readers match our writers on their own discovery
+        # message, a moment later, and until then they drop best-effort samples (images, state) unseen.
+        time.sleep(DISCOVERY_SETTLE_S)
 
     # --- observations ----------------------------------------------------------------------------------------------
 

@@ -19,6 +19,9 @@ PROGRESS_EVERY_S = 10.0
 """How often a wait for the node prints that it is still waiting."""
 QUIET_S = 1.0
 """A wait says nothing for this long: discovering a running node takes a moment and is not worth a line."""
+DISCOVERY_SETTLE_S = 0.5
+"""How long a new publisher waits after it matches the node's subscription before its first sample: the node's
+reader matches the publisher on its own discovery message, a moment later, and drops best-effort samples till then."""
 _NAME = re.compile(r"^(/[A-Za-z_~][A-Za-z0-9_]*)+$")
 
 

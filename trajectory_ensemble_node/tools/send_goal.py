@@ -19,6 +19,7 @@ from typing import Any
 from ..errors import ErrorCode, NodeUnreachableError
 from .ros_client import (
     DEFAULT_NODE,
+    DISCOVERY_SETTLE_S,
     ClientSession,
     check_node_name,
     domain_text,
@@ -136,6 +137,7 @@ def publish_toy_scene(session: ClientSession, topic: str, seed: int, wait_s: flo
                               f"a subscriber on {topic}", log):
         raise NodeUnreachableError(f"nobody subscribes to {topic} after {wait_s:g} s; is it the node's image topic "
                                    f"(parameter image_topics)? pass --image-topic")
+    session.spin_for(DISCOVERY_SETTLE_S)
     stamp_ns = time.time_ns()
     data = toy_scene_frame(seed, stamp_ns)
     for _ in range(TOY_FRAME_REPEATS):

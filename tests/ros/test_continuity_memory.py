@@ -164,7 +164,7 @@ def test_a_succeeded_goal_s_result_and_last_feedback_carry_the_same_report():
                                       continuity_status="continued", previous_stamp=3.0)
     assert (response.error_code, response.base_seed, response.weights_version) == (0, 2**63 + 1, 3)
     assert response.trajectory.horizon == 8 and response.validity.valid == 8
-    assert {kv.key: kv.value for kv in response.metrics}["goal_ms"] == "12.5"
+    assert float({kv.key: kv.value for kv in response.metrics}["goal_ms"]) == 12.5
     feedback = results.done_feedback(response)
     assert (feedback.stage, feedback.step, feedback.total_steps) == ("done", 10, 10)
     assert (feedback.frozen_actions, feedback.guidance) == (2, "prefix")

@@ -23,6 +23,8 @@ from typing import Any
 import numpy as np
 import yaml
 
+from trajectory_ensemble_node.tools.ros_client import DISCOVERY_SETTLE_S, subscribe_goal_feedback
+
 NODE = "trajectory_ensemble"
 NS = f"/{NODE}"
 STARTUP_TIMEOUT_S = 180.0
@@ -192,12 +194,9 @@ class RosClient:
             self.node.create_subscription(msg_type, topic, lambda msg, n=name: self._record(n, msg), qos)
         self.Goal = GenerateTrajectory.Goal
         self.action = ActionClient(self.node, GenerateTrajectory, f"{NS}/generate_trajectory")
-        # Feedback is read from the action's feedback topic, not through the ActionClient: rclpy drops a goal's
-        # feedback callback once its result arrives, and DDS does not order the feedback topic against the result
-        # service, so the last feedback (stage "done") sometimes lands after the result and would be lost.
+        # Feedback from the feedback topic, as send-goal reads it, so a "done" feedback trailing the result counts.
         self._feedback: dict[bytes, list[Any]] = {}
-        self.node.create_subscription(GenerateTrajectory.Impl.FeedbackMessage,
-                                      f"{NS}/generate_trajectory/_action/feedback", self._record_feedback, qos)
+        subscribe_goal_feedback(self.node, GenerateTrajectory, f"{NS}/generate_trajectory", self._record_feedback)
         self.weights = self.node.create_client(UpdateWeights, f"{NS}/update_weights")
         self.UpdateWeights = UpdateWeights
         self.params = AsyncParameterClient(self.node, NS)
@@ -213,9 +212,9 @@ class RosClient:
         with self._lock:
             self.received[name].append(msg)
 
-    def _record_feedback(self, msg: Any) -> None:
+    def _record_feedback(self, goal: bytes, feedback: Any) -> None:
         with self._lock:
-            self._feedback.setdefault(bytes(msg.goal_id.uuid), []).append(msg.feedback)
+            self._feedback.setdefault(goal, []).append(feedback)
 
     def _feedback_list(self, goal_uuid: bytes) -> list[Any]:
         # The list is shared with the subscription, so an outcome's feedback keeps growing as messages land.
@@ -263,8 +262,6 @@ class RosClient:
         for topic, pub in self.image_pubs.items():
             self.wait(lambda p=pub: p.get_subscription_count() > 0, timeout, f"a subscriber on {topic}")
         self.wait(lambda: self.state_pub.get_subscription_count() > 0, timeout, "a subscriber on the state topic")
-        from trajectory_ensemble_node.tools.ros_client import DISCOVERY_SETTLE_S
-
         # Our writers have matched the node's readers; the node's readers match our writers on their own discovery
         # message, a moment later, and until then they drop best-effort samples (images, state) unseen.
         time.sleep(DISCOVERY_SETTLE_S)

@@ -94,6 +94,28 @@ def wait_with_progress(
             next_line += every_s
 
 
+def subscribe_goal_feedback(node: Any, action_type: Any, action_name: str,
+                            callback: Callable[[bytes, Any], None]) -> Any:
+    """Subscribe to every goal's feedback on ``action_name``'s feedback topic; returns the subscription.
+
+    Why not the ``ActionClient``'s feedback callback: rclpy drops a goal's callback once its result arrives, and
+    DDS does not order the feedback topic against the result service, so a goal's last feedback (``done``) can land
+    after its result and would be lost.
+
+    Args:
+        node (`rclpy.node.Node`): The client's node.
+        action_type (`type`): The action (``GenerateTrajectory``).
+        action_name (`str`): Fully qualified action name.
+        callback (`Callable[[bytes, Any], None]`): Called with the goal's uuid (16 bytes) and its feedback.
+    """
+    from rclpy.qos import QoSProfile
+
+    # The ActionClient's own feedback QoS (reliable, keep last 10), so it matches the server's writer as it does.
+    return node.create_subscription(
+        action_type.Impl.FeedbackMessage, f"{action_name}/_action/feedback",
+        lambda msg: callback(bytes(msg.goal_id.uuid), msg.feedback), QoSProfile(depth=10))
+
+
 class ClientSession:
     """An rclpy context, node and executor for one command, spun only from the calling thread.
 

@@ -23,6 +23,7 @@ from .ros_client import (
     ClientSession,
     check_node_name,
     domain_text,
+    subscribe_goal_feedback,
     wait_with_progress,
 )
 
@@ -307,30 +308,24 @@ def send_goal(args: argparse.Namespace, log: Callable[[str], None] = print) -> i
 
 
 class _FeedbackLog:
-    """Prints one goal's feedback, read from the action's feedback topic.
-
-    Not through the ActionClient's feedback callback: rclpy drops that callback once the goal's result arrives, and
-    DDS does not order the feedback topic against the result service, so the last feedback (``done``) can land after
-    the result and would be lost. Lines are held until :meth:`release` (after the "accepted" line).
+    """Prints one goal's feedback, read from the action's feedback topic (:func:`.ros_client.subscribe_goal_feedback`,
+    so the last one, ``done``, is printed even when it trails the result). Lines are held until :meth:`release`
+    (after the "accepted" line).
     """
 
     def __init__(self, node: Any, action_type: Any, action_name: str, goal_uuid: uuid.UUID,
                  log: Callable[[str], None]) -> None:
-        from rclpy.qos import QoSProfile
-
         self._goal = goal_uuid.bytes
         self._log = log
         self._held: list[str] | None = []
         self.done = False
-        # The ActionClient's own feedback QoS (reliable, keep last 10), so the node's writer matches either way.
-        node.create_subscription(action_type.Impl.FeedbackMessage, f"{action_name}/_action/feedback",
-                                 self._on_message, QoSProfile(depth=10))
+        subscribe_goal_feedback(node, action_type, action_name, self._on_feedback)
 
-    def _on_message(self, msg: Any) -> None:
-        if bytes(msg.goal_id.uuid) != self._goal:
+    def _on_feedback(self, goal: bytes, feedback: Any) -> None:
+        if goal != self._goal:
             return  # another client's goal
-        self.done = self.done or msg.feedback.stage == "done"
-        line = _feedback_line(msg.feedback)
+        self.done = self.done or feedback.stage == "done"
+        line = _feedback_line(feedback)
         if self._held is None:
             self._log(line)
         else:

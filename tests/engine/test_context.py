@@ -47,6 +47,25 @@ def test_weights_are_one_on_frozen_then_a_decaying_ramp_then_zero():
     assert math.isclose(float(ramp[0]), float(linear[0] * math.expm1(linear[0]) / (math.e - 1)), rel_tol=1e-6)
 
 
+def test_seam_jump_is_taken_at_the_first_free_action_against_the_old_action_at_that_time():
+    old = previous()  # row j = (2j, 2j + 1) / 10
+    new = torch.zeros(8, 2)
+    new[2] = torch.tensor([1.0, 1.0])
+    context = ExecutionContext(old, 0.0, DT, 2, 3 * DT)  # shift 3: new action 2 lines up with old action 5
+    assert context.seam_jump(new) == pytest.approx(math.dist((1.0, 1.0), (1.0, 1.1)))
+    assert context.metrics(new)["seam_jump"] == context.seam_jump(new)
+
+
+def test_seam_jump_past_the_old_chunk_compares_with_its_last_action_where_a_controller_holds():
+    old = previous()
+    new = torch.zeros(8, 2)
+    new[4] = torch.tensor([2.0, 2.0])
+    # Shift 4, frozen 4: the frozen actions take up the whole overlap, and new action 4 is past old action 7.
+    context = ExecutionContext(old, 0.0, DT, 4, 4 * DT)
+    assert context.overlap == 4
+    assert context.seam_jump(new) == pytest.approx(math.dist((2.0, 2.0), (1.4, 1.5)))
+
+
 def test_zero_delay_has_no_frozen_action_but_still_a_ramp():
     w = overlap_weights(0, 4, 8)
     assert bool((w[:4] > 0).all()) and bool((w[:4] < 1).all())

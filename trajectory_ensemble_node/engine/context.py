@@ -179,19 +179,25 @@ class ExecutionContext:
             out[:count] = self.previous[self.shift : self.shift + count]
         return out
 
-    def seam_jump(self, chunk: torch.Tensor) -> float | None:
+    def seam_jump(self, chunk: torch.Tensor) -> float:
         """Distance between the new chunk's first action after the frozen ones and the previous chunk's action at
-        the same time (normalized units); ``None`` when that action has no counterpart in the previous chunk.
+        the same time (normalized units).
+
+        Past the previous chunk's last action the comparison is with that last action: a trajectory controller holds
+        a trajectory's last point once it has run out (the JointTrajectoryController does, and so does
+        ``trajectory-ensemble sim``), so that is where the robot would be sent without the new chunk. It happens when
+        the frozen actions take up the whole overlap (a latency estimate as long as what is left of the chunk).
 
         Args:
-            chunk (`torch.Tensor` of shape `[H, D]`): The new chunk, in the model's normalized space.
+            chunk (`torch.Tensor` of shape `[H, D]`): The new chunk, in the model's normalized space, ``H > frozen``.
         """
         k = self.frozen
-        if k >= int(chunk.shape[0]) or k >= self.overlap:
-            return None
-        return float(torch.linalg.vector_norm(chunk[k].detach().cpu().float() - self.previous[self.shift + k]))
+        if k >= int(chunk.shape[0]):
+            raise DelayTooLongError(f"frozen count {k} must be below the chunk length {int(chunk.shape[0])}")
+        held = self.previous[min(self.shift + k, self.horizon_previous - 1)]
+        return float(torch.linalg.vector_norm(chunk[k].detach().cpu().float() - held))
 
-    def metrics(self, chunk: torch.Tensor) -> dict[str, float | int | str | None]:
+    def metrics(self, chunk: torch.Tensor) -> dict[str, float | int | str]:
         """What a result reports about the context: frozen count, shift, overlap, guidance mode and seam jump."""
         return {
             "context_frozen": self.frozen,

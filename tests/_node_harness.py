@@ -429,6 +429,14 @@ def serve_node(tmp: Path, domain_id: int, overrides: Mapping[str, Any],
         node.stop()
 
 
+def succeeded(outcome: GoalOutcome) -> Any:
+    """The goal's result, after checking it succeeded (the error message is the assertion's)."""
+    from action_msgs.msg import GoalStatus
+
+    assert outcome.status == GoalStatus.STATUS_SUCCEEDED, (outcome.status, outcome.result.error_message)
+    return outcome.result
+
+
 class Stamps:
     """Unique observation stamps within one module (seconds)."""
 

@@ -31,6 +31,7 @@ class ErrorCode(enum.IntEnum):
     STALE_OBSERVATION = 21
     NON_FINITE_STATE = 22
     INVALID_FRAME = 23
+    OBSERVATION_NOT_RECEIVED = 24
     # Model / engine (ROLLOUT_FAILURE and UNSUPPORTED_MODE are refusals: nothing was run).
     NON_FINITE_CANDIDATES = 30
     ENGINE_FAILURE = 31
@@ -83,6 +84,8 @@ _TABLE: dict[ErrorCode, tuple[str, str]] = {
     ErrorCode.NON_FINITE_STATE: ("observation", "The joint state holds NaN or Inf."),
     ErrorCode.INVALID_FRAME: ("observation", "A camera image could not be decoded (encoding, step or size); it was "
                                              "dropped and the last good frame kept."),
+    ErrorCode.OBSERVATION_NOT_RECEIVED: ("observation", "No frame stamped at or after the goal's "
+                                                        "min_observation_stamp arrived within observation_wait_s."),
     ErrorCode.NON_FINITE_CANDIDATES: ("engine failure", "The model produced NaN or Inf actions; nothing was "
                                                         "published."),
     ErrorCode.ENGINE_FAILURE: ("engine failure", "The model failed while running the goal; nothing was published."),
@@ -368,6 +371,12 @@ class StaleObservationError(ObservationError):
     """The newest message on a topic the goal needs is older than ``max_observation_age_s``."""
 
     code = ErrorCode.STALE_OBSERVATION
+
+
+class ObservationNotReceivedError(ObservationError):
+    """No frame stamped at or after the goal's ``min_observation_stamp`` arrived within ``observation_wait_s``."""
+
+    code = ErrorCode.OBSERVATION_NOT_RECEIVED
 
 
 class NonFiniteStateError(ObservationError):

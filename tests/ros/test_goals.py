@@ -60,6 +60,18 @@ def test_goal_defaults_limits_and_reducer_checks_happen_before_any_model_work():
                         valid_reducers=VALID)
 
 
+def test_min_observation_stamp_is_read_in_nanoseconds_and_a_negative_one_refused():
+    plan = goals.plan_goal(make_goal(), node_params(), default_instruction="", valid_reducers=VALID)
+    assert plan.min_observation_stamp_ns == 0
+    stamp = SimpleNamespace(sec=12, nanosec=5)
+    plan = goals.plan_goal(make_goal(min_observation_stamp=stamp), node_params(), default_instruction="",
+                           valid_reducers=VALID)
+    assert plan.min_observation_stamp_ns == 12_000_000_005
+    with pytest.raises(goals.GoalRequestError, match="min_observation_stamp must be >= 0"):
+        goals.plan_goal(make_goal(min_observation_stamp=SimpleNamespace(sec=-1, nanosec=0)), node_params(),
+                        default_instruction="", valid_reducers=VALID)
+
+
 class FakeHandle:
     def __init__(self) -> None:
         self.cancels: list[tuple] = []

@@ -49,6 +49,7 @@ GOAL_FIELDS = [
     ("inference_delay", "int32"),
     ("guidance", "string"),
     ("deadline", "builtin_interfaces/Duration"),
+    ("min_observation_stamp", "builtin_interfaces/Time"),
 ]
 RESULT_FIELDS = [
     ("error_code", "uint16"),

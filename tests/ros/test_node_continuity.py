@@ -15,7 +15,7 @@ import pytest
 pytest.importorskip("rclpy")
 pytest.importorskip("trajectory_ensemble_msgs")
 
-from _node_harness import image_msg, metrics_dict, serve_node  # noqa: E402
+from _node_harness import image_msg, metrics_dict, serve_node, succeeded  # noqa: E402
 from action_msgs.msg import GoalStatus  # noqa: E402
 
 from trajectory_ensemble_node.errors import ErrorCode  # noqa: E402
@@ -50,11 +50,6 @@ def observe(client, t: float) -> None:
         for _ in range(3):
             publisher.publish(msg)
     time.sleep(0.3)
-
-
-def succeeded(outcome):
-    assert outcome.status == GoalStatus.STATUS_SUCCEEDED, (outcome.status, outcome.result.error_message)
-    return outcome.result
 
 
 def rows(msg) -> np.ndarray:

@@ -5,19 +5,25 @@ One node process serves the whole module (tiny model, droid_lerobot: width 10, c
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 
 pytest.importorskip("rclpy")
 pytest.importorskip("trajectory_ensemble_msgs")
 
-from _node_harness import NS, Stamps, metrics_dict, serve_node, stamp_sec  # noqa: E402
+from _node_harness import NS, Stamps, metrics_dict, serve_node, stamp_sec, succeeded  # noqa: E402
 from action_msgs.msg import GoalStatus  # noqa: E402
+from builtin_interfaces.msg import Time  # noqa: E402
+
+from trajectory_ensemble_node.errors import ErrorCode  # noqa: E402
 
 pytestmark = [pytest.mark.ros, pytest.mark.slow]
 
 JOINTS = [f"joint_{i}" for i in range(10)]
 FPS = 10.0
+OBSERVATION_WAIT_S = 4.0
 stamps = Stamps(1000)
 
 
@@ -26,7 +32,8 @@ def served(tmp_path_factory, ros_domain_id):
     tmp = tmp_path_factory.mktemp("node_goals")
     # Staleness is tested in test_node_bad_inputs; here a slow first goal must not make the next one stale.
     yield from serve_node(tmp, ros_domain_id, {"joint_names": JOINTS, "rollout_dir": str(tmp / "rollouts"),
-                                               "fps": FPS, "max_observation_age_s": 120.0})
+                                               "fps": FPS, "max_observation_age_s": 120.0,
+                                               "observation_wait_s": OBSERVATION_WAIT_S})
 
 
 @pytest.fixture
@@ -82,6 +89,49 @@ def test_published_trajectory_and_joint_trajectory_carry_the_observation_stamp_a
     times = [p.time_from_start.sec + p.time_from_start.nanosec * 1e-9 for p in joint.points]
     assert times == pytest.approx([(k + 1) / FPS for k in range(8)])
     np.testing.assert_allclose(joint.points[3].positions, outcome.result.trajectory.data[30:40], rtol=1e-6)
+
+
+def test_a_goal_that_names_its_frame_waits_for_it_and_is_served_from_it(client):
+    client.publish_image(stamps())
+    wanted = stamps()
+    # The goal overtakes its frame (a client that publishes a frame, then asks for a plan from it).
+    pending = client.send_goal(candidate_count=2, min_observation_stamp=Time(sec=wanted))
+    assert pending.accepted
+    time.sleep(0.5)
+    client.publish_image(wanted, settle_s=0.0)
+    outcome = client.result(pending)
+    assert outcome.status == GoalStatus.STATUS_SUCCEEDED, outcome.result.error_message
+    assert stamp_sec(outcome.result.trajectory) == wanted
+    # A frame already there (or a newer one) serves at once.
+    newer = stamps()
+    client.publish_image(newer)
+    served = succeeded(client.run_goal(candidate_count=2, min_observation_stamp=Time(sec=wanted)))
+    assert stamp_sec(served.trajectory) == newer
+
+
+def test_a_goal_whose_frame_never_comes_ends_with_its_own_code_and_a_cancel_ends_the_wait(client):
+    client.publish_image(stamps())
+    missing = stamps() + 100
+    started = time.monotonic()
+    outcome = client.run_goal(candidate_count=2, min_observation_stamp=Time(sec=missing))
+    assert outcome.status == GoalStatus.STATUS_ABORTED
+    assert outcome.result.error_code == ErrorCode.OBSERVATION_NOT_RECEIVED
+    assert f"{missing}.000000000" in outcome.result.error_message and "observation_wait_s=4" in \
+        outcome.result.error_message
+    assert time.monotonic() - started >= OBSERVATION_WAIT_S - 0.1
+    assert not [f for f in outcome.feedback if f.stage == "denoising"]
+
+    pending = client.send_goal(candidate_count=2, min_observation_stamp=Time(sec=missing))
+    time.sleep(0.3)
+    started = time.monotonic()
+    client.cancel(pending)
+    canceled = client.result(pending)
+    assert canceled.status == GoalStatus.STATUS_CANCELED
+    assert canceled.result.error_code == ErrorCode.CANCELED
+    assert time.monotonic() - started < OBSERVATION_WAIT_S / 2
+    # The node keeps serving.
+    client.publish_image(stamps())
+    succeeded(client.run_goal(candidate_count=2))
 
 
 def test_feedback_reports_every_denoising_step(client):

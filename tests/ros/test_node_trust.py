@@ -16,7 +16,7 @@ import pytest
 pytest.importorskip("rclpy")
 pytest.importorskip("trajectory_ensemble_msgs")
 
-from _node_harness import Stamps, metrics_dict, serve_node  # noqa: E402
+from _node_harness import Stamps, metrics_dict, serve_node, succeeded  # noqa: E402
 from action_msgs.msg import GoalStatus  # noqa: E402
 from builtin_interfaces.msg import Duration  # noqa: E402
 
@@ -43,11 +43,6 @@ def served(tmp_path_factory, ros_domain_id):
 @pytest.fixture
 def client(served):
     return served[1]
-
-
-def succeeded(outcome):
-    assert outcome.status == GoalStatus.STATUS_SUCCEEDED, (outcome.status, outcome.result.error_message)
-    return outcome.result
 
 
 def test_one_nan_candidate_of_eight_is_dropped_and_the_goal_succeeds(client):

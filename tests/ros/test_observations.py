@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import threading
+import time
+
 import numpy as np
 import pytest
 
@@ -102,3 +105,40 @@ def test_missing_stale_and_nan_state_are_refused_with_topic_and_age():
     buffer.offer_state(JointState(name=["a", "b"], position=[0.0, 1.0]))
     assert buffer.latest(1.0, require_state=True).state.positions.tolist() == [0.0, 1.0]
     assert set(buffer.ages()) == {"/a", "/b", "/state"}
+
+
+def test_a_goal_waits_for_a_frame_stamped_at_or_after_the_one_it_names_on_every_topic():
+    buffer = observations.ObservationBuffer(["/a", "/b"])
+    wanted = 7 * 1_000_000_000
+    assert not buffer.has_stamp(wanted)
+    buffer.offer_image("/a", image("rgb8", sec=7))
+    buffer.offer_image("/b", image("rgb8", sec=6))
+    assert not buffer.has_stamp(wanted)  # the observation is as new as its oldest part
+    # Arrives while the goal waits (from the subscription's thread).
+    threading.Timer(0.2, lambda: buffer.offer_image("/b", image("rgb8", sec=8))).start()
+    started = time.monotonic()
+    buffer.wait_for_stamp(wanted, timeout_s=5.0)
+    assert 0.1 < time.monotonic() - started < 4.0 and buffer.has_stamp(wanted)
+    buffer.wait_for_stamp(wanted, timeout_s=0.0)  # already there: returns at once, even with no time to wait
+
+
+def test_a_frame_that_never_comes_is_a_named_error_and_a_stop_ends_the_wait():
+    buffer = observations.ObservationBuffer(["/a"])
+    buffer.offer_image("/a", image("rgb8", sec=7))
+    with pytest.raises(observations.ObservationNotReceivedError,
+                       match=r"no frame on /a stamped at or after 9\.000000000 within observation_wait_s=0\.2 s "
+                             r"\(latest: 7\.000000000\)") as info:
+        buffer.wait_for_stamp(9 * 1_000_000_000, timeout_s=0.2)
+    assert info.value.code == ErrorCode.OBSERVATION_NOT_RECEIVED
+    with pytest.raises(observations.ObservationNotReceivedError, match=r"latest: none"):
+        observations.ObservationBuffer(["/b"]).wait_for_stamp(1, timeout_s=0.0)
+
+    class Canceled(Exception):
+        pass
+
+    stop: list[Exception] = []
+    threading.Timer(0.2, lambda: stop.append(Canceled())).start()
+    started = time.monotonic()
+    with pytest.raises(Canceled):
+        buffer.wait_for_stamp(9 * 1_000_000_000, timeout_s=30.0, stopped=lambda: stop[0] if stop else None)
+    assert time.monotonic() - started < 5.0

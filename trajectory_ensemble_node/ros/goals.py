@@ -42,6 +42,7 @@ from ..errors import (  # noqa: F401 - GoalRejectedError and GoalRequestError ar
     GroupPreemptedError,
 )
 from ..seeding import fresh_base_seed
+from .observations import stamp_ns
 from .params import NodeParams
 
 MAX_QUEUED_GOALS = 8
@@ -71,6 +72,7 @@ class GoalPlan:
         inference_delay (`int`): Frozen actions asked for, ``[0, chunk_size)``; 0 = the node's latency estimate.
         guidance (`str`): Guidance mode toward the previous chunk, one of ``GUIDANCE_MODES``.
         deadline_s (`float`): Seconds from acceptance by which the result must be published; 0 = none.
+        min_observation_stamp_ns (`int`): Serve from a frame stamped at or after this (ns); 0 = the latest frame.
     """
 
     instruction: str
@@ -83,6 +85,7 @@ class GoalPlan:
     inference_delay: int = 0
     guidance: str = "prefix"
     deadline_s: float = 0.0
+    min_observation_stamp_ns: int = 0
 
 
 def plan_goal(
@@ -99,7 +102,7 @@ def plan_goal(
 
     Raises:
         GoalRequestError: a rollout without ``rollout_dir``; ``continue_previous`` together with ``reset_context``;
-            a negative deadline.
+            a negative deadline or ``min_observation_stamp``.
         NegativeDelayError: ``inference_delay < 0``.
         DelayTooLongError: ``inference_delay >= chunk_size``.
         ExecutionContextError: an unknown ``guidance``.
@@ -133,7 +136,19 @@ def plan_goal(
         inference_delay=delay,
         guidance=guidance,
         deadline_s=deadline_s,
+        min_observation_stamp_ns=_min_observation_stamp_ns(goal),
     )
+
+
+def _min_observation_stamp_ns(goal: Any) -> int:
+    stamp = getattr(goal, "min_observation_stamp", None)
+    if stamp is None:
+        return 0
+    ns = stamp_ns(stamp)
+    if ns < 0:
+        raise GoalRequestError(f"min_observation_stamp must be >= 0 (0 = the latest frame), got {stamp.sec} s "
+                               f"{stamp.nanosec} ns")
+    return ns
 
 
 def _plan_continuity(goal: Any, params: NodeParams) -> tuple[bool, int, str, float]:

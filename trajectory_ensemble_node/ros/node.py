@@ -278,7 +278,8 @@ class TrajectoryEnsembleNode(Node):
         Args:
             goal_handle (`ServerGoalHandle`): The accepted goal.
             record (`GoalRecord`): Its record; gets ``plan``, ``observation`` and the group handle.
-            block (`bool`): Wait for a slot (``queue`` policy); with False, return False instead of waiting.
+            block (`bool`): Wait for the goal's frame (``min_observation_stamp``) and for a slot (``queue`` policy);
+                with False, return False instead of waiting.
 
         Returns:
             `bool`: True when the group was submitted.
@@ -290,6 +291,11 @@ class TrajectoryEnsembleNode(Node):
             record.plan = plan_goal(goal_handle.request, self.params, default_instruction=self.default_instruction(),
                                     valid_reducers=self.model.valid_reducers())
             warn_raw_reducer(self, record.plan.spec.reducer, self.params.action_stats_file)
+        wanted = record.plan.min_observation_stamp_ns
+        if wanted and not self.observations.has_stamp(wanted):
+            if not block:
+                return False  # the execute callback waits for the frame: this callback must not hold the executor
+            self.observations.wait_for_stamp(wanted, self.params.observation_wait_s, record.stop_error)
         # Everything that can refuse the goal runs before admission, so a bad goal never preempts a good one.
         observation, request = self._build(goal_id, record.plan, record)
         if not block:

@@ -34,6 +34,7 @@ from ..errors import (  # noqa: F401 - the observation errors are importable fro
     NoObservationError,
     NonFiniteStateError,
     ObservationError,
+    ObservationNotReceivedError,
     StaleObservationError,
     UnsupportedEncodingError,
 )
@@ -50,6 +51,8 @@ SUPPORTED_ENCODINGS = tuple(_ENCODINGS)
 """Image encodings the buffer converts to RGB uint8; anything else is rejected (cause ``encoding``)."""
 BYTES_PER_PIXEL: dict[str, int] = {encoding: size for encoding, (size, _) in _ENCODINGS.items()}
 """Bytes per pixel of each supported encoding (a row holds at least ``width * BYTES_PER_PIXEL[encoding]`` bytes)."""
+STOP_POLL_S = 0.05
+"""While a goal waits for its frame, how often it checks whether it was canceled or the node is stopping."""
 
 
 FRAME_REJECT_CAUSES = ("encoding", "step", "data_length", "dimensions", "size")
@@ -222,6 +225,7 @@ class ObservationBuffer:
         self.state_topic = state_topic
         self._clock = clock
         self._lock = threading.Lock()
+        self._arrived = threading.Condition(self._lock)
         self._frames: dict[str, Frame] = {}
         self._state: JointStateSample | None = None
         self._counters = {topic: _TopicCounters() for topic in self.image_topics}
@@ -251,6 +255,7 @@ class ObservationBuffer:
             counters.received += 1
             counters.refused_since_good = 0
             self._frames[topic] = frame
+            self._arrived.notify_all()
         return None
 
     def count_rejection(self, topic: str, cause: str, message: str) -> None:
@@ -340,6 +345,58 @@ class ObservationBuffer:
             image, oldest.stamp, oldest.frame_id, now - oldest.received, state if require_state else None
         )
 
+    def has_stamp(self, min_stamp_ns: int) -> bool:
+        """Whether every image topic's latest good frame is stamped at or after ``min_stamp_ns``."""
+        with self._lock:
+            return not self._behind_locked(min_stamp_ns)
+
+    def wait_for_stamp(self, min_stamp_ns: int, timeout_s: float,
+                       stopped: Callable[[], BaseException | None] = lambda: None) -> None:
+        """Wait until every image topic's latest good frame is stamped at or after ``min_stamp_ns``.
+
+        For a goal that names the frame it is for (``min_observation_stamp``): its client published that frame just
+        before the goal, and the two travel on separate DDS readers, so the goal may come first.
+
+        Args:
+            min_stamp_ns (`int`): Header stamp, nanoseconds.
+            timeout_s (`float`): Seconds to wait on the host's monotonic clock (``observation_wait_s``).
+            stopped (`Callable`): Polled while waiting; an exception it returns is raised (a cancel, a shutdown).
+
+        Raises:
+            ObservationNotReceivedError: no such frame on some topic within ``timeout_s`` (the latest stamp is
+                quoted).
+        """
+        deadline = time.monotonic() + timeout_s
+        while True:
+            with self._lock:
+                behind = self._behind_locked(min_stamp_ns)
+                left = deadline - time.monotonic()
+                if behind and left > 0:
+                    self._arrived.wait(min(left, STOP_POLL_S))
+                    behind = self._behind_locked(min_stamp_ns)
+            if not behind:
+                return
+            stop = stopped()
+            if stop is not None:
+                raise stop
+            if time.monotonic() >= deadline:
+                topic, latest = behind[0]
+                raise ObservationNotReceivedError(
+                    f"no frame on {topic} stamped at or after {_stamp_text(min_stamp_ns)} within "
+                    f"observation_wait_s={timeout_s:g} s (latest: "
+                    f"{'none' if latest is None else _stamp_text(latest)})"
+                )
+
+    def _behind_locked(self, min_stamp_ns: int) -> list[tuple[str, int | None]]:
+        """``(topic, latest stamp in ns or None)`` for every image topic whose latest frame is older."""
+        behind = []
+        for topic in self.image_topics:
+            frame = self._frames.get(topic)
+            stamp = None if frame is None else stamp_ns(frame.stamp)
+            if stamp is None or stamp < min_stamp_ns:
+                behind.append((topic, stamp))
+        return behind
+
     def ages(self) -> dict[str, float | None]:
         """Seconds since the last good frame per image topic (and the state topic); ``None`` = never received."""
         now = self._clock()
@@ -365,6 +422,15 @@ class ObservationBuffer:
         """Good frames accepted, summed over image topics."""
         with self._lock:
             return sum(c.received for c in self._counters.values())
+
+
+def stamp_ns(stamp: Any) -> int:
+    """A ``builtin_interfaces/Time`` (duck-typed) in nanoseconds."""
+    return int(stamp.sec) * 1_000_000_000 + int(stamp.nanosec)
+
+
+def _stamp_text(ns: int) -> str:
+    return f"{ns // 1_000_000_000}.{ns % 1_000_000_000:09d}"
 
 
 def _named(names_: Sequence[str], values: np.ndarray) -> list[tuple[str, float]]:

@@ -88,6 +88,8 @@ PARAMETERS: tuple[ParamSpec, ...] = (
     ParamSpec("action_stats_method", "quantile", "normalization of action_stats_file",
               ", ".join(NORMALIZATION_METHODS)),
     ParamSpec("max_observation_age_s", 1.0, "observations older than this are refused as stale", "> 0"),
+    ParamSpec("observation_wait_s", 1.0, "how long a goal with min_observation_stamp waits for a frame that new "
+              "(host clock) before it is refused (OBSERVATION_NOT_RECEIVED)", ">= 0"),
     ParamSpec("require_state", False, "also refuse goals without a recent, finite ~/observation/state (always on "
               "for models that consume state)"),
     ParamSpec("goal_policy", "preempt", "what a new goal does when max_concurrent_goals are running",
@@ -164,6 +166,7 @@ class NodeParams:
     action_stats_file: str
     action_stats_method: str
     max_observation_age_s: float
+    observation_wait_s: float
     require_state: bool
     goal_policy: str
     max_concurrent_goals: int
@@ -318,6 +321,7 @@ def validate(raw: Mapping[str, Any], *, env: Mapping[str, str] | None = None) ->
     need(p["action_stats_method"] in NORMALIZATION_METHODS,
          f"action_stats_method: {p['action_stats_method']!r} is not one of {list(NORMALIZATION_METHODS)}")
     need(p["max_observation_age_s"] > 0, f"max_observation_age_s: must be > 0, got {p['max_observation_age_s']}")
+    need(p["observation_wait_s"] >= 0, f"observation_wait_s: must be >= 0, got {p['observation_wait_s']}")
     need(p["goal_policy"] in GOAL_POLICIES, f"goal_policy: {p['goal_policy']!r} is not one of {list(GOAL_POLICIES)}")
     need(p["max_concurrent_goals"] >= 1, f"max_concurrent_goals: must be >= 1, got {p['max_concurrent_goals']}")
     need(p["rollout_noise_level"] >= 0, f"rollout_noise_level: must be >= 0, got {p['rollout_noise_level']}")

@@ -7,7 +7,9 @@ Every ``--goal-every`` seconds of bag time (first one ``--goal-offset`` after th
 ``GenerateTrajectory`` goal goes to ``<ns>/generate_trajectory``. While a goal runs the bag clock is paused, as if
 pause were pressed in ``ros2 bag play``: a model slower than real time then serves every scheduled goal instead of
 preempting itself (``goal_policy: preempt``), and each goal is served from the frame that was current when it was
-sent.
+sent: the goal names that frame's stamp (``min_observation_stamp``), so the node waits for a frame the goal overtook,
+and a frame the node never received (``OBSERVATION_NOT_RECEIVED``) is published again, at most
+:data:`FRAME_RESENDS` times.
 
 Outputs under ``--out``: ``bag/`` (rosbag2, mcap with zstd chunks by default, or ``--storage sqlite3``) holding the
 replayed observations and the node's ``<ns>/trajectory`` (plus ``<ns>/candidates`` with ``--return-candidates``),
@@ -27,7 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..errors import NodeUnreachableError
+from ..errors import ErrorCode, NodeUnreachableError
 from . import bags
 from .playback import (
     DEFAULT_WAIT_S,
@@ -38,10 +40,7 @@ from .playback import (
     goal_times,
     resolve_inputs,
 )
-from .ros_client import domain_text, wait_with_progress
-
-MATCH_SETTLE_S = 0.5
-"""Spin this long after the node's subscriptions matched before the first frame (see ``wait_for_node``)."""
+from .ros_client import DISCOVERY_SETTLE_S, ClientSession, domain_text, wait_with_progress
 
 EXIT_OK = 0
 EXIT_GOALS_FAILED = 1
@@ -52,34 +51,31 @@ SETTLE_S = 0.1
 goal arrives: frames and goals travel on separate DDS readers, and a loaded node may handle them out of order."""
 DRAIN_S = 2.0
 """How long to wait after the last goal for its ``~/trajectory`` message to arrive."""
+FRAME_RESENDS = 2
+"""How often a goal is sent again, after its frame is published again, when the node never received that frame
+(``OBSERVATION_NOT_RECEIVED``): the node's camera subscription is best effort, and DDS may drop a sample on a loaded
+host. A drop is the transport's, not the policy's, so a replay does not count it against the goal."""
 OUTPUT_WAIT_S = 0.5
 """How long a succeeded goal keeps the bag clock paused for its ``~/trajectory`` (wall time), so the output is
 logged at the goal's bag time even when the message arrives after the result."""
 
 
-class _RosSession:
+class _RosSession(ClientSession):
     """The replay's rclpy side: input publishers, the action client and raw output subscriptions.
 
-    Everything is spun from the calling thread (:meth:`spin_for`, :meth:`_wait`), never from a background thread:
-    rclpy 9's ``ActionClient.send_goal_async`` registers the future it returns only after sending the request, so
-    an executor thread that processes a fast goal response in between completes a future nobody holds and the
-    returned one never completes (seen here as a goal "timing out" while the node served it).
+    Spun only from the calling thread, as every :class:`~.ros_client.ClientSession` is (the docstring there says why).
     """
 
     def __init__(self, opts: ReplayOptions, inputs: dict[str, tuple[str, str]], on_output: Any) -> None:
-        import rclpy
         from rclpy.action import ActionClient
-        from rclpy.executors import SingleThreadedExecutor
         from rclpy.qos import QoSProfile
         from sensor_msgs.msg import Image, JointState
         from std_msgs.msg import String
         from trajectory_ensemble_msgs.action import GenerateTrajectory
         from trajectory_ensemble_msgs.msg import ActionTrajectory, CandidateArray
 
+        super().__init__("trajectory_ensemble_replay")
         self.GenerateTrajectory = GenerateTrajectory
-        self.context = rclpy.Context()
-        rclpy.init(args=[], context=self.context)
-        self.node = rclpy.create_node("trajectory_ensemble_replay", context=self.context)
         classes = {bags.IMAGE_TYPE: Image, bags.STATE_TYPE: JointState, bags.STRING_TYPE: String}
         # Reliable publishers match both reliable and best-effort (sensor-data) subscriptions.
         self.publishers = {bag_topic: self.node.create_publisher(classes[msgtype], node_topic, QoSProfile(depth=10))
@@ -95,21 +91,6 @@ class _RosSession:
             # raw=True hands over the CDR bytes as received: recorded exactly as ros2 bag record would.
             self.node.create_subscription(cls, topic, lambda data, t=topic, m=msgtype: on_output(t, m, data),
                                           QoSProfile(depth=50), raw=True)
-        self.executor = SingleThreadedExecutor(context=self.context)
-        self.executor.add_node(self.node)
-
-    def spin_for(self, seconds: float) -> None:
-        """Serve callbacks (recorded outputs) for ``seconds`` of wall time; at least one pass when <= 0."""
-        deadline = time.monotonic() + max(seconds, 0.0)
-        while True:
-            self.executor.spin_once(timeout_sec=max(0.0, min(deadline - time.monotonic(), 0.05)))
-            if time.monotonic() >= deadline:
-                return
-
-    def _wait(self, future: Any, timeout_s: float) -> bool:
-        """Spin until ``future`` is done or ``timeout_s`` passes; True when done."""
-        self.executor.spin_until_future_complete(future, timeout_sec=timeout_s)
-        return future.done()
 
     def wait_for_node(self, timeout_s: float, log: Any = print) -> None:
         """Wait for the action server (saying so every few seconds), then briefly for the node's subscriptions and
@@ -126,10 +107,8 @@ class _RosSession:
             if all(p.get_subscription_count() > 0 for p in self.publishers.values()) and all(
                 self.node.count_publishers(t) > 0 for t in self.output_topics[:1]
             ):
-                # Our writers have matched the node's readers, but each reader matches our writer on its own
-                # discovery round; a best-effort frame sent before that is dropped without a trace (the first
-                # goal then finds no image). No API shows the remote side's match, so give it a moment.
-                self.spin_for(MATCH_SETTLE_S)
+                # No API shows the node's readers matching our writers; a frame sent before would be lost unseen.
+                self.spin_for(DISCOVERY_SETTLE_S)
                 return
             self.spin_for(0.05)
 
@@ -137,38 +116,39 @@ class _RosSession:
         """Publish one message of ``bag_topic`` as its CDR bytes."""
         self.publishers[bag_topic].publish(data)
 
-    def run_goal(self, opts: ReplayOptions, index: int) -> tuple[str, Any, float]:
-        """Send goal ``index`` and wait for its result: ``(status name, result or None, latency ms)``."""
+    def run_goal(self, opts: ReplayOptions, index: int, frame_stamp_ns: int | None) -> tuple[str, Any, float]:
+        """Send goal ``index`` and wait for its result: ``(status name, result or None, latency ms)``.
+
+        Args:
+            frame_stamp_ns (`int`, *optional*): Stamp of the frame published last: the goal asks to be served from it
+                or a newer one (``min_observation_stamp``), so the node waits for it if the goal overtook it.
+        """
         from action_msgs.msg import GoalStatus
+        from builtin_interfaces.msg import Time
 
         names = {v: k[len("STATUS_"):] for k, v in vars(GoalStatus).items() if k.startswith("STATUS_")}
         goal = self.GenerateTrajectory.Goal(instruction=opts.instruction, candidate_count=opts.candidates,
                                             reducer=opts.reducer, return_candidates=opts.return_candidates)
         if opts.seed is not None:
             goal.use_seed, goal.seed = True, int(opts.seed) + index
+        if frame_stamp_ns is not None:
+            goal.min_observation_stamp = Time(sec=frame_stamp_ns // 1_000_000_000,
+                                              nanosec=frame_stamp_ns % 1_000_000_000)
         started = time.perf_counter()
         sent = self.client.send_goal_async(goal)
-        if not self._wait(sent, opts.goal_timeout_s):
+        if not self.wait_future(sent, opts.goal_timeout_s):
             return "TIMEOUT", None, (time.perf_counter() - started) * 1e3
         handle = sent.result()
         if not handle.accepted:
             return "REJECTED", None, (time.perf_counter() - started) * 1e3
         result_future = handle.get_result_async()
-        if not self._wait(result_future, opts.goal_timeout_s):
+        if not self.wait_future(result_future, opts.goal_timeout_s):
             handle.cancel_goal_async()
             self.spin_for(0.5)
             return "TIMEOUT", None, (time.perf_counter() - started) * 1e3
         latency_ms = (time.perf_counter() - started) * 1e3
         response = result_future.result()
         return names.get(response.status, str(response.status)), response.result, latency_ms
-
-    def close(self) -> None:
-        """Shut the executor and the context down."""
-        import rclpy
-
-        self.executor.shutdown(timeout_sec=2.0)
-        self.node.destroy_node()
-        rclpy.try_shutdown(context=self.context)
 
 
 def replay(opts: ReplayOptions, log: Any = print) -> ReplayReport:
@@ -203,7 +183,7 @@ def replay(opts: ReplayOptions, log: Any = print) -> ReplayReport:
         recorder = bags.BagRecorder(out_bag, opts.storage,
                                     custom_data={"trajectory_ensemble.replayed_bag": str(opts.bag)})
         schedule = goal_times(info, image_topic, opts)
-        latest: dict[str, Any] = {"stamp": None, "image": None, "wall": 0.0}
+        latest: dict[str, Any] = {"stamp": None, "image": None, "data": None, "wall": 0.0}
         clock.start()
 
         def send_goal(t_ns: int) -> None:
@@ -212,7 +192,15 @@ def replay(opts: ReplayOptions, log: Any = print) -> ReplayReport:
             # frame and the goal itself take: its outputs are logged at that time.
             clock.pause(at_ns=t_ns)
             session.spin_for(SETTLE_S - (time.monotonic() - latest["wall"]))
-            status, result, latency_ms = session.run_goal(opts, len(report.goals))
+            status, result, latency_ms = session.run_goal(opts, len(report.goals), latest["stamp"])
+            for _ in range(FRAME_RESENDS):
+                if result is None or int(result.error_code) != ErrorCode.OBSERVATION_NOT_RECEIVED:
+                    break
+                log(f"goal {len(report.goals) + 1}: the node did not receive the frame stamped "
+                    f"{latest['stamp'] / 1e9:.9f}; publishing it again")
+                session.publish(image_topic, latest["data"])
+                session.spin_for(SETTLE_S)
+                status, result, latency_ms = session.run_goal(opts, len(report.goals), latest["stamp"])
             # The topic and the result travel separately; the bag clock waits for both.
             expected = sum(g.status == "SUCCEEDED" for g in report.goals) + (status == "SUCCEEDED")
             deadline = time.monotonic() + OUTPUT_WAIT_S
@@ -234,7 +222,7 @@ def replay(opts: ReplayOptions, log: Any = print) -> ReplayReport:
             recorder.write(inputs[topic][0], msgtype, t_ns, data)
             if topic == image_topic:
                 msg = bags.deserialize(data, msgtype)
-                latest.update(stamp=bags.stamp_ns(msg), image=_plottable(msg), wall=time.monotonic())
+                latest.update(stamp=bags.stamp_ns(msg), image=_plottable(msg), data=data, wall=time.monotonic())
         while len(report.goals) < len(schedule):
             send_goal(schedule[len(report.goals)])
         # The node publishes ~/trajectory before the goal succeeds, but the topic and the result travel separately.

@@ -119,9 +119,10 @@ def subscribe_goal_feedback(node: Any, action_type: Any, action_name: str,
 class ClientSession:
     """An rclpy context, node and executor for one command, spun only from the calling thread.
 
-    Why not a background spin thread: rclpy registers the future of ``send_goal_async`` and ``call_async`` only after
-    sending, so an executor thread that handles a fast response in between completes a future nobody holds (see
-    :mod:`.replay`). rclpy's own SIGINT handler is not installed: a command decides itself what Ctrl-C does.
+    Why not a background spin thread: rclpy 9 registers the future of ``send_goal_async`` and ``call_async`` only
+    after sending, so an executor thread that handles a fast response in between completes a future nobody holds and
+    the one returned never completes (seen as a goal "timing out" while the node served it). rclpy's own SIGINT
+    handler is not installed: a command decides itself what Ctrl-C does.
 
     Args:
         name (`str`): This client node's name.

@@ -102,8 +102,9 @@ def _check_args(args: argparse.Namespace) -> None:
         raise ValueError(f"--toy-scene must be >= 0, got {args.toy_scene}")
 
 
-def build_goal(goal_class: Any, args: argparse.Namespace) -> Any:
-    """The ``GenerateTrajectory.Goal`` the flags describe."""
+def build_goal(goal_class: Any, args: argparse.Namespace, frame_stamp_ns: int = 0) -> Any:
+    """The ``GenerateTrajectory.Goal`` the flags describe; ``frame_stamp_ns`` (the toy frame's) > 0 asks for a frame
+    that new (``min_observation_stamp``)."""
     goal = goal_class(instruction=args.instruction, candidate_count=args.count, reducer=args.reducer,
                       return_candidates=args.return_candidates, rollout=args.rollout,
                       continue_previous=args.continue_previous, reset_context=args.reset_context,
@@ -111,6 +112,7 @@ def build_goal(goal_class: Any, args: argparse.Namespace) -> Any:
     goal.deadline.sec, goal.deadline.nanosec = divmod(int(round(args.deadline * 1e9)), 1_000_000_000)
     if args.seed is not None:
         goal.use_seed, goal.seed = True, int(args.seed)
+    goal.min_observation_stamp.sec, goal.min_observation_stamp.nanosec = divmod(frame_stamp_ns, 1_000_000_000)
     return goal
 
 
@@ -123,8 +125,8 @@ def toy_scene_frame(seed: int, stamp_ns: int) -> bytes:
 
 
 def publish_toy_scene(session: ClientSession, topic: str, seed: int, wait_s: float,
-                      log: Callable[[str], None]) -> None:
-    """Publish the toy scene ``seed`` on ``topic`` once the node subscribes to it.
+                      log: Callable[[str], None]) -> int:
+    """Publish the toy scene ``seed`` on ``topic`` once the node subscribes to it; returns the frame's stamp (ns).
 
     Raises:
         NodeUnreachableError: Nobody subscribes to ``topic`` within ``wait_s``.
@@ -143,9 +145,8 @@ def publish_toy_scene(session: ClientSession, topic: str, seed: int, wait_s: flo
     data = toy_scene_frame(seed, stamp_ns)
     for _ in range(TOY_FRAME_REPEATS):
         publisher.publish(data)
-    # Frames and goals travel on separate DDS readers: give the node a moment to take the frame in first.
-    session.spin_for(0.3)
     log(f"published toy scene {seed} on {topic} (256x256 rgb8, stamp {stamp_ns // 10**9}.{stamp_ns % 10**9:09d})")
+    return stamp_ns
 
 
 def _code_name(code: int) -> str:
@@ -267,12 +268,14 @@ def send_goal(args: argparse.Namespace, log: Callable[[str], None] = print) -> i
                 f"node not reachable: no action server {action_name} after {args.wait:g} s on {domain_text()}; "
                 + (f"GenerateTrajectory servers seen: {', '.join(servers)}" if servers
                    else "no GenerateTrajectory server seen (is the node running and ready?)"))
+        frame_stamp_ns = 0
         if args.toy_scene is not None:
-            publish_toy_scene(session, args.image_topic or f"{args.node}/observation/image", args.toy_scene,
-                              args.wait, log)
+            # The goal names the frame: the two travel on separate DDS readers and the goal may come first.
+            frame_stamp_ns = publish_toy_scene(session, args.image_topic or f"{args.node}/observation/image",
+                                               args.toy_scene, args.wait, log)
         goal_uuid = uuid.uuid4()
         feedback = _FeedbackLog(session.node, GenerateTrajectory, action_name, goal_uuid, log)
-        sent = client.send_goal_async(build_goal(GenerateTrajectory.Goal, args),
+        sent = client.send_goal_async(build_goal(GenerateTrajectory.Goal, args, frame_stamp_ns),
                                       goal_uuid=UUID(uuid=list(goal_uuid.bytes)))
         if not session.wait_future(sent, GOAL_RESPONSE_TIMEOUT_S, lambda: interrupts.count > 1):
             log(f"result: no answer to the goal from {action_name} within {GOAL_RESPONSE_TIMEOUT_S:g} s")

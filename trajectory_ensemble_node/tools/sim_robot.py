@@ -152,6 +152,9 @@ class SimRobot:
         goal = self._Goal(candidate_count=s.candidates, reducer=s.reducer, use_seed=True, seed=seed,
                           continue_previous=not fresh, reset_context=fresh,
                           inference_delay=s.inference_delay, guidance=s.guidance)
+        # Served from the frame published last or a newer one: the node waits for it if the goal overtakes it.
+        goal.min_observation_stamp.sec = self._last_frame_ns // NS_PER_S
+        goal.min_observation_stamp.nanosec = self._last_frame_ns % NS_PER_S
         now = self.clock.now_ns()
         goal_record = GoalRecord(index, seed, bool(goal.reset_context), now / NS_PER_S, time.monotonic(),
                                  clock_paused=self.clock.paused)
@@ -279,7 +282,6 @@ class SimRobot:
             if (self._in_flight is None and not arrivals and now >= retry_after
                     and should_request(now, chunk_start, s.dt_ns, task.HORIZON, s.execute)):
                 chunk_index += 1
-                self.pump(0.02)  # frames and goals travel on separate readers: let the newest frame land first
                 self._send(record, chunk_index, seed0 + chunk_index, reset=False)
                 retry_after = now + s.dt_ns  # a refused goal is sent again one step later, not in a tight loop
         self.clock.pause()

@@ -50,6 +50,28 @@ def test_clock_advances_at_the_real_time_factor_and_pauses():
     assert clock.now_ns() == 100 * NS_PER_S + NS_PER_S // 10 + DT + NS_PER_S // 20
 
 
+def test_clock_holds_exactly_at_a_stop_until_resumed_and_an_explicit_pause_is_not_a_hold():
+    wall = FakeWall()
+    clock = SimClock(0.1, start_ns=0, wall=wall)
+    clock.stop_at(2 * DT)
+    wall.t += 1.0  # 0.1 s of sim time: not there yet
+    assert clock.now_ns() == NS_PER_S // 10 and not clock.paused
+    wall.t += 5.0  # would be 0.6 s: holds at the stop, exactly
+    assert clock.now_ns() == 2 * DT and clock.paused and clock.held
+    wall.t += 5.0
+    assert clock.now_ns() == 2 * DT
+    clock.resume()
+    wall.t += 1.0
+    assert clock.now_ns() == 2 * DT + NS_PER_S // 10 and not clock.held
+    clock.stop_at(10 * DT)
+    clock.stop_at(None)  # canceled before it is reached
+    wall.t += 100.0
+    assert not clock.paused
+    clock.stop_at(0)
+    clock.pause()  # an explicit pause cancels the stop and is not a hold
+    assert clock.paused and not clock.held
+
+
 def test_clock_refuses_a_bad_factor_and_skip_while_running():
     with pytest.raises(ValueError, match="got 0"):
         SimClock(0)
@@ -139,6 +161,9 @@ def test_settings_refuse_bad_values_quoting_them():
     with pytest.raises(ValueError, match="real_time_factor .* got -1"):
         SimSettings(real_time_factor=-1.0)
     assert SimSettings(execute=None).mode == "sync" and SimSettings().mode == "s=4"
+    with pytest.raises(ValueError, match=r"fixed_delay must be in \[0, 4\] \(with s = 4\), got 5"):
+        SimSettings(fixed_delay=5)
+    assert SimSettings(fixed_delay=4).fixed_delay == 4 and SimSettings(execute=None, fixed_delay=6).fixed_delay == 6
 
 
 def test_an_episode_record_feeds_the_in_process_bench_metrics():
@@ -170,6 +195,23 @@ def test_command_line_reads_s_or_sync_and_refuses_anything_else(capsys):
     with pytest.raises(SystemExit):
         parser.parse_args(["--execute", "9"])
     assert "got '9'" in capsys.readouterr().err
+    assert sim.settings_from(parser.parse_args(["--fixed-delay", "2"])).fixed_delay == 2
+    assert sim.settings_from(parser.parse_args([])).fixed_delay is None
+
+
+def test_the_demo_closed_loop_takes_chunks_over_two_steps_after_their_goals_unless_told(capsys):
+    import argparse
+
+    from trajectory_ensemble_node.tools import demo
+
+    parser = argparse.ArgumentParser()
+    demo.add_arguments(parser)
+    assert parser.parse_args([]).closed_loop_delay == 2
+    assert parser.parse_args(["--closed-loop-delay", "arrival"]).closed_loop_delay is None
+    assert parser.parse_args(["--closed-loop-delay", "1"]).closed_loop_delay == 1
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--closed-loop-delay", "soon"])
+    assert "got 'soon'" in capsys.readouterr().err
 
 
 def test_bench_closed_loop_ros_dispatches_to_the_sim_with_three_scenes_unless_told(monkeypatch):
@@ -236,3 +278,32 @@ def test_one_short_episode_through_the_real_node_on_sim_time(tmp_path, ros_domai
                 and by_chunk[g.index]["first_row"] <= g.frozen_actions]
     assert compared and all(sim == pytest.approx(node, abs=1e-4) for sim, node in compared), compared
     assert doc["summary"]["continued_fraction"] == 1.0 and doc["episodes"][0]["scene_seed"] == record.scene_seed
+
+
+@pytest.mark.ros
+@pytest.mark.slow
+def test_with_a_fixed_delay_every_chunk_takes_over_d_steps_after_its_goal_and_runs_repeat_exactly(
+        tmp_path, ros_domain_id):
+    pytest.importorskip("rclpy")
+    pytest.importorskip("trajectory_ensemble_msgs")
+    from trajectory_ensemble_node.tools.sim_report import node_params, simulate
+
+    from _node_harness import serve_node
+
+    # Real time: a group takes longer than the 2 steps, so the sim stops its clock for every chunk.
+    settings = SimSettings(real_time_factor=1.0, step_budget=12, candidates=2, fixed_delay=2)
+    overrides = {**node_params(settings), "candidate_count": 2, "max_candidates": 8, "max_batch_candidates": 8,
+                 "instruction": task.INSTRUCTION}
+    scene = task.heldout_scenes(1)[0]
+    for _node, _client in serve_node(tmp_path, ros_domain_id, overrides):
+        first, again = simulate([scene, scene], settings, wait_s=60.0, log=print)
+    assert first.positions == again.positions and len(first.positions) >= 6, (first.positions, again.positions)
+    goals = {g.index: g for g in first.goals if g.status == "SUCCEEDED"}
+    later = [s for s in first.switches if s["chunk"] > 0]
+    assert later, first.switches
+    for s in later:
+        goal = goals[s["chunk"]]
+        # Taken over exactly 2 steps after the goal was sent, at row 2, the node's frozen count, as asked.
+        assert s["arrival_s"] == pytest.approx(goal.sent_s + 2 * 0.125, abs=1e-9)
+        assert s["first_row"] == 2 == goal.frozen_actions and goal.continued
+        assert s["seam_jump_sim"] == pytest.approx(goal.seam_jump_node, abs=1e-4)

@@ -34,6 +34,9 @@ DEMO_SEED = 0
 EXIT_NODE_FAILED = 4
 CLOSED_LOOP_EPISODES = 3
 """Scenes of the closed-loop part, each run with and without continuity (~40 s of wall time per episode at most)."""
+CLOSED_LOOP_DELAY: int | None = 2
+"""Steps from a goal to its chunk taking over in the closed-loop part: the in-process bench's ``d = 2``, and about
+what a group of 8 takes on this CPU at the demo's real-time factor. Fixed, so the picture does not depend on load."""
 # The random tiny model on a 10-wide arm layout, chunk 8 so the plot stays readable and the CPU time low.
 TINY_SETTINGS: dict[str, Any] = {"domain_name": "droid_lerobot", "reducer": "mean", "chunk_size": 8,
                                  "num_inference_steps": 10}
@@ -79,6 +82,14 @@ def node_params(model: str, device: str, candidates: int) -> dict[str, Any]:
     return params
 
 
+def _delay(text: str) -> int | None:
+    if text == "arrival":
+        return None
+    if text.isdigit():
+        return int(text)
+    raise argparse.ArgumentTypeError(f"expected a number of steps or 'arrival', got {text!r}")
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the ``demo`` flags to ``parser``."""
     parser.add_argument("--model", default=None, help="tiny, toy or a Cosmos 3 directory (default: the node's default)")
@@ -93,6 +104,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--closed-loop-episodes", type=int, default=CLOSED_LOOP_EPISODES, metavar="K",
                         help=f"toy policy: closed-loop episodes with and without continuity ({CLOSED_LOOP_EPISODES}; "
                              "0 = skip)")
+    parser.add_argument("--closed-loop-delay", type=_delay, default=CLOSED_LOOP_DELAY, metavar="D|arrival",
+                        help=f"closed loop: every chunk takes over D steps after its goal, for a run that repeats "
+                             f"exactly (sim --fixed-delay); 'arrival': when it arrives, which varies with the CPU's "
+                             f"load ({CLOSED_LOOP_DELAY})")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -157,11 +172,12 @@ def closed_loop(args: argparse.Namespace) -> int:
     from .sim_report import BENCH_RTF, plot_closed_loop, report, serving_node, simulate
 
     scenes = task.heldout_scenes(args.closed_loop_episodes)
-    on = SimSettings(real_time_factor=BENCH_RTF)
+    on = SimSettings(real_time_factor=BENCH_RTF, fixed_delay=args.closed_loop_delay)
     off = replace(on, continue_previous=False)
     folder = args.out / "closed_loop"
+    delay = "on arrival" if on.fixed_delay is None else f"{on.fixed_delay} steps after each goal"
     print(f"demo: closed loop, {len(scenes)} held-out scenes with and without continuity (s = {on.execute} of 8, "
-          f"real-time factor {on.real_time_factor:g}; node log {folder}/node.log)")
+          f"chunks take over {delay}, real-time factor {on.real_time_factor:g}; node log {folder}/node.log)")
     log = lambda line: print(f"demo: {line}", flush=True)  # noqa: E731
     device = "cpu" if args.device == "auto" else args.device
     try:

@@ -68,20 +68,33 @@ class SimClock:
         self.rtf, self._wall = float(rtf), wall
         self._base_ns, self._since = int(start_ns), wall()
         self.paused = False
+        self.held = False
+        """Paused because time reached the stop set by :meth:`stop_at` (not by :meth:`pause`)."""
+        self._stop_ns: int | None = None
 
     def now_ns(self) -> int:
         if self.paused:
             return self._base_ns
-        return self._base_ns + int(round((self._wall() - self._since) * self.rtf * NS_PER_S))
+        now = self._base_ns + int(round((self._wall() - self._since) * self.rtf * NS_PER_S))
+        if self._stop_ns is not None and now >= self._stop_ns:
+            # Reached the stop set by stop_at: time holds there, exactly, until resume().
+            self._base_ns, self.paused, self.held, self._stop_ns = self._stop_ns, True, True, None
+            return self._base_ns
+        return now
+
+    def stop_at(self, ns: int | None) -> None:
+        """Hold sim time once it reaches ``ns`` (it then reads exactly ``ns`` and ``paused`` is true until
+        :meth:`resume`); ``None`` cancels a stop not yet reached."""
+        self._stop_ns = None if ns is None else int(ns)
 
     def pause(self) -> None:
-        """Stop sim time where it is (a no-op when paused)."""
-        self._base_ns, self.paused = self.now_ns(), True
+        """Stop sim time where it is (a no-op when paused); cancels a stop not yet reached."""
+        self._base_ns, self.paused, self.held, self._stop_ns = self.now_ns(), True, False, None
 
     def resume(self) -> None:
         """Let sim time run again from where it stopped."""
         if self.paused:
-            self._since, self.paused = self._wall(), False
+            self._since, self.paused, self.held = self._wall(), False, False
 
     def skip(self, ns: int) -> None:
         """Jump ``ns`` ahead while paused (a new episode starts strictly after the last frame of the previous one)."""
@@ -227,6 +240,10 @@ class SimSettings:
         guidance (`str`): Goal guidance ("" = node default).
         step_budget (`int`): Steps per episode.
         base_seed (`int`): Candidate seeds: held-out scene ``i``, chunk ``c`` uses ``base_seed + 1000 i + c``.
+        fixed_delay (`int`, *optional*): Every chunk takes over exactly this many control steps after its goal was
+            sent, as in the in-process bench: the sim holds a chunk that comes earlier, and stops its clock while one
+            that comes later is still computing. Runs then repeat exactly, whatever the CPU's load. Asynchronous goals
+            whose ``inference_delay`` is 0 ask for this many frozen actions. ``None``: chunks take over on arrival.
     """
 
     execute: int | None = EXECUTE
@@ -240,6 +257,7 @@ class SimSettings:
     guidance: str = ""
     step_budget: int = STEP_BUDGET
     base_seed: int = 0
+    fixed_delay: int | None = None
 
     def __post_init__(self) -> None:
         if self.execute is not None and not 1 <= self.execute <= task.HORIZON:
@@ -248,6 +266,10 @@ class SimSettings:
             value = getattr(self, name)
             if not (math.isfinite(value) and value > 0):
                 raise ValueError(f"{name} must be finite and > 0, got {value!r}")
+        # Asynchronous: the chunk must take over before the executing one runs out.
+        most = task.HORIZON if self.execute is None else task.HORIZON - self.execute
+        if self.fixed_delay is not None and not 0 <= self.fixed_delay <= most:
+            raise ValueError(f"fixed_delay must be in [0, {most}] (with s = {self.execute}), got {self.fixed_delay!r}")
         if self.step_budget < 1 or self.inference_delay < 0 or self.candidates < 0:
             raise ValueError(f"step_budget must be >= 1, inference_delay and candidates >= 0; got {self.step_budget}, "
                              f"{self.inference_delay}, {self.candidates}")
@@ -346,6 +368,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-continue", action="store_true",
                         help="goals do not continue the executing chunk (continue_previous false, reset_context)")
     parser.add_argument("--inference-delay", type=int, default=0, help="goal inference_delay (0 = node's estimate)")
+    parser.add_argument("--fixed-delay", type=int, default=None, metavar="D",
+                        help="every chunk takes over exactly D steps after its goal (the sim holds early chunks and "
+                             "stops its clock for late ones): runs repeat exactly; default: when it arrives")
     parser.add_argument("--candidates", type=int, default=0, help="goal candidate_count (0 = node default)")
     parser.add_argument("--image-rate", type=float, default=task.FPS, help=f"camera frames per sim second ({task.FPS:g})")
     parser.add_argument("--step-budget", type=int, default=STEP_BUDGET, help=f"steps per episode ({STEP_BUDGET})")
@@ -363,7 +388,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def settings_from(args: argparse.Namespace) -> SimSettings:
     return SimSettings(execute=args.execute, real_time_factor=args.real_time_factor, image_rate=args.image_rate,
                        continue_previous=not args.no_continue, inference_delay=args.inference_delay,
-                       candidates=args.candidates, step_budget=args.step_budget, base_seed=args.base_seed)
+                       candidates=args.candidates, step_budget=args.step_budget, base_seed=args.base_seed,
+                       fixed_delay=args.fixed_delay)
 
 
 def episode_line(record: EpisodeRecord) -> str:

@@ -76,6 +76,7 @@ class SimRobot:
         self._last_clock_wall = -1.0
         self._last_frame_ns = 0
         self._min_stamp_ns = 0
+        self._due_ns: dict[int, int] = {}  # seed -> when its chunk takes over (fixed_delay)
         self._goals: dict[int, GoalRecord] = {}  # seed -> goal of the running episode
         self._arrivals: list[tuple[int, Any, GoalRecord]] = []
         self._seen: set[tuple[int, int]] = set()
@@ -149,15 +150,19 @@ class SimRobot:
         # A goal continues or starts fresh, never both (the node refuses that). Without continuity every goal
         # resets: the node's own continue_previous default must not continue for it.
         fresh = reset or not s.continue_previous
+        delay = s.inference_delay or ((s.fixed_delay or 0) if s.execute is not None else 0)
         goal = self._Goal(candidate_count=s.candidates, reducer=s.reducer, use_seed=True, seed=seed,
-                          continue_previous=not fresh, reset_context=fresh,
-                          inference_delay=s.inference_delay, guidance=s.guidance)
+                          continue_previous=not fresh, reset_context=fresh, inference_delay=delay, guidance=s.guidance)
         # Served from the frame published last or a newer one: the node waits for it if the goal overtakes it.
         goal.min_observation_stamp.sec = self._last_frame_ns // NS_PER_S
         goal.min_observation_stamp.nanosec = self._last_frame_ns % NS_PER_S
         now = self.clock.now_ns()
         goal_record = GoalRecord(index, seed, bool(goal.reset_context), now / NS_PER_S, time.monotonic(),
                                  clock_paused=self.clock.paused)
+        if s.fixed_delay is not None and not self.clock.paused:
+            # The chunk takes over at exactly now + d steps: held if it comes earlier, the world stopped if later.
+            self._due_ns[seed] = now + s.fixed_delay * s.dt_ns
+            self.clock.stop_at(self._due_ns[seed])
         record.goals.append(goal_record)
         self._goals[seed] = goal_record
         self._in_flight, self._handle = goal_record, None
@@ -190,6 +195,8 @@ class SimRobot:
         if goal.status == "SUCCEEDED" and int(result.trajectory.horizon) > 0:
             goal.stamp_s = stamp_ns(result.trajectory) / NS_PER_S
             self._offer(result.trajectory, now)
+        if self._due_ns.pop(goal.seed, None) is not None:  # no chunk to wait for (failed, or not executed)
+            self._release_clock()
         if self._in_flight is goal:
             self._in_flight = None
 
@@ -202,7 +209,17 @@ class SimRobot:
         if key in self._seen or goal is None or key[0] < self._min_stamp_ns:
             return
         self._seen.add(key)
+        due = self._due_ns.pop(goal.seed, None)
+        if due is not None:
+            arrival_ns = max(arrival_ns, due)
+            self._release_clock()
         self._arrivals.append((arrival_ns, msg, goal))
+
+    def _release_clock(self) -> None:
+        # Only a clock held for a chunk runs on; one paused for another reason (an episode's end) stays paused.
+        self.clock.stop_at(None)
+        if self.clock.held:
+            self.clock.resume()
 
     # --- an episode ----------------------------------------------------------------------------------------------
 
@@ -221,6 +238,7 @@ class SimRobot:
         origin = self.clock.now_ns()
         record = EpisodeRecord(scene.seed, s.mode, s.continue_previous, start_s=origin / NS_PER_S)
         self._goals, self._arrivals, self._seen, self._positions_at = {}, [], set(), {}
+        self._due_ns = {}
         self._min_stamp_ns = origin
         position = np.asarray(scene.robot, dtype=np.float64).copy()
         seed0 = scene_seed(s.base_seed, scene)

@@ -7,9 +7,10 @@ plots and a summary under ``out/demo/``, and stops the node with SIGINT. For the
 shows each scene with the 8 candidates and what ``mean``, ``medoid`` and ``mode`` make of them.
 
 Then, for the toy policy, the closed loop (:mod:`.sim`): a second node on sim time (``use_sim_time``, real-time
-factor 0.1, so a ~2 s CPU group costs the robot ~2 control steps), three held-out scenes executed with continuity
-(``continue_previous``) and the same scenes with naive switching; ``closed_loop.png`` draws both runs' paths with
-the chunk switches, ``closed_loop.json`` holds the episode records and the bench metrics of each run.
+factor 0.1), every chunk taking over exactly 2 control steps after its goal (``--closed-loop-delay``: the sim holds
+an early chunk and stops its clock for a late one, so the run repeats exactly), three held-out scenes executed with
+continuity (``continue_previous``) and the same scenes with naive switching; ``closed_loop.png`` draws both runs'
+paths with the chunk switches, ``closed_loop.json`` holds the episode records and the bench metrics of each run.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ DEMO_SEED = 0
 """Goal ``i`` uses base seed ``DEMO_SEED + i``: the demo draws the same candidates every run."""
 EXIT_NODE_FAILED = 4
 CLOSED_LOOP_EPISODES = 3
-"""Scenes of the closed-loop part, each run with and without continuity (~40 s of wall time per episode at most)."""
+"""Scenes of the closed-loop part, each run with and without continuity (~50 s of wall time per episode at most)."""
 CLOSED_LOOP_DELAY: int | None = 2
 """Steps from a goal to its chunk taking over in the closed-loop part: the in-process bench's ``d = 2``, and about
 what a group of 8 takes on this CPU at the demo's real-time factor. Fixed, so the picture does not depend on load."""

@@ -9,7 +9,7 @@ import torch
 
 from trajectory_ensemble_node.toy import load_toy_pipeline
 from trajectory_ensemble_node.toy.data import build_dataset
-from trajectory_ensemble_node.toy.sensitivity import latent_sensitivity, prefix_speed_gain
+from trajectory_ensemble_node.toy.sensitivity import first_switch_spread, latent_sensitivity, prefix_speed_gain
 
 
 @pytest.fixture(scope="module")
@@ -52,3 +52,20 @@ def test_a_frozen_action_carries_the_whole_prefix_speed(setup, guidance):
     assert gains == [pytest.approx(1.0, abs=1e-3)]
     with pytest.raises(ValueError, match=r"factors must differ, got \(1.0, 1.0\)"):
         prefix_speed_gain(model, task.heldout_scenes(1), factors=(1.0, 1.0))
+
+
+def test_first_switch_spread_splits_the_distance_into_a_shared_bias_and_a_spread(setup):
+    import math
+
+    from trajectory_ensemble_node.models.cosmos3 import Cosmos3ActionModel
+    from trajectory_ensemble_node.toy import task
+
+    table = first_switch_spread(Cosmos3ActionModel(setup[0]), task.heldout_scenes(2), count=3, steps=2)
+    assert set(table) == {"prefix", "none"}
+    for row in (r for guidance in table.values() for r in guidance["per_scene"]):
+        # The mean of the candidates is no farther than they are on average, which is no farther than the RMS
+        # distance sqrt(bias^2 + spread^2); the nearest one is no farther than the average.
+        assert row["min_distance"] <= row["mean_distance"] + 1e-6
+        assert row["bias"] <= row["mean_distance"] + 1e-6
+        assert row["mean_distance"] <= math.hypot(row["bias"], row["spread"]) + 1e-6
+    assert [r["scene"] for r in table["prefix"]["per_scene"]] == [s.seed for s in task.heldout_scenes(2)]

@@ -11,6 +11,11 @@ A second probe, :func:`prefix_speed_gain`, asks the same of the frozen prefix th
 group the expert's chunk walked at two speeds as its frozen prefix and see how far the first free action moves with
 it. Gain 1: the policy continues the prefix's speed; gain 0: it plans from the image alone.
 
+A third, :func:`first_switch_spread`, looks at the candidates where the closed-loop seam is measured: at the first
+chunk switch of the closed-loop bench (``d = 2``), how far the N candidates' first free action lies from the old plan,
+split into the distance of their mean (a bias every candidate shares, which selection among them cannot remove) and
+their spread around it (what selection can use), guided and not.
+
 ``python -m trajectory_ensemble_node.toy.sensitivity --pipeline DIR [--pipeline DIR ...] --json PATH``
 """
 
@@ -147,6 +152,55 @@ def prefix_speed_gain(model: Any, scenes: Sequence[task.Scene], *, guidance: str
     return gains
 
 
+def first_switch_spread(model: Any, scenes: Sequence[task.Scene], *, delay: int = 2, count: int = 8,
+                        steps: int = task.NUM_INFERENCE_STEPS, base_seed: int = 0) -> dict[str, Any]:
+    """At each scene's first chunk switch, the candidates' first free action against the old plan at that time.
+
+    As the closed-loop bench's ``guided_mode`` (:mod:`.closed_loop`, same seeds): the first chunk is the ``mode`` of
+    ``count`` candidates; after ``s`` actions the next group is drawn from the image at the robot's position with the
+    first chunk as its context (``delay`` frozen actions), once with ``"prefix"`` guidance and once with ``"none"``.
+
+    Args:
+        model (`Cosmos3ActionModel`): The served toy policy.
+        scenes (`Sequence[task.Scene]`): Held-out scenes.
+        delay (`int`): Frozen actions ``d``; action ``d`` is where the seam is measured.
+        count (`int`): Candidates per group.
+        steps (`int`): Denoising steps.
+        base_seed (`int`): The bench's base seed.
+
+    Returns:
+        `dict`: per guidance mode, the means over scenes of ``bias`` (distance of the candidates' mean from the old
+        plan), ``spread`` (RMS distance of the candidates from their mean), ``mean_distance`` and ``min_distance`` (of
+        the candidates from the old plan), and ``per_scene`` rows.
+    """
+    from .closed_loop import DT, EXECUTE, scene_seed
+
+    rows: dict[str, list[dict[str, float]]] = {"prefix": [], "none": []}
+    for scene in scenes:
+        seed = scene_seed(base_seed, scene)
+
+        def group(position: Any, spec: CandidateTrajectorySpec, group_seed: int,
+                  context: ExecutionContext | None) -> Any:
+            kwargs = request_kwargs(task.render(scene.with_robot(position)))
+            kwargs["num_inference_steps"] = steps
+            return model.generate(**kwargs, spec=spec, base_seed=group_seed, context=context)
+
+        first = group(scene.robot, CandidateTrajectorySpec(count=count, reducer="mode"), seed, None).action.float()
+        old = first[EXECUTE + delay]
+        for guidance, out in rows.items():
+            context = ExecutionContext(first, 0.0, DT, delay, EXECUTE * DT, guidance=guidance)
+            spec = CandidateTrajectorySpec(count=count, reducer="mode_continuity", return_candidates=True)
+            free = group(first[EXECUTE - 1].numpy(), spec, seed + 1, context).candidates[:, delay].float()
+            distance = torch.linalg.vector_norm(free - old, dim=-1)
+            mean = free.mean(dim=0)
+            out.append({"scene": scene.seed, "bias": float(torch.linalg.vector_norm(mean - old)),
+                        "spread": float(((free - mean) ** 2).sum(-1).mean().sqrt()),
+                        "mean_distance": float(distance.mean()), "min_distance": float(distance.min())})
+    keys = ("bias", "spread", "mean_distance", "min_distance")
+    return {guidance: {**{k: float(np.mean([r[k] for r in out])) for k in keys}, "per_scene": out}
+            for guidance, out in rows.items()}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     from . import load_toy_pipeline
 
@@ -159,6 +213,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                                                               "free action)")
     parser.add_argument("--prefix-scenes", type=int, default=0,
                         help="also run prefix_speed_gain on this many held-out scenes ('mask' guidance); 0 = skip")
+    parser.add_argument("--switch-scenes", type=int, default=0,
+                        help="also run first_switch_spread on this many held-out scenes; 0 = skip")
     parser.add_argument("--json", type=Path, default=DEFAULT_JSON)
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args(argv)
@@ -170,7 +226,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                      "sigmas": list(DEFAULT_SIGMAS), "delta": 0.05,
                      "definition": f"mean d x0_hat[{args.target}] / d x[source] over examples and both channels; "
                                    "reading the latent fully: 1 / (1 - sigma) on the diagonal",
-                     "prefix_scenes": args.prefix_scenes,
+                     "prefix_scenes": args.prefix_scenes, "switch_scenes": args.switch_scenes,
+                     "switch_definition": "first_switch_spread: at each scene's first chunk switch (d = 2, s = 4, "
+                                          "N = 8, bench seeds), the candidates' action 2 against the old plan: "
+                                          "distance of their mean (bias), RMS around it (spread), mean and smallest "
+                                          "distance; guided ('prefix') and not ('none')",
                      "prefix_definition": "prefix_speed_gain: change of the candidates' mean distance from the robot "
                                           f"at action {args.target} over the change of the expert's, with its first "
                                           "2 actions walked at 0.7x and 1.3x given as the frozen prefix ('mask')"},
@@ -187,6 +247,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             gains = prefix_speed_gain(Cosmos3ActionModel(pipe, max_batch_candidates=64),
                                       task.heldout_scenes(args.prefix_scenes), target=args.target)
             result.setdefault("prefix_speed_gain", {})[name] = {"mean": float(np.mean(gains)), "per_scene": gains}
+        if args.switch_scenes > 0:
+            from ..models.cosmos3 import Cosmos3ActionModel
+
+            result.setdefault("first_switch_spread", {})[name] = first_switch_spread(
+                Cosmos3ActionModel(pipe, max_batch_candidates=64), task.heldout_scenes(args.switch_scenes))
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(result, indent=1))
     for name, table in result["pipelines"].items():
@@ -196,6 +261,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                   + ", ".join(f"sigma {s}: {v:.3f}" for s, v in row.items()))
         if name in result.get("prefix_speed_gain", {}):
             print(f"  prefix speed gain at action {args.target}: {result['prefix_speed_gain'][name]['mean']:.2f}")
+        for guidance, row in result.get("first_switch_spread", {}).get(name, {}).items():
+            print(f"  first switch, guidance {guidance}: " + ", ".join(f"{k} {row[k]:.4f}" for k in (
+                "bias", "spread", "mean_distance", "min_distance")))
     return 0
 
 

@@ -36,6 +36,7 @@ from ..models.cosmos3.packing import PackItem, forward_items
 from ..provenance import git_commit, utc_now
 from . import request_kwargs, task
 from .augment import retime_chunk
+from .closed_loop import DT, EXECUTE, scene_seed
 from .data import ToyDataset, build_dataset
 
 DEFAULT_SIGMAS = (0.9, 0.7, 0.5, 0.3, 0.15, 0.05)
@@ -173,8 +174,6 @@ def first_switch_spread(model: Any, scenes: Sequence[task.Scene], *, delay: int 
         plan), ``spread`` (RMS distance of the candidates from their mean), ``mean_distance`` and ``min_distance`` (of
         the candidates from the old plan), and ``per_scene`` rows.
     """
-    from .closed_loop import DT, EXECUTE, scene_seed
-
     rows: dict[str, list[dict[str, float]]] = {"prefix": [], "none": []}
     for scene in scenes:
         seed = scene_seed(base_seed, scene)

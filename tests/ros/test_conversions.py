@@ -57,3 +57,12 @@ def test_joint_trajectory_points_are_reached_at_k_plus_one_dt():
 def test_metrics_become_key_values_with_units_kept_in_the_names():
     values = {kv.key: kv.value for kv in conversions.metrics_key_values(ensemble_result().metrics)}
     assert values == {"total_ms": "12.500", "candidate_count": "3", "fallback_reason": ""}
+
+
+def test_nanoseconds_become_a_time_exactly_and_seconds_round_to_the_nanosecond():
+    from trajectory_ensemble_node.ros.observations import stamp_ns
+
+    big = 1_767_225_601 * 1_000_000_000 + 123_456_789  # past float64's nanosecond precision in seconds
+    time_msg = conversions.ns_to_time(big)
+    assert (time_msg.sec, time_msg.nanosec) == (1_767_225_601, 123_456_789) and stamp_ns(time_msg) == big
+    assert (conversions.seconds_to_time(2.5).sec, conversions.seconds_to_time(2.5).nanosec) == (2, 500_000_000)

@@ -97,8 +97,12 @@ def candidates_msg(
 
 def seconds_to_time(seconds: float) -> Time:
     """A ``builtin_interfaces/Time`` from seconds (rounded to the nanosecond); the inverse of :func:`stamp_seconds`."""
-    total = int(round(seconds * 1e9))
-    return Time(sec=total // 1_000_000_000, nanosec=total % 1_000_000_000)
+    return ns_to_time(int(round(seconds * 1e9)))
+
+
+def ns_to_time(ns: int) -> Time:
+    """A ``builtin_interfaces/Time`` from integer nanoseconds, exactly."""
+    return Time(sec=int(ns) // 1_000_000_000, nanosec=int(ns) % 1_000_000_000)
 
 
 def seconds_to_duration(seconds: float) -> Duration:

@@ -142,8 +142,9 @@ def string_msg(text: str) -> Any:
 
 def stamp_ns(msg: Any) -> int:
     """Header stamp of any message with a ``header`` (rosbags or rclpy object) in nanoseconds."""
-    stamp = msg.header.stamp
-    return int(stamp.sec) * 1_000_000_000 + int(stamp.nanosec)
+    from ..ros.observations import stamp_ns as time_ns
+
+    return time_ns(msg.header.stamp)
 
 
 def image_rgb(msg: Any) -> np.ndarray:

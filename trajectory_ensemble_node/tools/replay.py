@@ -124,7 +124,8 @@ class _RosSession(ClientSession):
                 or a newer one (``min_observation_stamp``), so the node waits for it if the goal overtook it.
         """
         from action_msgs.msg import GoalStatus
-        from builtin_interfaces.msg import Time
+
+        from ..ros.conversions import ns_to_time
 
         names = {v: k[len("STATUS_"):] for k, v in vars(GoalStatus).items() if k.startswith("STATUS_")}
         goal = self.GenerateTrajectory.Goal(instruction=opts.instruction, candidate_count=opts.candidates,
@@ -132,8 +133,7 @@ class _RosSession(ClientSession):
         if opts.seed is not None:
             goal.use_seed, goal.seed = True, int(opts.seed) + index
         if frame_stamp_ns is not None:
-            goal.min_observation_stamp = Time(sec=frame_stamp_ns // 1_000_000_000,
-                                              nanosec=frame_stamp_ns % 1_000_000_000)
+            goal.min_observation_stamp = ns_to_time(frame_stamp_ns)
         started = time.perf_counter()
         sent = self.client.send_goal_async(goal)
         if not self.wait_future(sent, opts.goal_timeout_s):

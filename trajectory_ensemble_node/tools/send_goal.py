@@ -105,6 +105,8 @@ def _check_args(args: argparse.Namespace) -> None:
 def build_goal(goal_class: Any, args: argparse.Namespace, frame_stamp_ns: int = 0) -> Any:
     """The ``GenerateTrajectory.Goal`` the flags describe; ``frame_stamp_ns`` (the toy frame's) > 0 asks for a frame
     that new (``min_observation_stamp``)."""
+    from ..ros.conversions import ns_to_time
+
     goal = goal_class(instruction=args.instruction, candidate_count=args.count, reducer=args.reducer,
                       return_candidates=args.return_candidates, rollout=args.rollout,
                       continue_previous=args.continue_previous, reset_context=args.reset_context,
@@ -112,7 +114,7 @@ def build_goal(goal_class: Any, args: argparse.Namespace, frame_stamp_ns: int = 
     goal.deadline.sec, goal.deadline.nanosec = divmod(int(round(args.deadline * 1e9)), 1_000_000_000)
     if args.seed is not None:
         goal.use_seed, goal.seed = True, int(args.seed)
-    goal.min_observation_stamp.sec, goal.min_observation_stamp.nanosec = divmod(frame_stamp_ns, 1_000_000_000)
+    goal.min_observation_stamp = ns_to_time(frame_stamp_ns)
     return goal
 
 

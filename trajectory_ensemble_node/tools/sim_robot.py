@@ -13,6 +13,7 @@ import numpy as np
 
 from ..toy import task
 from ..toy.closed_loop import scene_seed
+from .bags import stamp_ns
 from .sim import (
     CLOCK_PERIOD_S,
     FIRST_GOAL_TRIES,
@@ -28,10 +29,6 @@ from .sim import (
     row_times,
     should_request,
 )
-
-def stamp_ns(msg: Any) -> int:
-    """A message's ``header.stamp`` in ns."""
-    return int(msg.header.stamp.sec) * NS_PER_S + int(msg.header.stamp.nanosec)
 
 
 class SimRobot:
@@ -56,6 +53,7 @@ class SimRobot:
         from trajectory_ensemble_msgs.action import GenerateTrajectory
         from trajectory_ensemble_msgs.msg import ActionTrajectory
 
+        from ..ros.conversions import ns_to_time
         from ..ros.lifecycle import ACTION_SERVICE_QOS
 
         self.session, self.settings, self.node_name, self.log = session, settings, node, log
@@ -63,6 +61,7 @@ class SimRobot:
         self.clock = SimClock(settings.real_time_factor)
         self.clock.pause()
         self._Clock, self._Image, self._Goal = Clock, Image, GenerateTrajectory.Goal
+        self._ns_to_time = ns_to_time
         n = session.node
         self.clock_pub = n.create_publisher(Clock, "/clock", QoSProfile(depth=10))
         self.image_pub = n.create_publisher(Image, self.image_topic, QoSProfile(depth=10))
@@ -94,7 +93,7 @@ class SimRobot:
             if wall - self._last_clock_wall >= CLOCK_PERIOD_S:
                 now = self.clock.now_ns()
                 msg = self._Clock()
-                msg.clock.sec, msg.clock.nanosec = now // NS_PER_S, now % NS_PER_S
+                msg.clock = self._ns_to_time(now)
                 self.clock_pub.publish(msg)
                 self._last_clock_wall = wall
             self.session.executor.spin_once(timeout_sec=max(0.0, min(0.005, deadline - wall)))
@@ -137,7 +136,7 @@ class SimRobot:
     def _publish_frame(self, scene: task.Scene, position: np.ndarray, t_ns: int, repeats: int = 1) -> None:
         rgb = task.render(scene, robot=position)
         msg = self._Image(height=rgb.shape[0], width=rgb.shape[1], encoding="rgb8", step=rgb.shape[1] * 3)
-        msg.header.stamp.sec, msg.header.stamp.nanosec = t_ns // NS_PER_S, t_ns % NS_PER_S
+        msg.header.stamp = self._ns_to_time(t_ns)
         msg.header.frame_id = "toy_camera"
         msg.data = np.ascontiguousarray(rgb).tobytes()
         for _ in range(repeats):
@@ -154,8 +153,7 @@ class SimRobot:
         goal = self._Goal(candidate_count=s.candidates, reducer=s.reducer, use_seed=True, seed=seed,
                           continue_previous=not fresh, reset_context=fresh, inference_delay=delay, guidance=s.guidance)
         # Served from the frame published last or a newer one: the node waits for it if the goal overtakes it.
-        goal.min_observation_stamp.sec = self._last_frame_ns // NS_PER_S
-        goal.min_observation_stamp.nanosec = self._last_frame_ns % NS_PER_S
+        goal.min_observation_stamp = self._ns_to_time(self._last_frame_ns)
         now = self.clock.now_ns()
         goal_record = GoalRecord(index, seed, bool(goal.reset_context), now / NS_PER_S, time.monotonic(),
                                  clock_paused=self.clock.paused)

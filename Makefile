@@ -1,5 +1,5 @@
 # Developer entry points. `make test` builds everything it needs from nothing: a .venv with the
-# project, its ROS 2 wheels and the trajectory_ensemble_msgs interfaces (built with cmake into the
+# project and its lab, its ROS 2 wheels and the trajectory_ensemble_msgs interfaces (built with cmake into the
 # venv prefix), then runs pytest. Stamp files in .venv make a second run skip the installs.
 
 SHELL := /bin/bash
@@ -8,6 +8,7 @@ SHELL := /bin/bash
 
 PYTHON ?= python3.11
 TORCH_VERSION := 2.13.0
+OPENPI_CLIENT_VERSION := 0.1.2
 VENV := $(CURDIR)/.venv
 VPY := $(VENV)/bin/python
 PIP := $(VPY) -m pip --disable-pip-version-check
@@ -28,14 +29,14 @@ require = command -v $(1) >/dev/null 2>&1 || { echo "error: $(1) not found; inst
 
 .PHONY: test demo bench soak venv interfaces colcon clean
 
-test: $(VENV)/.stamp-interfaces
+test: $(VENV)/.stamp-interfaces $(VENV)/.stamp-openpi-client
 	@# pytest exits 5 when it collects nothing; that must fail the build, never pass quietly.
 	$(VPY) -m pytest $(PYTEST_ARGS) || { rc=$$?; [ $$rc -ne 5 ] || echo "error: pytest collected no tests" >&2; exit $$rc; }
 
 demo: $(VENV)/.stamp-interfaces
 	$(VENV)/bin/trajectory-ensemble demo
 
-bench: $(VENV)/.stamp-interfaces
+bench: $(VENV)/.stamp-interfaces $(VENV)/.stamp-openpi-client
 	$(VENV)/bin/trajectory-ensemble bench $(BENCH_ARGS)
 
 # The long reliability storms of tests/reliability (issue 20): 500-goal soak with RSS growth, a 200-goal burst per
@@ -61,8 +62,17 @@ $(VENV)/.stamp-torch: | $(VPY)
 	$(PIP) install --quiet "torch==$(TORCH_VERSION)"
 	touch $@
 
-$(VENV)/.stamp-project: $(VENV)/.stamp-torch pyproject.toml setup.py setup.cfg
+# The product, then the lab beside it (lab/: benchmarks, training, probes; never in the product's wheel).
+$(VENV)/.stamp-project: $(VENV)/.stamp-torch pyproject.toml setup.py setup.cfg lab/pyproject.toml
 	$(PIP) install --quiet -e ".[ros,test,build]"
+	$(PIP) install --quiet --no-deps -e lab
+	touch $@
+
+# openpi-client, the real client the OpenPI tests and `bench --fleet` drive (docs/openpi.md). --no-deps: it pins
+# numpy<2, which the ROS Kilted wheels cannot use; its wire code runs on numpy 2, and websockets and msgpack come
+# with the project.
+$(VENV)/.stamp-openpi-client: $(VENV)/.stamp-project
+	$(PIP) install --quiet --no-deps "openpi-client==$(OPENPI_CLIENT_VERSION)"
 	touch $@
 
 $(VENV)/.stamp-interfaces: $(VENV)/.stamp-project $(MSG_SOURCES)
@@ -87,4 +97,4 @@ colcon: $(VENV)/.stamp-project
 
 clean:
 	rm -rf $(VENV) $(MSG_BUILD) ros2_ws/build ros2_ws/install ros2_ws/log \
-		trajectory_ensemble.egg-info .pytest_cache .hypothesis
+		trajectory_ensemble.egg-info lab/trajectory_ensemble_lab.egg-info .pytest_cache .hypothesis

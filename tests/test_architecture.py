@@ -1,9 +1,10 @@
 """The architecture rule, checked two ways.
 
-Statically: the import graph drawn from the code (every ``import`` of every module of the package, at module level
-or inside functions, by ``ast``) has no cycle between packages; ``engine/`` imports no model package; ``models/``
-imports neither the toy task, the node nor the tools; the node imports only what ``models.cosmos3`` exports; and only
-the node, the tools and the benchmark's ROS modules import rclpy.
+Statically: the import graph drawn from the code (every ``import`` of every module of the product package and of the
+lab, at module level or inside functions, by ``ast``) has no cycle, neither between packages nor between files;
+``engine/`` imports no model package; ``models/`` imports neither the toy task, the node nor the tools; code outside
+``models/cosmos3`` imports only what ``models.cosmos3`` exports; the product never imports the lab; and only the node,
+the tools and the lab's ROS modules import rclpy.
 
 At run time: the ROS-free modules import in a fresh interpreter where any rclpy import fails, so not even a
 transitive import pulls it in.
@@ -21,13 +22,17 @@ from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = "trajectory_ensemble_node"
+LAB = "trajectory_ensemble_lab"
+LAB_ROOT = REPO_ROOT / "lab" / LAB
 
 CORE_MODULES = ("__init__", "_rotations", "continuity", "contract", "errors", "metrics", "normalization", "reducers",
-                "safety", "seeding", "uncertainty")
+                "safety", "seeding", "stats", "uncertainty")
 """Top-level modules that form the ROS-free core; every other top-level module or folder is a package of its own."""
 
-RCLPY_ALLOWED = ("ros", "tools", "bench.cli", "bench.ros_floor", "bench.ros_overhead")
-"""Where rclpy may be imported: the node, the tools, and the benchmark's ROS modules (relative to the package)."""
+RCLPY_ALLOWED = ("ros", "tools")
+"""Where rclpy may be imported in the product: the node and the tools (relative to the package)."""
+LAB_RCLPY_ALLOWED = ("bench.ros_floor", "bench.ros_overhead", "bench.closed_loop_ros", "grpo.ros")
+"""Where rclpy may be imported in the lab: its measurements and training through the node."""
 
 # The ROS-free modules, imported at run time with rclpy blocked.
 ROS_FREE_MODULES = [
@@ -83,8 +88,53 @@ def import_graph(sources: Mapping[str, str]) -> dict[str, set[str]]:
                     base = node.module or ""
                 # ``from pkg import name`` imports the submodule ``pkg.name`` when there is one.
                 targets.update(f"{base}.{a.name}" if f"{base}.{a.name}" in sources else base for a in node.names)
-        graph[module] = {t if t.startswith(PACKAGE + ".") or t == PACKAGE else t.split(".")[0] for t in targets}
+        graph[module] = {t if _internal(t) else t.split(".")[0] for t in targets}
     return graph
+
+
+def _internal(name: str) -> bool:
+    return any(name == top or name.startswith(top + ".") for top in (PACKAGE, LAB))
+
+
+def file_cycles(graph: Mapping[str, set[str]]) -> list[list[str]]:
+    """Every cycle between files, as the modules of each strongly connected component (sorted; empty when none).
+
+    A package ``__init__`` importing its own submodules (to re-export them) is no cycle: importing ``pkg.sub``
+    runs ``pkg/__init__`` first whatever it imports, so those edges are left out.
+    """
+    edges = {m: {t for t in targets if t in graph and t != m and not t.startswith(m + ".")}
+             for m, targets in graph.items()}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    components: list[list[str]] = []
+
+    def connect(node: str) -> None:  # Tarjan's algorithm
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in sorted(edges[node]):
+            if nxt not in index:
+                connect(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                components.append(sorted(component))
+
+    for node in sorted(edges):
+        if node not in index:
+            connect(node)
+    return sorted(components)
 
 
 def package_of(module: str) -> str:
@@ -132,17 +182,44 @@ def violations(sources: Mapping[str, str]) -> list[str]:
                 found.append(f"{module} imports {target}: engine/ never imports a model package")
             if _within(module, "models") and _within(target, "toy", "ros", "tools"):
                 found.append(f"{module} imports {target}: models/ imports neither toy, ros nor tools")
-            if _within(module, "ros") and _within(target, "models.cosmos3") and target != f"{PACKAGE}.models.cosmos3":
-                found.append(f"{module} imports {target}: ros/ uses only what models.cosmos3 exports")
-            if target == "rclpy" and not _within(module, *RCLPY_ALLOWED):
-                found.append(f"{module} imports rclpy: only ros/, tools/ and the bench's ROS modules may")
+            if (_within(target, "models.cosmos3") and target != f"{PACKAGE}.models.cosmos3"
+                    and not _within(module, "models.cosmos3")):
+                found.append(f"{module} imports {target}: outside models/cosmos3, only what models.cosmos3 exports")
+            if module.startswith(PACKAGE) and (target == LAB or target.startswith(LAB + ".")):
+                found.append(f"{module} imports {target}: the product never imports the lab")
+            lab_ros = any(module == f"{LAB}.{m}" or module.startswith(f"{LAB}.{m}.") for m in LAB_RCLPY_ALLOWED)
+            if target == "rclpy" and not (_within(module, *RCLPY_ALLOWED) or lab_ros):
+                found.append(f"{module} imports rclpy: only ros/, tools/ and the lab's ROS modules may")
+    found += [f"file cycle: {' <-> '.join(cycle)}" for cycle in file_cycles(graph)]
     return found
 
 
 def test_the_import_graph_follows_the_architecture():
-    sources = package_sources()
+    sources = {**package_sources(), **package_sources(LAB_ROOT)}
     assert f"{PACKAGE}.engine.scheduler" in sources and f"{PACKAGE}.ros.node" in sources
+    assert f"{LAB}.bench.cli" in sources and f"{LAB}.toy.train" in sources
     assert violations(sources) == []
+
+
+def test_the_cycle_check_finds_a_planted_file_cycle():
+    # Guards the guard: a cycle through a function-local import, and one through a relative import, are found;
+    # a package __init__ re-exporting its submodule is not a cycle.
+    fake = {
+        PACKAGE: "",
+        f"{PACKAGE}.tools": "from .a import x\n",
+        f"{PACKAGE}.tools.a": "from . import b\n",
+        f"{PACKAGE}.tools.b": "def f():\n    from trajectory_ensemble_node.tools import c\n",
+        f"{PACKAGE}.tools.c": "from .a import y\n",
+        f"{PACKAGE}.reducers": "from . import continuity\n",
+        f"{PACKAGE}.continuity": "def g():\n    from .reducers import mean\n",
+        f"{PACKAGE}.engine": "from .run import GroupRun\n",
+        f"{PACKAGE}.engine.run": "",
+    }
+    cycles = file_cycles(import_graph(fake))
+    assert [f"{PACKAGE}.tools.a", f"{PACKAGE}.tools.b", f"{PACKAGE}.tools.c"] in cycles
+    assert [f"{PACKAGE}.continuity", f"{PACKAGE}.reducers"] in cycles
+    assert len(cycles) == 2
+    assert any(line.startswith("file cycle: ") for line in violations(fake))
 
 
 def test_the_static_check_catches_each_kind_of_violation():
@@ -160,14 +237,26 @@ def test_the_static_check_catches_each_kind_of_violation():
         f"{PACKAGE}.ros": "",
         f"{PACKAGE}.ros.node": "from ..models.cosmos3.adapter import X\nfrom ..models.cosmos3 import Y\n",
         f"{PACKAGE}.service": "import rclpy.node\n",
+        f"{PACKAGE}.tools": "",
+        f"{PACKAGE}.tools.demo": "from trajectory_ensemble_lab.toy import quality\n",
+        f"{PACKAGE}.toy.episodes": "from ..models.cosmos3.tiny import CONFIGS\n",
+        LAB: "",
+        f"{LAB}.toy": "",
+        f"{LAB}.toy.quality": "import rclpy\nfrom trajectory_ensemble_node.models.cosmos3.packing import forward_items\n",
+        f"{LAB}.grpo": "",
+        f"{LAB}.grpo.ros": "import rclpy\nfrom trajectory_ensemble_node.models.cosmos3 import read_record\n",
     }
     found = "\n".join(violations(fake))
     assert "package cycle: engine -> models -> engine" in found
     assert f"{PACKAGE}.engine.scheduler imports {PACKAGE}.models.cosmos3.adapter: engine/" in found
     assert f"{PACKAGE}.models.cosmos3.adapter imports {PACKAGE}.toy.task: models/" in found
-    assert f"{PACKAGE}.ros.node imports {PACKAGE}.models.cosmos3.adapter: ros/" in found
+    assert f"{PACKAGE}.ros.node imports {PACKAGE}.models.cosmos3.adapter: outside models/cosmos3" in found
     assert f"{PACKAGE}.ros.node imports {PACKAGE}.models.cosmos3: " not in found
     assert f"{PACKAGE}.service imports rclpy" in found
+    assert f"{PACKAGE}.tools.demo imports {LAB}.toy.quality: the product never imports the lab" in found
+    assert f"{PACKAGE}.toy.episodes imports {PACKAGE}.models.cosmos3.tiny: outside models/cosmos3" in found
+    assert f"{LAB}.toy.quality imports {PACKAGE}.models.cosmos3.packing: outside models/cosmos3" in found
+    assert f"{LAB}.toy.quality imports rclpy" in found and f"{LAB}.grpo.ros imports" not in found
 
 
 # --- the run-time check -------------------------------------------------------------------------------------------

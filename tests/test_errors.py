@@ -36,15 +36,30 @@ def test_codes_match_their_meaning():
                                      ErrorCode.NON_FINITE_CANDIDATES)} == {"engine failure"}
 
 
-def test_every_named_error_is_defined_in_errors_py():
-    named = {name for name, value in vars(errors).items() if isinstance(value, type) and issubclass(value, Exception)}
-    outside = []
-    for path in sorted(PACKAGE_ROOT.rglob("*.py")):
-        if path.name == "errors.py" and path.parent == PACKAGE_ROOT:
+def _error_classes_outside_errors_py(root: Path, named: set[str]) -> list[tuple[str, str]]:
+    """(path relative to root's parent, class name) of every class under ``root`` deriving from a named error."""
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        if path == PACKAGE_ROOT / "errors.py":
             continue
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.ClassDef):
                 bases = {b.id if isinstance(b, ast.Name) else getattr(b, "attr", "") for b in node.bases}
                 if bases & named:
-                    outside.append(f"{path.relative_to(PACKAGE_ROOT)}: {node.name}")
-    assert outside == []
+                    found.append((str(path.relative_to(root.parent)), node.name))
+    return found
+
+
+def test_goal_errors_live_in_errors_py_and_tool_errors_in_their_tools():
+    # The errors a goal, a group or a request can end with are central (errors.py, beside ErrorCode); an offline
+    # tool's own errors (a bag it cannot read, a node it cannot reach) live in that tool, and the lab's in the lab.
+    named = {name for name, value in vars(errors).items() if isinstance(value, type) and issubclass(value, Exception)}
+    outside = _error_classes_outside_errors_py(PACKAGE_ROOT, named)
+    assert outside, "the tools define their own errors"
+    misplaced = [f"{path}: {name}" for path, name in outside if not path.startswith(f"{PACKAGE_ROOT.name}/tools/")]
+    assert misplaced == []
+    tool_errors = {name for _, name in outside}
+    assert {"BagError", "NodeStartError", "NodeUnreachableError", "ParameterValueError"} <= tool_errors
+    assert not tool_errors & named, "a tool error is defined twice"
+    lab = PACKAGE_ROOT.parent / "lab" / "trajectory_ensemble_lab"
+    assert {name for _, name in _error_classes_outside_errors_py(lab, named)} >= {"GrpoError", "RosGrpoError"}

@@ -1,20 +1,31 @@
-"""``trajectory-ensemble``: serve, demo, sim, replay, send-goal, diagnostics, params, bench, train-toy, train-grpo, docs.
+"""``trajectory-ensemble``: serve, demo, sim, replay, send-goal, diagnostics, params, calibrate, docs (and the lab's).
 
 Each subcommand lives in the module that owns its concept and exposes ``add_arguments(parser)`` and
 ``run(args) -> int``; this file only dispatches, importing a module when its command runs, so that (for example)
-``bench`` works on a machine without rclpy.
+``docs`` works on a machine without rclpy.
+
+The product's commands are :data:`_COMMANDS`. Other installed packages add theirs through the
+``trajectory_ensemble.commands`` entry-point group, each entry a table of the same shape: the lab
+(``lab/``, installed by ``make test``) adds ``bench``, ``bench-steps``, ``train-toy`` and ``train-grpo`` that way,
+so the product never imports it and a product-only install simply lists fewer commands.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.metadata
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+
+COMMAND_GROUP = "trajectory_ensemble.commands"
+"""Entry-point group whose entries are ``{command: (module, help)}`` tables, merged after :data:`_COMMANDS`."""
 
 # command -> (module, help). Modules are imported lazily.
 _COMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("trajectory_ensemble_node.ros.serve", "run the ROS 2 node (same as the trajectory_ensemble_node executable)"),
+    "serve-openpi": ("trajectory_ensemble_node.openpi.cli",
+                     "serve the engine on the OpenPI websocket wire (openpi-client, vLLM-Omni, RoboLab), no ROS"),
     "demo": ("trajectory_ensemble_node.tools.demo", "the main job: node + bundled bag + goals, plots under out/"),
     "replay": ("trajectory_ensemble_node.tools.replay", "replay a rosbag2 into the node and record its trajectories"),
     "sim": ("trajectory_ensemble_node.tools.sim",
@@ -24,15 +35,9 @@ _COMMANDS: dict[str, tuple[str, str]] = {
     "diagnostics": ("trajectory_ensemble_node.tools.diagnostics_echo", "print a running node's /diagnostics statuses"),
     "params": ("trajectory_ensemble_node.tools.param_cli",
                "list, get or set a running node's parameters (its parameter services)"),
-    "bench": ("trajectory_ensemble_node.bench.cli", "batched candidates vs sequential upstream (and --quality, --ros)"),
-    "train-toy": ("trajectory_ensemble_node.toy.train", "train the toy bimodal obstacle policy on CPU"),
-    "train-grpo": ("trajectory_ensemble_node.tools.train_grpo",
-                   "Flow-GRPO fine-tuning of the toy policy from its own rollout groups (in process or --ros)"),
     "docs": ("trajectory_ensemble_node.tools.docs", "write docs/parameters.md, docs/errors.md and the README's error table from the code"),
-    "calibrate": ("trajectory_ensemble_node.toy.calibrate",
+    "calibrate": ("trajectory_ensemble_node.tools.calibrate",
                   "conformal threshold of the uncertainty score on the toy task, tested on shifted scenes"),
-    "bench-steps": ("trajectory_ensemble_node.toy.steps",
-                    "collision rate against denoising steps on the toy task, and half-time deadlines"),
 }
 
 
@@ -45,13 +50,34 @@ def _load(module_name: str):
         raise SystemExit(2) from exc
 
 
+def commands() -> dict[str, tuple[str, str]]:
+    """Every command: the product's, then each installed plugin table's (a name clash is an error).
+
+    Raises:
+        SystemExit: two tables define the same command, or an entry is not a table of ``(module, help)`` pairs.
+    """
+    table = dict(_COMMANDS)
+    for entry in sorted(importlib.metadata.entry_points(group=COMMAND_GROUP), key=lambda e: e.name):
+        extra = entry.load()
+        if not isinstance(extra, Mapping):
+            print(f"error: entry point {entry.name!r} ({entry.value}) is not a command table", file=sys.stderr)
+            raise SystemExit(2)
+        for name, (module_name, help_text) in extra.items():
+            if name in table:
+                print(f"error: command {name!r} of {entry.value} is already defined by {table[name][0]}",
+                      file=sys.stderr)
+                raise SystemExit(2)
+            table[name] = (module_name, help_text)
+    return table
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``trajectory-ensemble`` command."""
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(prog="trajectory-ensemble", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     chosen = next((a for a in argv if not a.startswith("-")), None)
-    for name, (module_name, help_text) in _COMMANDS.items():
+    for name, (module_name, help_text) in commands().items():
         command_parser = sub.add_parser(name, help=help_text, description=help_text)
         # Only the chosen command's module is imported, so one missing optional dependency can't break the others.
         if name == chosen:

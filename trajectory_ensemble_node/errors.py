@@ -26,12 +26,15 @@ class ErrorCode(enum.IntEnum):
     REDUCER_INVALID_FOR_ACTION_SPACE = 13
     INVALID_REQUEST = 14
     CAPACITY = 15
+    INVALID_MESSAGE = 16
+    UNAUTHORIZED = 17
     # Observations.
     NO_OBSERVATION = 20
     STALE_OBSERVATION = 21
     NON_FINITE_STATE = 22
     INVALID_FRAME = 23
     OBSERVATION_NOT_RECEIVED = 24
+    OBSERVATION_SCHEMA = 25
     # Model / engine (ROLLOUT_FAILURE and UNSUPPORTED_MODE are refusals: nothing was run).
     NON_FINITE_CANDIDATES = 30
     ENGINE_FAILURE = 31
@@ -78,6 +81,11 @@ _TABLE: dict[ErrorCode, tuple[str, str]] = {
                                            "rollout without rollout_dir); nothing was run."),
     ErrorCode.CAPACITY: ("refusal", "The node is at capacity (goal_policy reject, a full queue, or too many "
                                     "candidates for one batch); retry later."),
+    ErrorCode.INVALID_MESSAGE: ("refusal", "An OpenPI wire message is not a msgpack map in openpi-client's encoding "
+                                           "(e.g. not msgpack, or an array whose bytes do not fit its dtype and "
+                                           "shape); nothing was run."),
+    ErrorCode.UNAUTHORIZED: ("refusal", "An OpenPI connection carried no key or the wrong one (Authorization: Api-Key "
+                                        "or Bearer); refused at the handshake, before any work."),
     ErrorCode.NO_OBSERVATION: ("observation", "No camera image (or joint state) has arrived yet."),
     ErrorCode.STALE_OBSERVATION: ("observation", "The newest camera image (or joint state) is older than "
                                                  "max_observation_age_s."),
@@ -86,6 +94,9 @@ _TABLE: dict[ErrorCode, tuple[str, str]] = {
                                              "dropped and the last good frame kept."),
     ErrorCode.OBSERVATION_NOT_RECEIVED: ("observation", "No frame stamped at or after the goal's "
                                                         "min_observation_stamp arrived within observation_wait_s."),
+    ErrorCode.OBSERVATION_SCHEMA: ("observation", "An OpenPI request misses a key its observation schema needs, has a "
+                                                  "key it does not know, or an array of the wrong dtype or shape; "
+                                                  "nothing was run."),
     ErrorCode.NON_FINITE_CANDIDATES: ("engine failure", "The model produced NaN or Inf actions; nothing was "
                                                         "published."),
     ErrorCode.ENGINE_FAILURE: ("engine failure", "The model failed while running the goal; nothing was published."),
@@ -385,36 +396,37 @@ class NonFiniteStateError(ObservationError):
     code = ErrorCode.NON_FINITE_STATE
 
 
-# --- offline tools (tools/) ---------------------------------------------------------------------------------------
+# --- the OpenPI websocket server (openpi/) --------------------------------------------------------------------------
 
 
-class NodeStartError(TrajectoryEnsembleError, RuntimeError):
-    """The node process exited, or did not report ready in time; the message ends with its last output lines."""
+class InvalidMessageError(TrajectoryEnsembleError, ValueError):
+    """A wire message that is not a msgpack map in openpi-client's encoding (``__ndarray__`` / ``__npgeneric__``)."""
+
+    code = ErrorCode.INVALID_MESSAGE
 
 
-class NodeUnreachableError(TrajectoryEnsembleError, ConnectionError):
-    """The node's action server or services did not appear (not running, other ROS_DOMAIN_ID, or other name)."""
+class AuthenticationError(TrajectoryEnsembleError, PermissionError):
+    """A connection without the server's key (``Authorization: Api-Key <key>`` or ``Bearer <key>``)."""
+
+    code = ErrorCode.UNAUTHORIZED
 
 
-class ParameterValueError(TrajectoryEnsembleError, ValueError):
-    """A value given on the command line cannot be converted to the parameter's type; the message quotes it."""
+class ObservationSchemaError(ObservationError, ValueError):
+    """A request does not fit the observation schema; the message lists the keys the schema expects."""
 
-    code = ErrorCode.INVALID_PARAMETERS
-
-
-class ParameterRefusedError(TrajectoryEnsembleError, RuntimeError):
-    """The node refused a parameter request (unknown parameter, read-only, or its own check); the message is its
-    reason."""
-
-    code = ErrorCode.INVALID_PARAMETERS
+    code = ErrorCode.OBSERVATION_SCHEMA
 
 
-class BagError(TrajectoryEnsembleError, ValueError):
-    """A bag is missing, unreadable, or lacks what the caller needs (the message says which)."""
+class MissingObservationKeyError(ObservationSchemaError):
+    """A key the schema needs (an image, or the views of a composite) is absent."""
 
 
-class InterfaceDefinitionError(TrajectoryEnsembleError, FileNotFoundError):
-    """The ``trajectory_ensemble_msgs`` ``.msg`` files cannot be found to register them in the typestore."""
+class UnknownObservationKeyError(ObservationSchemaError):
+    """A key that is neither in the schema nor one of the per-request extras (a typo would otherwise be ignored)."""
+
+
+class ObservationArrayError(ObservationSchemaError):
+    """A value of the wrong type, dtype or shape for its key."""
 
 
 # --- input size limits ----------------------------------------------------------------------------------------------
@@ -438,17 +450,6 @@ class ImageTooLargeError(InputTooLargeError):
 
     code = ErrorCode.IMAGE_TOO_LARGE
     cause = "size"
-
-
-# --- RL fine-tuning of the toy policy (toy/) ------------------------------------------------------------------------
-
-
-class GrpoError(InvalidSpecError):
-    """A rollout record or setting the GRPO trainer cannot use (e.g. no SDE step, a record from another request)."""
-
-
-class RosGrpoError(TrajectoryEnsembleError, RuntimeError):
-    """The node broke a GRPO invariant (wrong or mixed ``weights_version``, a failed goal or weight push)."""
 
 
 # --- trustworthy output (issue 17) ----------------------------------------------------------------------------------

@@ -237,7 +237,7 @@ def test_bag_and_plot_modules_import_without_rclpy() -> None:
         "sys.meta_path.insert(0, B())\n"
         "import trajectory_ensemble_node.tools.bags, trajectory_ensemble_node.tools.plots\n"
         "import trajectory_ensemble_node.tools.playback, trajectory_ensemble_node.tools.launcher\n"
-        "import trajectory_ensemble_node.bench.ros_overhead, trajectory_ensemble_node.bench.ros_floor\n"
+        "import trajectory_ensemble_lab.bench.ros_overhead, trajectory_ensemble_lab.bench.ros_floor\n"
         "assert 'rclpy' not in sys.modules\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=300)

@@ -10,7 +10,7 @@ import pytest
 
 from trajectory_ensemble_node.toy import task
 from trajectory_ensemble_node.toy.episodes import summarize
-from trajectory_ensemble_node.tools.sim import (
+from trajectory_ensemble_node.tools.sim_model import (
     NS_PER_S,
     EpisodeRecord,
     Plan,
@@ -212,23 +212,6 @@ def test_the_demo_closed_loop_takes_chunks_over_two_steps_after_their_goals_unle
     with pytest.raises(SystemExit):
         parser.parse_args(["--closed-loop-delay", "soon"])
     assert "got 'soon'" in capsys.readouterr().err
-
-
-def test_bench_closed_loop_ros_dispatches_to_the_sim_with_three_scenes_unless_told(monkeypatch):
-    import argparse
-
-    from trajectory_ensemble_node.bench import cli
-    from trajectory_ensemble_node.tools import sim_report
-
-    seen: list[argparse.Namespace] = []
-    monkeypatch.setattr(sim_report, "run_bench", lambda a: seen.append(a) or 0)
-    parser = argparse.ArgumentParser()
-    cli.add_arguments(parser)
-    assert cli.run(parser.parse_args(["--closed-loop", "--ros"])) == 0
-    assert cli.run(parser.parse_args(["--closed-loop", "--ros", "--scenes", "5"])) == 0
-    assert [a.scenes for a in seen] == [cli.CLOSED_LOOP_ROS_SCENES, 5]
-    with pytest.raises(SystemExit, match="separate runs"):
-        cli.run(parser.parse_args(["--closed-loop", "--quality"]))
 
 
 # --- one episode against the real node ---------------------------------------------------------------------------------

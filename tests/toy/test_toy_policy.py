@@ -12,10 +12,6 @@ all candidates; see bench/results/quality-toy.md). It needs the benchmark's samp
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from collections.abc import Iterator
 
 import pytest
@@ -104,24 +100,3 @@ def test_policy_is_bimodal_and_mean_collides_more_than_mode(draws):
 def test_policy_reaches_the_target(draws):
     errors = [task.final_error(scene, get_reducer("mode")(result.candidates).numpy()) for scene, result in draws]
     assert sum(errors) / len(errors) < 0.1
-
-
-def test_bench_quality_cli_writes_the_declared_json_table_and_plot(tmp_path):
-    out = tmp_path / "q.json"
-    subprocess.run(
-        [sys.executable, "-m", "trajectory_ensemble_node.cli", "bench", "--quality", "--scenes", "2", "--scene-seed",
-         "7", "--ns", "1,2", "--json", str(out)],
-        check=True, capture_output=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"},
-    )
-    quality = json.loads(out.read_text())["quality"]
-    assert {"single", "mean", "medoid", "mode"} <= set(quality)
-    for reducer, by_n in quality.items():
-        assert set(by_n) == {"1", "2"}, reducer  # N is a string key
-        for metrics in by_n.values():
-            assert 0.0 <= metrics["collision_rate"] <= 1.0 and metrics["final_error"] >= 0.0
-            low, high = metrics["collision_rate_ci95"]
-            # Wilson bounds at a rate of exactly 0 or 1 may cross it by a rounding error.
-            assert low - 1e-9 <= metrics["collision_rate"] <= high + 1e-9
-    # N=1 of every reducer is the single candidate.
-    assert len({by_n["1"]["final_error"] for by_n in quality.values()}) == 1
-    assert out.with_suffix(".md").is_file() and out.with_suffix(".png").is_file()

@@ -32,7 +32,16 @@ from rosbags.rosbag2 import CompressionFormat, CompressionMode, Reader, StorageP
 from rosbags.typesys import Stores, get_types_from_msg, get_typestore
 from rosbags.typesys.store import Typestore
 
-from ..errors import BagError, FrameError, InterfaceDefinitionError, TrajectoryEnsembleError
+from ..errors import FrameError, TrajectoryEnsembleError
+
+
+class BagError(TrajectoryEnsembleError, ValueError):
+    """A bag is missing, unreadable, or lacks what the caller needs (the message says which)."""
+
+
+class InterfaceDefinitionError(TrajectoryEnsembleError, FileNotFoundError):
+    """The ``trajectory_ensemble_msgs`` ``.msg`` files cannot be found to register them in the typestore."""
+
 
 MSGS_PACKAGE = "trajectory_ensemble_msgs"
 CUSTOM_TYPES = ("ActionTrajectory", "CandidateArray")

@@ -167,9 +167,9 @@ def closed_loop(args: argparse.Namespace) -> int:
     """
     from dataclasses import replace
 
-    from ..errors import NodeUnreachableError
+    from .ros_client import NodeUnreachableError
     from ..toy import task
-    from .sim import SimSettings
+    from .sim_model import SimSettings
     from .sim_report import BENCH_RTF, plot_closed_loop, report, serving_node, simulate
 
     scenes = task.heldout_scenes(args.closed_loop_episodes)

@@ -17,7 +17,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
-from ..errors import NodeStartError
+from ..errors import TrajectoryEnsembleError
+
+
+class NodeStartError(TrajectoryEnsembleError, RuntimeError):
+    """The node process exited, or did not report ready in time; the message ends with its last output lines."""
+
 
 READY_MARKER = "] ready: action "
 """The node logs ``[<notice>] ready: action <name>, ...`` once its action server is up."""

@@ -15,14 +15,29 @@ from typing import Any
 
 import yaml
 
-from ..errors import NodeUnreachableError, ParameterRefusedError, ParameterValueError
+from ..errors import ErrorCode, TrajectoryEnsembleError
 from .ros_client import (
     DEFAULT_NODE,
     ClientSession,
+    NodeUnreachableError,
     check_node_name,
     domain_text,
     wait_with_progress,
 )
+
+
+class ParameterValueError(TrajectoryEnsembleError, ValueError):
+    """A value given on the command line cannot be converted to the parameter's type; the message quotes it."""
+
+    code = ErrorCode.INVALID_PARAMETERS
+
+
+class ParameterRefusedError(TrajectoryEnsembleError, RuntimeError):
+    """The node refused a parameter request (unknown parameter, read-only, or its own check); the message is its
+    reason."""
+
+    code = ErrorCode.INVALID_PARAMETERS
+
 
 EXIT_OK = 0
 EXIT_REFUSED = 1

@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..errors import ErrorCode, NodeUnreachableError
+from ..errors import ErrorCode
 from . import bags
 from .playback import (
     DEFAULT_WAIT_S,
@@ -40,7 +40,7 @@ from .playback import (
     goal_times,
     resolve_inputs,
 )
-from .ros_client import DISCOVERY_SETTLE_S, ClientSession, domain_text, wait_with_progress
+from .ros_client import DISCOVERY_SETTLE_S, ClientSession, NodeUnreachableError, domain_text, wait_with_progress
 
 EXIT_OK = 0
 EXIT_GOALS_FAILED = 1

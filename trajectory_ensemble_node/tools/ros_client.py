@@ -13,6 +13,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from ..errors import TrajectoryEnsembleError
+
 DEFAULT_NODE = "/trajectory_ensemble"
 """The node's fully qualified name when it runs with its defaults (``trajectory-ensemble serve``)."""
 PROGRESS_EVERY_S = 10.0
@@ -23,6 +25,10 @@ DISCOVERY_SETTLE_S = 0.5
 """How long a new publisher waits after it matches the node's subscription before its first sample: the node's
 reader matches the publisher on its own discovery message, a moment later, and drops best-effort samples till then."""
 _NAME = re.compile(r"^(/[A-Za-z_~][A-Za-z0-9_]*)+$")
+
+
+class NodeUnreachableError(TrajectoryEnsembleError, ConnectionError):
+    """The node's action server or services did not appear (not running, other ROS_DOMAIN_ID, or other name)."""
 
 
 def check_node_name(name: str) -> str:
@@ -57,6 +63,7 @@ def wait_with_progress(
     clock: Callable[[], float] = time.monotonic,
     quiet_s: float = QUIET_S,
 ) -> bool:
+
     """Wait until ``ready()``, calling ``pump(seconds)`` in between; True when it became ready in time.
 
     A node can take minutes to appear (a real checkpoint loads before the action server exists), so silence would

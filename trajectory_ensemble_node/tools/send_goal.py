@@ -16,11 +16,12 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from ..errors import ErrorCode, NodeUnreachableError
+from ..errors import ErrorCode
 from .ros_client import (
     DEFAULT_NODE,
     DISCOVERY_SETTLE_S,
     ClientSession,
+    NodeUnreachableError,
     check_node_name,
     domain_text,
     subscribe_goal_feedback,

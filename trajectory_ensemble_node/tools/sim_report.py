@@ -8,25 +8,20 @@ writes the metric keys of the in-process bench (:func:`..toy.episodes.summarize`
 
 from __future__ import annotations
 
-import argparse
-import json
 import math
 import os
-import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from ..provenance import git_commit, utc_now
 from ..toy import task
-from .sim import EpisodeRecord, SimSettings, episode_line
+from .sim_model import EpisodeRecord, SimSettings, episode_line
 from .sim_robot import SimRobot
 
-DEFAULT_BENCH_JSON = Path("bench/results/closed_loop-ros-toy.json")
 BENCH_RTF = 0.1
 """Real-time factor of ``bench --closed-loop --ros`` and the demo: a toy group of N = 8 takes ~2 s of wall time on one
 CPU core, i.e. ~0.2 s of sim time, 1-2 control steps at 8 fps: the bench's ``d = 2``."""
@@ -202,51 +197,3 @@ def plot_closed_loop(runs: Sequence[tuple[str, Sequence[EpisodeRecord]]], path: 
     fig.savefig(path, dpi=80)
     plt.close(fig)
     return path
-
-
-# --- bench --closed-loop --ros ---------------------------------------------------------------------------------------
-
-BENCH_RUNS: dict[str, dict[str, Any]] = {
-    "continue": {"execute": 4, "continue_previous": True},
-    "naive": {"execute": 4, "continue_previous": False},
-    "sync": {"execute": None, "continue_previous": False},
-}
-"""Execution settings of ``bench --closed-loop --ros``: s = 4 with and without continuity, and synchronous."""
-
-
-def run_bench(args: argparse.Namespace) -> int:
-    """``bench --closed-loop --ros``: episodes through the node per execution setting; JSON with the in-process
-    bench's metric keys per setting (``closed_loop``), settings, and the episode records."""
-    scenes = task.heldout_scenes(int(getattr(args, "scenes", 3) or 3), seed=int(getattr(args, "scene_seed", 0) or 0))
-    names = [m for m in str(getattr(args, "methods", None) or ",".join(BENCH_RUNS)).split(",") if m.strip()]
-    unknown = [m for m in names if m not in BENCH_RUNS]
-    if unknown:
-        raise SystemExit(f"error: --closed-loop --ros runs {list(BENCH_RUNS)}, got unknown {unknown}")
-    out: Path = getattr(args, "json", None) or DEFAULT_BENCH_JSON
-    out.parent.mkdir(parents=True, exist_ok=True)
-    base = SimSettings(real_time_factor=BENCH_RTF)
-    log = (lambda m: None) if getattr(args, "quiet", False) else (lambda m: print(m, flush=True))
-    started, commit, wall0 = utc_now(), git_commit(), time.monotonic()
-    results: dict[str, list[EpisodeRecord]] = {}
-    with serving_node(base, Path("out/bench/closed_loop-ros"), device=str(getattr(args, "device", None) or "cpu"),
-                      log=log):
-        for name in names:
-            settings = replace(base, **BENCH_RUNS[name])
-            results[name] = simulate(scenes, settings, log=log)
-            document = {
-                "closed_loop_ros": {n: summary(r) for n, r in results.items()},
-                "settings": {"date": started, "commit": commit, "scenes": len(scenes),
-                             "scene_seeds": [scenes[0].seed, scenes[-1].seed], "real_time_factor": BENCH_RTF,
-                             "runs": {n: {**asdict(replace(base, **BENCH_RUNS[n])), "mode": replace(
-                                 base, **BENCH_RUNS[n]).mode} for n in results},
-                             "wall_s": round(time.monotonic() - wall0, 1)},
-                "episodes": {n: [e.to_json() for e in r] for n, r in results.items()},
-            }
-            out.write_text(json.dumps(finite(document), indent=1))
-    log(f"wrote {out}")
-    for name, records in results.items():
-        s = summary(records)
-        log(f"{name:>9}: success {s['success_rate']:.2f}, collisions {s['collision_rate']:.2f}, seam "
-            f"{s['seam_jump_mean']:.3f} (node {s['seam_jump_node_mean']}), flips {s['mode_flips_per_episode']:.2f}, "
-            f"jerk {s['jerk']:.0f}, latency {s['latency_steps_mean']} steps")
-    return 0

@@ -12,9 +12,9 @@ from typing import Any
 import numpy as np
 
 from ..toy import task
-from ..toy.closed_loop import scene_seed
+from ..toy.episodes import scene_seed
 from .bags import stamp_ns
-from .sim import (
+from .sim_model import (
     CLOCK_PERIOD_S,
     FIRST_GOAL_TRIES,
     GOAL_TIMEOUT_S,
@@ -106,7 +106,7 @@ class SimRobot:
         Raises:
             NodeUnreachableError: Either is missing after ``timeout_s``; the message names what.
         """
-        from ..errors import NodeUnreachableError
+        from .ros_client import NodeUnreachableError
         from .ros_client import domain_text, wait_with_progress
 
         ready = lambda: self.action.server_is_ready() and self.image_pub.get_subscription_count() > 0  # noqa: E731

@@ -43,7 +43,7 @@ from .task import (
 )
 
 if TYPE_CHECKING:
-    from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import Cosmos3OmniPipeline
+    from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import Cosmos3OmniPipeline, CosmosActionCondition
 
 TOY_NOTICE = "toy policy for the bundled obstacle task"
 
@@ -110,11 +110,14 @@ def load_toy_pipeline(
     return pipe
 
 
-def action_condition(image: np.ndarray):
-    """The ``CosmosActionCondition`` (policy mode, ``pusht``, chunk 8, tier 256) for one observation image."""
-    from .data import action_condition as build
+def action_condition(image: np.ndarray) -> CosmosActionCondition:
+    """The policy-mode ``CosmosActionCondition`` (``pusht``, chunk 8, tier 256) for one image ``[256, 256, 3]``
+    uint8."""
+    from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import CosmosActionCondition
 
-    return build(image)
+    return CosmosActionCondition(
+        mode="policy", chunk_size=HORIZON, domain_name=DOMAIN_NAME, resolution_tier=RESOLUTION_TIER, image=image
+    )
 
 
 def request_kwargs(image: np.ndarray) -> dict[str, Any]:

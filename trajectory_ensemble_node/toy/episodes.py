@@ -1,4 +1,4 @@
-"""One closed-loop episode's record, and the metrics of a set of them (with 95 % intervals).
+"""A closed-loop episode of the toy task: its budget and seeds, its record, and the metrics of a set of them.
 
 The in-process bench (:mod:`.closed_loop`) and the simulated robot over ROS (``trajectory-ensemble sim``) both
 produce :class:`Episode` s, so both report the same metric keys from :func:`summarize`.
@@ -12,8 +12,22 @@ from typing import Any
 
 import numpy as np
 
+from ..stats import bootstrap_mean, wilson
 from . import task
-from .quality import bootstrap_mean, wilson
+
+EXECUTE = task.HORIZON // 2
+"""``s``: actions executed per chunk (the next one is requested while half of the current one is ahead)."""
+STEP_BUDGET = 32
+"""Steps per episode. The time-consistent expert (``task.expert_continuation``) reaches the target in 8 steps async
+and ``8 + d`` with sync; a policy that re-plans the whole remaining distance into every chunk halves it per chunk and
+needs 5 chunks to get within the target radius, i.e. 20 steps async and 28 with sync at d = 2."""
+SEED_STRIDE = 1000
+"""Chunk ``c`` of held-out scene ``i`` draws from base seed ``base_seed + SEED_STRIDE * i + c``."""
+
+
+def scene_seed(base_seed: int, scene: task.Scene) -> int:
+    """Candidate base seed of a held-out scene's first chunk (chunk ``c`` adds ``c``)."""
+    return base_seed + SEED_STRIDE * (scene.seed - task.HELDOUT_SEED_BASE)
 
 
 @dataclass

@@ -1,35 +1,68 @@
 """Cosmos 3 (diffusers ``Cosmos3OmniPipeline``) adapter: N candidates in one batched denoising path.
 
-What other packages (the node, tools, benchmarks) may use is exported here; the submodules are this package's
-internals.
+What other packages may use is exported here, and only here; the submodules are this package's internals, and code
+outside ``models/cosmos3`` imports from this module alone (``tests/test_architecture.py`` checks it).
+
+- **Serving** (the node, the OpenPI server, the tools): :class:`Cosmos3ActionModel` and its request and result
+  types, loading, the settings the node's parameters validate against.
+- **Building blocks for training and probes** (the lab's ``train-toy``, ``train-grpo`` and sensitivity probes, and
+  the benchmarks): the conditioning encoder, the packed forward and fan-out attention that the serving path itself
+  uses, the Flow-GRPO SDE step, and the tiny random configs. They are exported so that a trainer sees exactly the
+  latents and forwards inference sees, never a copy of them.
 """
 
 from .adapter import CFG_MODES, Cosmos3Adapter, Cosmos3Request
-from .capture import STEP_CAPTURE_MODES, StepCaptureError
+from .attention import install_fanout
+from .capture import STEP_CAPTURE_MODES, StepCaptureError, check_step_capture
+from .conditioning import GroupConditioning, encode_conditioning
 from .embodiments import RESOLUTION_TIERS, VIEW_POINTS, embodiment_widths
 from .loading import PICKLE_SUFFIXES, load_pipeline, resolve_device, resolve_dtype
 from .model import Cosmos3ActionModel, WeightUpdateReport
-from .rollout import RolloutError, RolloutResult, RolloutSpec
-from .tiny import UNTRAINED_NOTICE, build_pipeline
+from .packing import Branch, PackItem, forward_items
+from .rollout import (
+    SIGMA_ONE_ATOL,
+    RolloutError,
+    RolloutResult,
+    RolloutSpec,
+    gaussian_log_prob,
+    read_record,
+    sde_transition,
+)
+from .tiny import CONFIGS, UNTRAINED_NOTICE, TinyCosmos3Config, build_pipeline, build_tokenizer, randomize_zero_initialized
 
 __all__ = [
     "CFG_MODES",
+    "CONFIGS",
     "PICKLE_SUFFIXES",
     "RESOLUTION_TIERS",
+    "SIGMA_ONE_ATOL",
     "STEP_CAPTURE_MODES",
     "UNTRAINED_NOTICE",
     "VIEW_POINTS",
+    "Branch",
     "Cosmos3ActionModel",
     "Cosmos3Adapter",
     "Cosmos3Request",
+    "GroupConditioning",
+    "PackItem",
     "RolloutError",
     "RolloutResult",
     "RolloutSpec",
     "StepCaptureError",
+    "TinyCosmos3Config",
     "WeightUpdateReport",
     "build_pipeline",
+    "build_tokenizer",
+    "check_step_capture",
     "embodiment_widths",
+    "encode_conditioning",
+    "forward_items",
+    "gaussian_log_prob",
+    "install_fanout",
     "load_pipeline",
+    "randomize_zero_initialized",
+    "read_record",
     "resolve_device",
     "resolve_dtype",
+    "sde_transition",
 ]

@@ -34,7 +34,7 @@ from typing import Any
 import torch
 from diffusers import FlowMatchEulerDiscreteScheduler
 from diffusers.utils.torch_utils import randn_tensor
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 
 from ...errors import InvalidSpecError, RolloutError
 from .conditioning import GroupConditioning
@@ -379,3 +379,16 @@ def _write(directory: Path, request_id: str, tensors: dict[str, torch.Tensor], m
     tmp_manifest.write_text(json.dumps(manifest, indent=2, sort_keys=True))
     os.replace(tmp_manifest, manifest_path)
     return path, manifest_path
+
+
+def read_record(path: str | Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """A rollout record written for a group with ``RolloutSpec.output_dir``: its tensors and the JSON manifest.
+
+    Args:
+        path (`str` or `Path`): The ``<request_id>.safetensors`` file (``RolloutResult.path``).
+
+    Returns:
+        `tuple[dict[str, torch.Tensor], dict]`: The tensors by name, and the manifest.
+    """
+    path = Path(path)
+    return load_file(str(path)), json.loads(path.with_suffix(".json").read_text())

@@ -164,7 +164,7 @@ def build_pipeline(
             dtype="float32",
             **config.extra,
         )
-        _randomize_zero_initialized(transformer)
+        randomize_zero_initialized(transformer)
         vae = AutoencoderKLWan(
             base_dim=config.vae_base_dim,
             z_dim=config.vae_z_dim,
@@ -209,7 +209,7 @@ def _cast_keeping_fp32_modules(transformer: Cosmos3OmniTransformer, dtype: torch
                 setattr(module, buf_name, buf.to(dtype))
 
 
-def _randomize_zero_initialized(transformer: Cosmos3OmniTransformer) -> None:
+def randomize_zero_initialized(transformer: Cosmos3OmniTransformer) -> None:
     # Modality embeddings start at zero in the real class; with random weights that would hide any packing bug that
     # confuses action tokens with vision tokens, so give them values too.
     with torch.no_grad():

@@ -1,0 +1,18 @@
+"""The lab's ``trajectory-ensemble`` commands, one table: command -> (module, help).
+
+``trajectory_ensemble_node.cli`` finds this table through the ``trajectory_ensemble.commands`` entry point
+(``lab/pyproject.toml``) and imports a module only when its command runs. Each module exposes
+``add_arguments(parser)`` and ``run(args) -> int``. This file imports nothing, so listing commands stays cheap.
+"""
+
+from __future__ import annotations
+
+COMMANDS: dict[str, tuple[str, str]] = {
+    "bench": ("trajectory_ensemble_lab.bench.cli",
+              "measurements: batched vs sequential (default) and the modes --quality, --closed-loop, --ros, ..."),
+    "bench-steps": ("trajectory_ensemble_lab.toy.steps",
+                    "collision rate against denoising steps on the toy task, and half-time deadlines"),
+    "train-toy": ("trajectory_ensemble_lab.toy.train", "train the toy bimodal obstacle policy on CPU"),
+    "train-grpo": ("trajectory_ensemble_lab.grpo.train",
+                   "Flow-GRPO fine-tuning of the toy policy from its own rollout groups (in process or --ros)"),
+}

@@ -1,0 +1,74 @@
+"""The statistics every report of this project uses: intervals, conformal thresholds and AUROC.
+
+One home for them, so a rate in the README, a false-alarm rate from ``calibrate`` and a success rate from the
+closed-loop bench carry the same interval:
+
+- :func:`wilson`: Wilson score interval of a binomial rate;
+- :func:`bootstrap_mean`: percentile bootstrap interval of a mean (resampling scenes or episodes);
+- :func:`conformal_threshold`: the split-conformal threshold, the ``ceil((1 - alpha)(n + 1))``-th smallest
+  calibration score, i.e. the ``(1 - alpha)(1 + 1/n)`` empirical quantile. For a new score exchangeable with the
+  ``n`` calibration scores, ``P(score > threshold) <= alpha``;
+- :func:`auroc`: the area under the ROC curve as the Mann-Whitney statistic, ties counted one half.
+
+Plain numpy; nothing here imports torch or rclpy.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+Z95 = 1.959963984540054
+"""The standard normal quantile of a two-sided 95 % interval."""
+BOOTSTRAP_SAMPLES = 2000
+
+
+def wilson(successes: int, trials: int, z: float = Z95) -> tuple[float, float]:
+    """Wilson score interval of a binomial rate (95% by default); ``(0, 1)`` for no trials."""
+    if trials == 0:
+        return (0.0, 1.0)
+    p = successes / trials
+    denominator = 1 + z * z / trials
+    centre = (p + z * z / (2 * trials)) / denominator
+    half = z * math.sqrt(p * (1 - p) / trials + z * z / (4 * trials * trials)) / denominator
+    return (max(0.0, centre - half), min(1.0, centre + half))
+
+
+def bootstrap_mean(values: Sequence[float], seed: int = 0) -> tuple[float, float]:
+    """Percentile bootstrap 95% interval of the mean of ``values`` (:data:`BOOTSTRAP_SAMPLES` resamples)."""
+    data = np.asarray(values, dtype=np.float64)
+    rng = np.random.default_rng(seed)
+    means = data[rng.integers(0, len(data), size=(BOOTSTRAP_SAMPLES, len(data)))].mean(axis=1)
+    return (float(np.quantile(means, 0.025)), float(np.quantile(means, 0.975)))
+
+
+def conformal_threshold(scores: Sequence[float], alpha: float) -> float:
+    """The ``ceil((1 - alpha)(n + 1))``-th smallest calibration score (``inf`` when that rank exceeds ``n``).
+
+    Args:
+        scores (`Sequence[float]`): Calibration scores, one per exchangeable sample (e.g. per successful episode).
+        alpha (`float`): Target false-alarm rate, in (0, 1).
+
+    Raises:
+        ValueError: no scores, or ``alpha`` outside (0, 1).
+    """
+    if not 0 < alpha < 1:
+        raise ValueError(f"alpha must be in (0, 1), got {alpha!r}")
+    ordered = sorted(float(s) for s in scores)
+    if not ordered:
+        raise ValueError("no calibration scores")
+    rank = math.ceil((1 - alpha) * (len(ordered) + 1))
+    return ordered[rank - 1] if rank <= len(ordered) else math.inf
+
+
+def auroc(negatives: Sequence[float], positives: Sequence[float]) -> float:
+    """P(positive score > negative score) + 1/2 P(tie): the area under the ROC curve (Mann-Whitney); NaN if a side
+    is empty."""
+    neg, pos = np.asarray(negatives, dtype=np.float64), np.asarray(positives, dtype=np.float64)
+    if not len(neg) or not len(pos):
+        return math.nan
+    greater = (pos[:, None] > neg[None, :]).sum()
+    ties = (pos[:, None] == neg[None, :]).sum()
+    return float((greater + 0.5 * ties) / (len(neg) * len(pos)))

@@ -28,6 +28,8 @@ _COMMANDS: dict[str, tuple[str, str]] = {
                      "serve the engine on the OpenPI websocket wire (openpi-client, vLLM-Omni, RoboLab), no ROS"),
     "demo": ("trajectory_ensemble_node.tools.demo", "the main job: node + bundled bag + goals, plots under out/"),
     "replay": ("trajectory_ensemble_node.tools.replay", "replay a rosbag2 into the node and record its trajectories"),
+    "bags": ("trajectory_ensemble_node.tools.bags",
+             "make the toy demo bags (make-demo-bag [--reference]) or show what a bag holds (info)"),
     "sim": ("trajectory_ensemble_node.tools.sim",
             "the toy task's robot as a ROS node: camera, /clock, goals to a use_sim_time node, chunks executed"),
     "send-goal": ("trajectory_ensemble_node.tools.send_goal",
@@ -58,7 +60,12 @@ def commands() -> dict[str, tuple[str, str]]:
     """
     table = dict(_COMMANDS)
     for entry in sorted(importlib.metadata.entry_points(group=COMMAND_GROUP), key=lambda e: e.name):
-        extra = entry.load()
+        try:
+            extra = entry.load()
+        except ImportError as exc:
+            # A package uninstalled without its metadata: its commands are gone, the product's still work.
+            print(f"warning: commands of {entry.value} are not available ({exc})", file=sys.stderr)
+            continue
         if not isinstance(extra, Mapping):
             print(f"error: entry point {entry.name!r} ({entry.value}) is not a command table", file=sys.stderr)
             raise SystemExit(2)

@@ -53,6 +53,9 @@ ROS_FREE_MODULES = [
     "trajectory_ensemble_node.uncertainty",
     "trajectory_ensemble_node.engine.validity",
     "trajectory_ensemble_node.engine.deadline",
+    # The OpenPI face: a second face of the service, beside the node, never importing rclpy.
+    "trajectory_ensemble_node.openpi",
+    "trajectory_ensemble_node.openpi.cli",
 ]
 
 

@@ -8,6 +8,8 @@ package subclasses it to add its own request builder (``Cosmos3ActionModel``); n
 
 from __future__ import annotations
 
+import collections
+import threading
 from collections.abc import Callable, Mapping
 from typing import TypeVar
 
@@ -16,6 +18,7 @@ import torch
 from .contract import DEFAULT_MAX_CANDIDATES, EnsembleResult, allowed_reducers
 from .engine import EngineConfig, GroupEngine, GroupHandle, GroupRequest
 from .engine.adapter import AdapterCapabilities, CandidateModelAdapter
+from .errors import EngineShutdownError, GroupCanceledError, GroupPreemptedError
 from .normalization import ActionNormalizer
 
 _T = TypeVar("_T")
@@ -49,6 +52,8 @@ class EnsembleService:
         self.adapter = adapter
         self.max_candidates = int(max_candidates)
         self.action_stats = action_stats
+        self._outcomes: collections.Counter[str] = collections.Counter()
+        self._outcomes_lock = threading.Lock()
         self.engine = GroupEngine(
             adapter,
             EngineConfig(
@@ -88,7 +93,29 @@ class EnsembleService:
         Args:
             request (`GroupRequest`): A request from the subclass's ``make_request``.
         """
-        return self.engine.submit(request)
+        handle = self.engine.submit(request)
+        handle.add_done_callback(self._count_outcome)
+        return handle
+
+    def _count_outcome(self, handle: GroupHandle) -> None:
+        # Runs on the engine thread as the group ends (the handle is done: result() returns or raises at once).
+        try:
+            handle.result(timeout=0)
+            error: BaseException | None = None
+        except BaseException as exc:  # noqa: BLE001 - only sorted into a count here; the caller sees it itself
+            error = exc
+        if error is None:
+            outcome = "succeeded"
+        elif isinstance(error, GroupPreemptedError):
+            outcome = "preempted"
+        elif isinstance(error, GroupCanceledError):
+            outcome = "canceled"
+        elif isinstance(error, EngineShutdownError):
+            outcome = "shutdown"
+        else:
+            outcome = "failed"
+        with self._outcomes_lock:
+            self._outcomes[outcome] += 1
 
     def run_until_idle(self) -> None:
         """Drive every submitted group to completion on the calling thread."""
@@ -147,6 +174,12 @@ class EnsembleService:
     def num_running(self) -> int:
         """Groups admitted and denoising."""
         return self.engine.num_running
+
+    def outcome_counts(self) -> dict[str, int]:
+        """How the submitted groups ended so far: ``succeeded``, ``canceled`` (e.g. a client that went away),
+        ``preempted``, ``shutdown`` and ``failed`` (every other named error), counted as each group ends."""
+        with self._outcomes_lock:
+            return dict(self._outcomes)
 
     def instrument(self, wrap: Callable[[CandidateModelAdapter], _T]) -> _T:
         """TEST ONLY: hand the adapter the engine calls to ``wrap`` (e.g. a fault injector that shadows its methods).

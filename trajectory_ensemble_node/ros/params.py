@@ -136,6 +136,19 @@ PARAMETERS: tuple[ParamSpec, ...] = (
               ">= 1"),
     ParamSpec("fault_injection", "", "TEST ONLY: arm one engine fault for the next goal; refused unless "
               f"{TESTING_ENV}=1", '"" (off), ' + ", ".join(FAULTS), read_only=False),
+    # Read by `trajectory-ensemble serve-openpi` only (docs/openpi.md): one file configures both faces.
+    ParamSpec("openpi_schema", "toy", "serve-openpi: which request keys carry the image(s), state and prompt",
+              "toy or droid"),
+    ParamSpec("openpi_max_concurrent", 8, "serve-openpi: requests (from any connections) in the engine at once, "
+              "co-batched; 1 serves them one at a time", ">= 1"),
+    ParamSpec("openpi_max_queued", 32, "serve-openpi: requests waiting beyond openpi_max_concurrent; more get a "
+              "CAPACITY error frame", ">= 0"),
+    ParamSpec("openpi_max_message_bytes", 16 * 1024 * 1024, "serve-openpi: largest message; a larger one closes its "
+              "connection (close code 1009, message too big)", ">= 1024"),
+    ParamSpec("openpi_idle_timeout_s", 30.0, "serve-openpi: a connection with no request for this long is closed; "
+              "0 = never", ">= 0"),
+    ParamSpec("openpi_max_connections", 64, "serve-openpi: connections at once; more are refused at the handshake "
+              "(HTTP 503)", ">= 1"),
 )
 PARAMETER_NAMES = tuple(spec.name for spec in PARAMETERS)
 
@@ -192,6 +205,12 @@ class NodeParams:
     max_image_bytes: int
     max_image_pixels: int
     fault_injection: str
+    openpi_schema: str
+    openpi_max_concurrent: int
+    openpi_max_queued: int
+    openpi_max_message_bytes: int
+    openpi_idle_timeout_s: float
+    openpi_max_connections: int
 
     @property
     def action_dim(self) -> int:
@@ -328,6 +347,9 @@ def validate(raw: Mapping[str, Any], *, env: Mapping[str, str] | None = None) ->
     for name in ("max_instruction_chars", "max_image_bytes", "max_image_pixels"):
         need(p[name] >= 1, f"{name}: must be >= 1, got {p[name]}")
     need(p["max_instruction_tokens"] >= 0, f"max_instruction_tokens: must be >= 0, got {p['max_instruction_tokens']}")
+    for name, least in (("openpi_max_concurrent", 1), ("openpi_max_queued", 0), ("openpi_max_message_bytes", 1024),
+                        ("openpi_idle_timeout_s", 0), ("openpi_max_connections", 1)):
+        need(p[name] >= least, f"{name}: must be >= {least}, got {p[name]}")
     need(not p["enable_weight_updates"] or p["weights_dir"] != "",
          "weights_dir: must be set when enable_weight_updates is true (the only folder updates are read from)")
     if p["weights_dir"]:
@@ -379,6 +401,61 @@ def validate(raw: Mapping[str, Any], *, env: Mapping[str, str] | None = None) ->
     if problems:
         raise ParameterError("invalid parameters:\n  " + "\n  ".join(problems))
     return NodeParams(**{f.name: values[f.name] for f in fields(NodeParams)})
+
+
+def _parameter_sections(tree: Any, prefix: str = "") -> Any:
+    # (section key, its ros__parameters) in file order; nested namespace keys are joined by "/" as in
+    # startup_checks (both YAML forms ROS accepts).
+    if not isinstance(tree, dict):
+        return
+    for key, value in tree.items():
+        path = f"{prefix}/{str(key).strip('/')}" if prefix else str(key)
+        if isinstance(value, dict):
+            if "ros__parameters" in value:
+                yield path, value["ros__parameters"]
+            yield from _parameter_sections({k: v for k, v in value.items() if k != "ros__parameters"}, path)
+
+
+def read_params_file(path: str, fully_qualified_name: str = "/trajectory_ensemble") -> dict[str, Any]:
+    """The parameter values a params file gives the node, read without rclpy (for ``serve-openpi``).
+
+    Every section whose key matches the node's name with ROS's wildcards (``/**/trajectory_ensemble``,
+    ``trajectory_ensemble``, ...) contributes its ``ros__parameters``, later sections overriding earlier ones, as
+    rcl applies them.
+
+    Args:
+        path (`str`): The YAML file (e.g. ``config/serve.yaml``).
+        fully_qualified_name (`str`): The node's name with its namespace.
+
+    Returns:
+        `dict[str, Any]`: raw values by name, for :func:`validate`.
+
+    Raises:
+        ParameterError: the file is unreadable, not YAML, or has no section for this node.
+    """
+    import yaml
+
+    from .startup_checks import section_matches
+
+    try:
+        with open(path, encoding="utf-8") as handle:
+            tree = yaml.safe_load(handle)
+    except (OSError, yaml.YAMLError) as error:
+        raise ParameterError(f"invalid parameters:\n  params file {path!r}: {type(error).__name__}: {error}") from None
+    sections = list(_parameter_sections(tree))
+    matched = [values for key, values in sections if section_matches(key, fully_qualified_name)]
+    if not matched:
+        raise ParameterError(f"invalid parameters:\n  params file {path!r} has no section for "
+                             f"{fully_qualified_name} (its sections: {[key for key, _ in sections]}); expected "
+                             "'/**/trajectory_ensemble:' with 'ros__parameters:'")
+    values: dict[str, Any] = {}
+    for section in matched:
+        if section is None:
+            continue  # an empty ros__parameters: block
+        if not isinstance(section, dict):
+            raise ParameterError(f"invalid parameters:\n  params file {path!r}: ros__parameters is not a mapping")
+        values.update(section)
+    return values
 
 
 def declare(node: Any) -> NodeParams:

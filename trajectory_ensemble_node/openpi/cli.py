@@ -1,0 +1,143 @@
+"""``trajectory-ensemble serve-openpi``: the engine on the OpenPI websocket wire, with no ROS needed.
+
+::
+
+    trajectory-ensemble serve-openpi --params-file config/serve.yaml --port 8000 --api-key "$KEY"
+
+The params file is the node's YAML (``/**/trajectory_ensemble: ros__parameters: ...``), read with the node's own
+parameter table and checks (``ros/params.py``), so one file configures both faces; without one, the node's defaults
+serve the bundled toy policy. The key comes from ``--api-key`` or the :data:`API_KEY_ENV` environment variable.
+Binding an address other than loopback without a key is refused unless ``--allow-remote-without-key`` says so.
+
+SIGINT or SIGTERM: every request still queued or running gets a ``SHUTDOWN`` error frame, the connections close, and
+the process exits within :data:`EXIT_DEADLINE_S` whatever is stuck.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import ipaddress
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+
+from ..errors import ParameterError, TrajectoryEnsembleError
+from ..ros import params as node_params
+from ..ros.startup_checks import toy_settings_mismatch
+from .policy import OpenPIPolicy
+from .server import ROUTES, OpenPIServer, ServerLimits
+
+API_KEY_ENV = "TRAJECTORY_ENSEMBLE_API_KEY"
+"""Environment variable holding the key when ``--api-key`` is not given."""
+EXIT_DEADLINE_S = 5.0
+"""After SIGINT/SIGTERM the process is gone within this many seconds, graceful or not."""
+FORCED_EXIT_CODE = 3
+
+logger = logging.getLogger("trajectory_ensemble.openpi")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The ``serve-openpi`` flags."""
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this host only)")
+    parser.add_argument("--port", type=int, default=8000, help="port (default 8000, openpi's; 0 = any free port)")
+    parser.add_argument("--params-file", default=None,
+                        help="the node's YAML (e.g. config/serve.yaml): model, reducers, limits and openpi_* settings")
+    parser.add_argument("--api-key", default=None,
+                        help=f"key every client must send (Authorization: Api-Key or Bearer); default ${API_KEY_ENV}")
+    parser.add_argument("--allow-remote-without-key", action="store_true",
+                        help="allow a non-loopback --host without a key (anyone who can reach it can use the model)")
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` only accepts connections from this machine (``localhost`` or a loopback address)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a host name could resolve anywhere
+
+
+def check_bind(host: str, api_key: str | None, allow_remote_without_key: bool) -> None:
+    """Refuse to serve an open model on the network by accident.
+
+    Raises:
+        ParameterError: ``host`` is not loopback, no key is set, and the operator did not allow it.
+    """
+    if api_key or is_loopback(host) or allow_remote_without_key:
+        return
+    raise ParameterError(f"invalid parameters:\n  --host {host!r} accepts connections from other machines but no key "
+                         f"is set; give --api-key (or ${API_KEY_ENV}), bind 127.0.0.1, or pass "
+                         "--allow-remote-without-key")
+
+
+def load_params(params_file: str | None) -> node_params.NodeParams:
+    """The node's parameters from ``params_file`` (the node's defaults without one).
+
+    Raises:
+        ParameterError: the file or a value in it is invalid (every problem named).
+    """
+    raw = node_params.read_params_file(params_file) if params_file else {}
+    return node_params.validate(raw)
+
+
+def _arm_exit_deadline() -> None:
+    def watchdog() -> None:
+        time.sleep(EXIT_DEADLINE_S)
+        os.write(sys.stderr.fileno(), f"[serve-openpi] shutdown took more than {EXIT_DEADLINE_S:g} s; exiting now "
+                                      f"({FORCED_EXIT_CODE})\n".encode())
+        os._exit(FORCED_EXIT_CODE)
+
+    threading.Thread(target=watchdog, name="exit-deadline", daemon=True).start()
+
+
+async def _serve(server: OpenPIServer) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, lambda: (stop.set(), _arm_exit_deadline()))
+
+    def ready(port: int) -> None:
+        policy = server.policy
+        p = policy.params
+        logger.info("[%s] ready: ws://%s:%d (routes %s), schema %s, %s chunk %d x %d, %dx %s, auth %s, "
+                    "max_concurrent %d", policy.notice, server.host, port, list(ROUTES), policy.schema.name,
+                    p.domain_name, p.chunk_size, p.action_dim, p.candidate_count, p.reducer,
+                    "on" if server.api_key else "off", server.limits.max_concurrent)
+
+    await server.run(stop, on_ready=ready)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Serve until SIGINT/SIGTERM.
+
+    Returns:
+        `int`: 0 after a signal, 2 when the parameters, the bind or the model are invalid (the error is printed).
+    """
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+                        stream=sys.stderr)
+    api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
+    try:
+        check_bind(args.host, api_key, args.allow_remote_without_key)
+        params = load_params(args.params_file)
+        mismatch = toy_settings_mismatch(params)
+        if mismatch:
+            logger.warning("%s", mismatch)
+        policy = OpenPIPolicy.from_params(params)
+    except TrajectoryEnsembleError as error:
+        print(f"[serve-openpi] error: {error}", file=sys.stderr, flush=True)
+        return 2
+    server = OpenPIServer(policy, ServerLimits.from_params(params), host=args.host, port=args.port, api_key=api_key)
+    policy.start()
+    try:
+        asyncio.run(_serve(server))
+    except OSError as error:  # the port is taken, or the address is not this host's
+        print(f"[serve-openpi] error: cannot listen on {args.host}:{args.port}: {error}", file=sys.stderr, flush=True)
+        return 2
+    finally:
+        policy.stop(1.0)
+    return 0

@@ -1,0 +1,157 @@
+"""The per-request extras of an OpenPI request, checked by the same rule as a ROS goal's fields.
+
+All are optional; a request without any is served like a goal with every field at its default:
+
+- ``num_candidates`` (int; 0 = ``candidate_count``), ``reducer`` (str; "" = ``reducer``, or ``continuity_reducer``
+  when the request continues), ``seed`` (int in ``[0, 2**64)``; absent = a fresh one, reported back),
+  ``return_candidates`` (bool): the candidate request;
+- ``deadline_ms`` (number >= 0; 0 = none): from the request's arrival;
+- ``session_id`` (str), ``continue_previous`` (bool), ``inference_delay`` (int actions; 0 = the session's latency
+  estimate), ``stamp`` (seconds, the observation's time on the client's clock; absent = arrival time): the closed
+  loop over the wire (:mod:`.sessions`);
+- ``endpoint``: ``"infer"`` (default) or ``"reset"`` (vLLM-Omni's session reset).
+
+Types are checked here; values go through :func:`~trajectory_ensemble_node.ros.goals.plan_goal`, the node's own
+goal validation (:func:`~trajectory_ensemble_node.contract.check_request` and the continuity checks), so a bad count
+or reducer gets the same error and text over the wire as in a goal.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+
+from ..errors import GoalRequestError, InvalidSpecError
+from ..ros.goals import GoalPlan, plan_goal
+from ..ros.params import NodeParams
+
+EXTRA_KEYS = ("num_candidates", "reducer", "seed", "return_candidates", "deadline_ms", "session_id",
+              "continue_previous", "inference_delay", "stamp", "endpoint")
+"""Request keys that are not observation keys."""
+ENDPOINTS = ("infer", "reset")
+MAX_SESSION_ID_CHARS = 256
+
+
+@dataclass(frozen=True)
+class RequestExtras:
+    """The extras of one request, type-checked (values not yet checked against the configuration).
+
+    Args:
+        endpoint (`str`): ``"infer"`` or ``"reset"``.
+        num_candidates (`int`): 0 = the ``candidate_count`` parameter.
+        reducer (`str`): "" = the configured default.
+        seed (`int`, *optional*): The base seed, when the request brings one.
+        return_candidates (`bool`): Send every candidate and its validity back.
+        deadline_ms (`float`): 0 = none.
+        session_id (`str`, *optional*): The session continued and remembered; ``None`` = the connection's own.
+        continue_previous (`bool`): Continue the session's last served chunk.
+        inference_delay (`int`): Frozen actions; 0 = the session's latency estimate.
+        stamp (`float`, *optional*): The observation's time (seconds); ``None`` = arrival time.
+    """
+
+    endpoint: str = "infer"
+    num_candidates: int = 0
+    reducer: str = ""
+    seed: int | None = None
+    return_candidates: bool = False
+    deadline_ms: float = 0.0
+    session_id: str | None = None
+    continue_previous: bool = False
+    inference_delay: int = 0
+    stamp: float | None = None
+
+
+def _int(obs: Mapping[str, Any], key: str, error: type[Exception], default: int = 0) -> int:
+    value = obs.get(key, default)
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise error(f"{key} must be an integer, got {type(value).__name__} {value!r}")
+    return int(value)
+
+
+def _bool(obs: Mapping[str, Any], key: str, error: type[Exception]) -> bool:
+    value = obs.get(key, False)
+    if not isinstance(value, (bool, np.bool_)):
+        raise error(f"{key} must be true or false, got {type(value).__name__} {value!r}")
+    return bool(value)
+
+
+def _number(obs: Mapping[str, Any], key: str) -> float | None:
+    value = obs.get(key)
+    if value is None:
+        return None
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise GoalRequestError(f"{key} must be a number, got {type(value).__name__} {value!r}")
+    if not np.isfinite(float(value)):
+        raise GoalRequestError(f"{key} must be finite, got {value!r}")
+    return float(value)
+
+
+def _text(obs: Mapping[str, Any], key: str, error: type[Exception], default: str | None) -> str | None:
+    value = obs.get(key, default)
+    if value is None or value is default:
+        return value
+    if not isinstance(value, str):
+        raise error(f"{key} must be a string, got {type(value).__name__} {value!r}")
+    return value
+
+
+def parse_extras(obs: Mapping[str, Any]) -> RequestExtras:
+    """Type-check the extras of one decoded request.
+
+    Raises:
+        InvalidSpecError: ``num_candidates``, ``reducer``, ``seed`` or ``return_candidates`` of the wrong type.
+        GoalRequestError: another extra of the wrong type, an unknown ``endpoint``, or a session id too long.
+    """
+    endpoint = _text(obs, "endpoint", GoalRequestError, "infer")
+    if endpoint not in ENDPOINTS:
+        raise GoalRequestError(f"endpoint must be one of {list(ENDPOINTS)}, got {endpoint!r}")
+    session_id = _text(obs, "session_id", GoalRequestError, None) or None  # "" = no session named
+    if session_id is not None and len(session_id) > MAX_SESSION_ID_CHARS:
+        raise GoalRequestError(f"session_id must have at most {MAX_SESSION_ID_CHARS} characters, got "
+                               f"{len(session_id)} ({session_id[:40]!r})")
+    seed = None if obs.get("seed") is None else _int(obs, "seed", InvalidSpecError)
+    deadline_ms = _number(obs, "deadline_ms") or 0.0
+    if deadline_ms < 0:
+        raise GoalRequestError(f"deadline_ms must be >= 0 (0 = none), got {deadline_ms!r}")
+    return RequestExtras(
+        endpoint=str(endpoint),
+        num_candidates=_int(obs, "num_candidates", InvalidSpecError),
+        reducer=_text(obs, "reducer", InvalidSpecError, "") or "",
+        seed=seed,
+        return_candidates=_bool(obs, "return_candidates", InvalidSpecError),
+        deadline_ms=deadline_ms,
+        session_id=session_id,
+        continue_previous=_bool(obs, "continue_previous", GoalRequestError),
+        inference_delay=_int(obs, "inference_delay", GoalRequestError),
+        stamp=_number(obs, "stamp"),
+    )
+
+
+def plan_request(extras: RequestExtras, prompt: str, params: NodeParams, *, default_instruction: str,
+                 valid_reducers: Sequence[str]) -> GoalPlan:
+    """The request as the goal the node would plan for it: defaults applied, every check before model work done.
+
+    Args:
+        extras (`RequestExtras`): The request's extras.
+        prompt (`str`): Its prompt ("" = ``default_instruction``).
+        params (`NodeParams`): The served configuration.
+        default_instruction (`str`): The ``instruction`` parameter.
+        valid_reducers (`Sequence[str]`): The model's declared reducers.
+
+    Raises:
+        InvalidSpecError: and its subclasses, from ``check_request`` (count, reducer, seed).
+        NegativeDelayError, DelayTooLongError, GoalRequestError: as for a goal.
+    """
+    deadline_s = extras.deadline_ms / 1000.0
+    goal = SimpleNamespace(
+        candidate_count=extras.num_candidates, reducer=extras.reducer, return_candidates=extras.return_candidates,
+        use_seed=extras.seed is not None, seed=extras.seed or 0, instruction=prompt, rollout=False,
+        continue_previous=extras.continue_previous, reset_context=False, inference_delay=extras.inference_delay,
+        guidance="", deadline=SimpleNamespace(sec=int(deadline_s), nanosec=round((deadline_s % 1) * 1e9)),
+        min_observation_stamp=None,
+    )
+    return plan_goal(goal, params, default_instruction=default_instruction, valid_reducers=valid_reducers)

@@ -1,0 +1,252 @@
+"""The OpenPI face of the service: one request dict in, one group submitted, one reply dict out.
+
+:class:`OpenPIPolicy` holds the same :class:`~trajectory_ensemble_node.models.cosmos3.Cosmos3ActionModel` the node
+builds from the same parameters (the model, reducers, validity limits, uncertainty threshold, deadlines), and does for
+a request what the node does for a goal: the input limits (instruction length), the goal's validation
+(:func:`.extras.plan_request`), the continuity decision (:mod:`.sessions`), the same ``CosmosActionCondition`` and
+``make_request``. It knows nothing of websockets (:mod:`.server`) and never imports rclpy.
+
+The reply holds ``actions`` ``[H, D]`` float32 in the units the node publishes (robot units with
+``action_stats_file``, else the model's normalized units), the same array as ``action``, and ours: ``base_seed``,
+``seeds``, ``metrics``, ``uncertain``, ``steps_used``, ``continuity``, and ``candidates`` ``[N, H, D]`` with ``valid``
+``[N]`` when asked (``return_candidates``).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import CosmosActionCondition
+
+from ..catalog import load_model
+from ..contract import EnsembleResult, check_reducer
+from ..engine import GroupHandle
+from ..errors import InvalidSpecError, ParameterError
+from ..models.cosmos3 import Cosmos3ActionModel
+from ..ros import params as node_params
+from ..ros.continuity import ContinuityDecision
+from ..ros.faults import FaultInjector
+from ..ros.goals import GoalPlan
+from ..ros.input_limits import InputLimits, TokenCounter, check_instruction, token_counter
+from ..ros.startup_checks import load_action_stats, load_uncertainty_threshold
+from ..safety import load_limits
+from .extras import EXTRA_KEYS, RequestExtras, parse_extras, plan_request
+from .schemas import ObservationSchema, ParsedObservation, get_schema
+from .sessions import SessionStore, decide, remember
+
+SERVER_NAME = "trajectory_ensemble"
+
+
+@dataclass
+class Job:
+    """One request on its way through the service.
+
+    Args:
+        request_id (`str`): The group's id (``openpi-<connection>-<n>``).
+        session (`str`): The session key it continues and is remembered in.
+        extras (`RequestExtras`), plan (`GoalPlan`), observation (`ParsedObservation`): The checked request.
+        arrival (`float`): ``time.monotonic()`` when it arrived.
+        stamp (`float`): Its time for alignment: the request's ``stamp``, else ``arrival``.
+    """
+
+    request_id: str
+    session: str
+    extras: RequestExtras
+    plan: GoalPlan
+    observation: ParsedObservation
+    arrival: float
+    stamp: float
+    decision: ContinuityDecision | None = None
+    handle: GroupHandle | None = None
+
+
+def build_model(params: node_params.NodeParams) -> tuple[Cosmos3ActionModel, str]:
+    """The model the node would serve for ``params`` (same loader, settings, limits and checks).
+
+    Returns:
+        `tuple[Cosmos3ActionModel, str]`: the model (engine not started) and the weights notice.
+
+    Raises:
+        ModelLoadError, StatsFileError, LimitsFileError, ParameterError: as the node's startup.
+    """
+    p = params
+    pipe, notice = load_model(p.model, p.device, p.dtype, allow_pickle=p.allow_pickle_weights, seed=p.seed)
+    limits = load_limits(p.limits_file) if p.limits_file else None
+    if limits is not None:
+        limits.check_width(p.action_dim)
+    model = Cosmos3ActionModel(
+        pipe, max_batch_candidates=p.max_batch_candidates, max_candidates=p.max_candidates,
+        prefix_retain=p.prefix_retain, cfg_mode=p.cfg_mode, step_capture=p.step_capture,
+        action_stats=load_action_stats(p), limits=limits, min_valid_candidates=p.min_valid_candidates,
+        position_policy=p.position_limit_policy, uncertainty_threshold=load_uncertainty_threshold(p),
+    )
+    try:
+        check_reducer(p.reducer, p.action_dim, valid_reducers=model.valid_reducers(), domain_name=p.domain_name)
+    except InvalidSpecError as error:
+        raise ParameterError(f"invalid parameters:\n  reducer: {error}") from None
+    return model, notice
+
+
+class OpenPIPolicy:
+    """Serve OpenPI requests from one model with the node's rules.
+
+    Args:
+        model (`Cosmos3ActionModel`): The service; its engine is started by :meth:`start`.
+        params (`NodeParams`): The configuration (the node's parameters).
+        notice (`str`): What the weights are (``catalog.model_notice``), sent in the metadata.
+        schema (`ObservationSchema`, *optional*): Defaults to ``params.openpi_schema``.
+        count_tokens (`TokenCounter`, *optional*): The pipeline's token counter (``max_instruction_tokens``);
+            defaults to the model's tokenizer.
+    """
+
+    def __init__(self, model: Cosmos3ActionModel, params: node_params.NodeParams, *, notice: str,
+                 schema: ObservationSchema | None = None, count_tokens: TokenCounter | None = None) -> None:
+        self.model = model
+        self.params = params
+        self.notice = notice
+        self.schema = schema or get_schema(params.openpi_schema)
+        self.limits = InputLimits(params.max_instruction_chars, params.max_instruction_tokens,
+                                  params.max_image_bytes, params.max_image_pixels)
+        self.count_tokens = count_tokens if count_tokens is not None else token_counter(model.pipe)
+        self.sessions = SessionStore()
+        self.faults: FaultInjector | None = None
+        # Only a test run (TRAJECTORY_ENSEMBLE_TESTING=1) wraps the adapter, as in the node.
+        if os.environ.get(node_params.TESTING_ENV) == "1":
+            self.faults = model.instrument(FaultInjector)
+
+    @classmethod
+    def from_params(cls, params: node_params.NodeParams) -> OpenPIPolicy:
+        """Load the model ``params`` names and wrap it (the engine is not started yet)."""
+        schema = get_schema(params.openpi_schema)  # refused before the model is loaded
+        model, notice = build_model(params)
+        return cls(model, params, notice=notice, schema=schema)
+
+    # --- lifecycle -------------------------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the engine thread."""
+        self.model.start()
+
+    def stop(self, timeout: float = 2.0) -> None:
+        """Stop the engine; groups still running end with ``EngineShutdownError``."""
+        self.model.stop(timeout)
+
+    # --- the wire's content ----------------------------------------------------------------------------------------
+
+    def metadata(self, limits: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The dict sent first on every connection: model, action shape, ``dt``, schema, extras and limits.
+
+        Args:
+            limits (`dict[str, Any]`, *optional*): The server's own limits, added as ``limits``.
+        """
+        p = self.params
+        units = "robot units" if self.model.normalizer_for(p.domain_name) is not None else "normalized [-1, 1]"
+        return {
+            "server": SERVER_NAME,
+            "model": p.model,
+            "weights": self.notice,
+            "weights_version": int(self.model.weights_version),
+            "embodiment": p.domain_name,
+            "action_shape": [p.chunk_size, p.action_dim],
+            "action_horizon": p.chunk_size,
+            "action_dim": p.action_dim,
+            "dt": p.dt,
+            "fps": p.fps,
+            "action_units": units,
+            "observation_schema": self.schema.describe(),
+            "extras": {
+                "keys": list(EXTRA_KEYS),
+                "num_candidates": {"default": p.candidate_count, "max": p.max_candidates},
+                "reducer": {"default": p.reducer, "continuity_default": p.continuity_reducer,
+                            "valid": list(self.model.valid_reducers())},
+                "num_inference_steps": p.num_inference_steps,
+            },
+            "limits": dict(limits or {}),
+            # vLLM-Omni's handshake fields, for its clients.
+            "policy_server_config": {**self.schema.server_config, "needs_session_id": False,
+                                     "action_space": p.domain_name},
+        }
+
+    def prepare(self, obs: dict[str, Any], *, request_id: str, connection_session: str,
+                arrival: float) -> Job:
+        """Check one decoded request, before any model work.
+
+        Args:
+            obs (`dict[str, Any]`): The request.
+            request_id (`str`): The group id to use.
+            connection_session (`str`): The session of requests that name no ``session_id``.
+            arrival (`float`): ``time.monotonic()`` at arrival.
+
+        Raises:
+            TrajectoryEnsembleError: a named error (schema, instruction length, extras, count, reducer, ...).
+        """
+        extras = parse_extras(obs)
+        observation = self.schema.parse(obs, extras=EXTRA_KEYS, limits=self.limits)
+        # Size limits first: O(1) on characters, so a hostile prompt costs nothing further.
+        check_instruction(observation.prompt, self.limits, self.count_tokens, source="prompt")
+        plan = plan_request(extras, observation.prompt, self.params, default_instruction=self.params.instruction,
+                            valid_reducers=self.model.valid_reducers())
+        session = extras.session_id if extras.session_id is not None else connection_session
+        stamp = extras.stamp if extras.stamp is not None else arrival
+        return Job(request_id, session, extras, plan, observation, arrival, stamp)
+
+    def reset(self, obs: dict[str, Any], *, connection_session: str) -> dict[str, Any]:
+        """``{"endpoint": "reset"}``: drop the session's chunk; the reply says whether there was one."""
+        extras = parse_extras(obs)
+        session = extras.session_id if extras.session_id is not None else connection_session
+        return {"reset": True, "session_id": extras.session_id, "had_chunk": self.sessions.reset(session)}
+
+    def submit(self, job: Job) -> GroupHandle:
+        """Decide continuity, build the group exactly as the node builds a goal's, and queue it in the engine.
+
+        Raises:
+            TrajectoryEnsembleError: a context this request cannot continue, a deadline no step can meet, ...
+        """
+        p, plan = self.params, job.plan
+        job.decision = decide(self.sessions.memory(job.session), plan, job.stamp, self.model.weights_version)
+        deadline_s = None
+        if plan.deadline_s:
+            # The request's deadline counts from its arrival; the engine's from submission, a moment later.
+            deadline_s = max(plan.deadline_s - (time.monotonic() - job.arrival), 1e-6)
+        action = CosmosActionCondition(
+            mode="policy", chunk_size=p.chunk_size, domain_name=p.domain_name, resolution_tier=p.resolution_tier,
+            image=job.observation.image, view_point=p.view_point,
+        )
+        request = self.model.make_request(
+            prompt=plan.instruction, action=action, num_inference_steps=p.num_inference_steps,
+            guidance_scale=p.guidance_scale, fps=p.fps, spec=plan.spec, base_seed=plan.base_seed,
+            request_id=job.request_id, deadline_s=deadline_s, context=job.decision.context,
+        )
+        job.handle = self.model.submit_request(request)
+        return job.handle
+
+    def reply(self, job: Job, result: EnsembleResult) -> dict[str, Any]:
+        """The reply dict for a finished group; remembers the chunk in the job's session."""
+        estimate = remember(self.sessions.memory(job.session), result, job.plan, stamp=job.stamp, dt=self.params.dt,
+                            normalizer=self.model.normalizer_for(self.params.domain_name),
+                            latency_s=time.monotonic() - job.arrival)
+        metrics = {k: v for k, v in result.metrics.items() if isinstance(v, (bool, int, float, str)) or v is None}
+        status = job.decision.status if job.decision is not None else ""
+        metrics["continuity"] = status
+        metrics["latency_estimate_ms"] = None if estimate is None else estimate * 1000.0
+        actions = result.action.detach().cpu().numpy().astype(np.float32)
+        reply: dict[str, Any] = {
+            "actions": actions,
+            "action": actions,
+            "base_seed": int(result.base_seed),
+            "seeds": [int(s) for s in result.seeds],
+            "metrics": metrics,
+            "uncertain": metrics.get("uncertain"),
+            "steps_used": metrics.get("steps_used"),
+            "continuity": status,
+            "session_id": job.extras.session_id,
+        }
+        if job.plan.return_candidates and result.candidates is not None:
+            reply["candidates"] = result.candidates.detach().cpu().numpy().astype(np.float32)
+            valid = result.candidate_valid or (True,) * result.candidates.shape[0]
+            reply["valid"] = np.asarray(valid, dtype=bool)
+        return reply

@@ -1,0 +1,258 @@
+"""Observation schemas: which request keys carry the model's image, the robot state and the prompt.
+
+A schema maps an OpenPI request (a dict of numpy arrays and strings) to what the Cosmos 3 policy is conditioned on:
+one RGB frame ``[H, W, 3]`` uint8 (a single composite, or several views composed the way the model expects) and the
+prompt. State keys are checked (dtype, shape) but not fed to the model: diffusers' Cosmos 3 policy mode is
+conditioned on the image and the instruction only. The ``openpi_schema`` parameter picks one:
+
+- ``toy``: ``observation/image`` ``[H, W, 3]`` uint8 and ``prompt`` (optional; empty = the configured instruction).
+- ``droid``, with the key names the Cosmos 3 DROID clients send: ``observation/image``, one composite frame (RoboLab:
+  the wrist view on top, the two exterior views side by side below); or ``observation/exterior_image_1_left``,
+  ``observation/exterior_image_2_left`` and ``observation/wrist_image_left`` (strands), three views of one shape
+  ``[H, W, 3]`` composed into that same layout ``[2H, 2W, 3]`` (the wrist view resized to the row's width, the
+  exterior views untouched); ``observation/joint_position`` ``[7]`` and ``observation/gripper_position`` ``[1]``
+  (optional, float); ``prompt``.
+
+A missing key, a key neither the schema nor the extras know, a wrong dtype or a wrong shape is refused with a named
+:class:`~trajectory_ensemble_node.errors.ObservationSchemaError` whose message lists the keys expected.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+from PIL import Image
+
+from ..errors import (
+    MissingObservationKeyError,
+    ObservationArrayError,
+    ObservationSchemaError,
+    ParameterError,
+    UnknownObservationKeyError,
+)
+from ..ros.input_limits import InputLimits, check_image_size
+from ..ros.observations import tile_views
+
+IMAGE = "H×W×3 uint8"
+
+
+@dataclass(frozen=True)
+class ImageLayout:
+    """One way a request may carry the model's frame.
+
+    Args:
+        name (`str`): ``"composite"`` or ``"views"``.
+        keys (`tuple[str, ...]`): The image keys, all required for this layout.
+        compose (`Callable[[list[np.ndarray]], np.ndarray]`): The views, in ``keys`` order, to one ``[H, W, 3]``.
+    """
+
+    name: str
+    keys: tuple[str, ...]
+    compose: Callable[[list[np.ndarray]], np.ndarray] = lambda views: views[0]
+
+
+@dataclass(frozen=True)
+class StateKey:
+    """A float state key (checked, reported back, not fed to the model).
+
+    Args:
+        key (`str`): The request key.
+        shapes (`tuple[tuple[int, ...], ...]`): Accepted shapes (``()`` = a scalar).
+    """
+
+    key: str
+    shapes: tuple[tuple[int, ...], ...]
+
+    def describe(self) -> str:
+        return " or ".join("scalar" if not s else str(list(s)) for s in self.shapes) + " float"
+
+
+@dataclass(frozen=True)
+class ParsedObservation:
+    """What a request's observation keys become.
+
+    Args:
+        image (`np.ndarray` of shape `[H, W, 3]`): The frame the model is conditioned on (uint8, a copy).
+        prompt (`str`): The request's prompt (``""`` = the configured instruction).
+        state (`dict[str, np.ndarray]`): The state keys present, as float64 arrays.
+        layout (`str`): Which :class:`ImageLayout` the request used.
+    """
+
+    image: np.ndarray
+    prompt: str
+    state: dict[str, np.ndarray] = field(default_factory=dict)
+    layout: str = "composite"
+
+
+@dataclass(frozen=True)
+class ObservationSchema:
+    """The keys one kind of client sends.
+
+    Args:
+        name (`str`): The ``openpi_schema`` value.
+        layouts (`tuple[ImageLayout, ...]`): Ways to carry the frame; a request uses exactly one.
+        state (`tuple[StateKey, ...]`): Optional state keys.
+        prompt_key (`str`): The prompt's key.
+        server_config (`Mapping[str, Any]`): vLLM-Omni's ``policy_server_config`` fields for the metadata.
+    """
+
+    name: str
+    layouts: tuple[ImageLayout, ...]
+    state: tuple[StateKey, ...] = ()
+    prompt_key: str = "prompt"
+    server_config: Mapping[str, Any] = field(default_factory=dict)
+
+    def keys(self) -> tuple[str, ...]:
+        """Every key this schema reads."""
+        images = tuple(k for layout in self.layouts for k in layout.keys)
+        return images + tuple(s.key for s in self.state) + (self.prompt_key,)
+
+    def expected(self) -> str:
+        """The keys, in words, for error messages."""
+        images = " or all of ".join(", ".join(layout.keys) for layout in self.layouts)
+        state = "".join(f"; {s.key} ({s.describe()}, optional)" for s in self.state)
+        return f"{images} ({IMAGE} each){state}; {self.prompt_key} (str, optional)"
+
+    def describe(self) -> dict[str, Any]:
+        """The schema for the connection metadata."""
+        return {
+            "name": self.name,
+            "images": {layout.name: list(layout.keys) for layout in self.layouts},
+            "image_format": IMAGE,
+            "state": {s.key: s.describe() for s in self.state},
+            "prompt": self.prompt_key,
+        }
+
+    def parse(self, obs: Mapping[str, Any], *, extras: Iterable[str], limits: InputLimits) -> ParsedObservation:
+        """Check the request against the schema and build the frame.
+
+        Args:
+            obs (`Mapping[str, Any]`): The decoded request.
+            extras (`Iterable[str]`): Keys read elsewhere (the per-request extras), so not unknown.
+            limits (`InputLimits`): ``max_image_bytes`` and ``max_image_pixels`` apply to every view.
+
+        Raises:
+            MissingObservationKeyError, UnknownObservationKeyError, ObservationArrayError: the named check failed.
+            ImageTooLargeError: a view above the image limits.
+        """
+        try:
+            return self._parse(obs, extras, limits)
+        except ObservationSchemaError as error:
+            if "expects" in str(error):
+                raise
+            # Every schema error lists the keys expected.
+            raise type(error)(f"{error}; schema {self.name!r} expects {self.expected()}") from None
+
+    def _parse(self, obs: Mapping[str, Any], extras: Iterable[str], limits: InputLimits) -> ParsedObservation:
+        layout = self._layout(obs)
+        unknown = sorted(set(obs) - set(self.keys()) - set(extras))
+        if unknown:
+            raise UnknownObservationKeyError(
+                f"unknown key(s) {unknown}: schema {self.name!r} expects {self.expected()}, plus the extras "
+                f"{sorted(extras)}")
+        views = [self._image(key, obs[key], limits) for key in layout.keys]
+        if len(views) > 1 and len({v.shape for v in views}) > 1:
+            raise ObservationArrayError(f"the views {list(layout.keys)} must share one shape, got "
+                                        f"{[list(v.shape) for v in views]}")
+        state = {s.key: self._state(s, obs[s.key]) for s in self.state if s.key in obs}
+        prompt = obs.get(self.prompt_key, "")
+        if prompt is None:
+            prompt = ""
+        if not isinstance(prompt, str):
+            raise ObservationArrayError(f"{self.prompt_key} must be a string, got {type(prompt).__name__} "
+                                        f"{_preview(prompt)}")
+        return ParsedObservation(np.ascontiguousarray(layout.compose(views)), prompt, state, layout.name)
+
+    def _layout(self, obs: Mapping[str, Any]) -> ImageLayout:
+        present = [layout for layout in self.layouts if any(k in obs for k in layout.keys)]
+        if len(present) > 1:
+            raise ObservationSchemaError(
+                f"the request mixes image layouts {[layout.name for layout in present]}; send one")
+        if not present or any(k not in obs for k in present[0].keys):
+            wanted = present[0].keys if present else self.layouts[0].keys
+            missing = [k for k in wanted if k not in obs]
+            raise MissingObservationKeyError(f"missing {missing}: schema {self.name!r} expects {self.expected()}; "
+                                             f"the request has {sorted(obs)}")
+        return present[0]
+
+    @staticmethod
+    def _image(key: str, value: Any, limits: InputLimits) -> np.ndarray:
+        if not isinstance(value, np.ndarray):
+            raise ObservationArrayError(f"{key} must be an {IMAGE} numpy array, got {type(value).__name__} "
+                                        f"{_preview(value)}")
+        if value.dtype != np.uint8:
+            raise ObservationArrayError(f"{key} must be uint8 ({IMAGE}), got dtype {value.dtype} "
+                                        f"shape {list(value.shape)}")
+        if value.ndim != 3 or value.shape[2] != 3 or value.shape[0] < 1 or value.shape[1] < 1:
+            raise ObservationArrayError(f"{key} must have shape {IMAGE}, got {list(value.shape)}")
+        height, width = int(value.shape[0]), int(value.shape[1])
+        check_image_size(SimpleNamespace(data=value.reshape(-1), width=width, height=height, encoding="rgb8"),
+                         limits)
+        return value
+
+    @staticmethod
+    def _state(spec: StateKey, value: Any) -> np.ndarray:
+        array = np.asarray(value) if isinstance(value, (list, tuple, float, int, np.generic)) else value
+        if not isinstance(array, np.ndarray) or array.dtype.kind not in "fiu" or isinstance(value, bool):
+            raise ObservationArrayError(f"{spec.key} must be {spec.describe()}, got {type(value).__name__} "
+                                        f"{_preview(value)}")
+        if tuple(array.shape) not in spec.shapes:
+            raise ObservationArrayError(f"{spec.key} must have shape {spec.describe()}, got {list(array.shape)}")
+        state = array.astype(np.float64)
+        if not np.isfinite(state).all():
+            raise ObservationArrayError(f"{spec.key} holds NaN or Inf: {state.tolist()}")
+        return state
+
+
+def _preview(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def compose_droid(views: Sequence[np.ndarray]) -> np.ndarray:
+    """RoboLab's composite from strands' three views: the wrist view on top, the two exterior views below.
+
+    Args:
+        views (`Sequence[np.ndarray]`): ``[exterior_1, exterior_2, wrist]``, each ``[H, W, 3]`` uint8.
+
+    Returns:
+        `np.ndarray` of shape `[2H, 2W, 3]`: the wrist view resized (bilinear) to ``[H, 2W]`` over the exterior views
+        side by side (their pixels untouched).
+    """
+    exterior_1, exterior_2, wrist = views
+    below = tile_views([exterior_1, exterior_2])
+    top = np.asarray(Image.fromarray(wrist).resize((below.shape[1], wrist.shape[0]), Image.BILINEAR), np.uint8)
+    return np.concatenate([top, below], axis=0)
+
+
+DROID_VIEWS = ("observation/exterior_image_1_left", "observation/exterior_image_2_left",
+               "observation/wrist_image_left")
+
+SCHEMAS: dict[str, ObservationSchema] = {
+    "toy": ObservationSchema(
+        "toy", (ImageLayout("composite", ("observation/image",)),),
+        server_config={"n_external_cameras": 1, "needs_wrist_camera": False, "needs_stereo_camera": False},
+    ),
+    "droid": ObservationSchema(
+        "droid",
+        (ImageLayout("composite", ("observation/image",)), ImageLayout("views", DROID_VIEWS, compose_droid)),
+        state=(StateKey("observation/joint_position", ((7,),)), StateKey("observation/gripper_position", ((1,), ()))),
+        server_config={"n_external_cameras": 2, "needs_wrist_camera": True, "needs_stereo_camera": False},
+    ),
+}
+"""The built-in schemas, by ``openpi_schema`` name."""
+
+
+def get_schema(name: str) -> ObservationSchema:
+    """The schema named by the ``openpi_schema`` parameter.
+
+    Raises:
+        ParameterError: no such schema.
+    """
+    if name not in SCHEMAS:
+        raise ParameterError(f"invalid parameters:\n  openpi_schema: {name!r} is not one of {sorted(SCHEMAS)}")
+    return SCHEMAS[name]

@@ -1,0 +1,450 @@
+"""The OpenPI websocket server: handshake, auth, limits, co-batching across connections, bounded shutdown.
+
+Built on ``websockets``' asyncio server (the library openpi-client itself uses), one event loop thread beside the
+engine's thread:
+
+- **Handshake** (``process_request``): ``GET /healthz`` and ``GET /health`` answer ``OK`` without auth, ``GET
+  /stats`` the counts as JSON (with the key); the wire is served at ``/`` (openpi) and ``/v1/realtime/robot/openpi``
+  (vLLM-Omni), other paths get 404. With a key set, the
+  ``Authorization`` header must be ``Api-Key <key>`` (openpi-client) or ``Bearer <key>`` (RoboLab, vLLM); anything else
+  gets HTTP 401 before any work. Past ``max_connections`` a handshake gets HTTP 503.
+- **A connection**: the metadata dict first, then one reply per request, in request order: a connection's requests
+  run one after another (a client that sends several before reading gets its replies in that order).
+- **Co-batching**: requests of different connections are submitted to the one engine as they come, up to
+  ``max_concurrent`` at once, so they share physical forwards (the engine packs unrelated groups into one batch per
+  denoising step, each token at its own timestep). Up to ``max_queued`` more wait in arrival order; past that a
+  request gets a ``CAPACITY`` error frame at once.
+- **Disconnect**: a client that goes away mid-request has its group canceled; the engine stops it at its next
+  denoising step (``EnsembleService.outcome_counts()["canceled"]``).
+- **Limits**: ``max_size`` is the message limit (a larger message closes its connection with code 1009 and the
+  library's reason, "frame with N bytes exceeds limit of M bytes"); a connection idle for ``idle_timeout_s`` is closed
+  with code 1001 and a reason that says so.
+- **Shutdown** (:meth:`OpenPIServer.run` returns once ``stop`` is set): new handshakes get 503, every queued or running
+  request gets a ``SHUTDOWN`` error frame (a running group is canceled at its next step), then the connections close
+  with 1001. The engine itself belongs to the caller (``serve-openpi`` stops it after :meth:`~OpenPIServer.run`).
+
+Errors are text frames (:func:`.wire.error_frame`); the connection stays open for the next request. No traceback is
+ever sent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import hmac
+import http
+import itertools
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from websockets.asyncio.server import Request, Response, ServerConnection, serve
+from websockets.exceptions import ConnectionClosed
+from websockets.frames import CloseCode
+
+from ..engine import GroupHandle
+from ..errors import (
+    AbortReason,
+    AuthenticationError,
+    CapacityError,
+    EngineShutdownError,
+    ErrorCode,
+    TrajectoryEnsembleError,
+)
+from ..ros.params import NodeParams
+from . import wire
+from .policy import OpenPIPolicy
+
+logger = logging.getLogger("trajectory_ensemble.openpi")
+
+ROUTES = ("/", "/v1/realtime/robot/openpi")
+"""Paths that serve the wire: openpi's and vLLM-Omni's."""
+HEALTH_ROUTES = ("/healthz", "/health")
+"""Paths that answer ``OK`` to a plain GET, without auth."""
+STATS_ROUTE = "/stats"
+"""A plain GET answers :meth:`OpenPIServer.stats` as JSON (with the key, when one is set)."""
+SHUTDOWN_FLUSH_S = 1.0
+"""How long the error frames of a shutdown may take to go out before the connections are closed."""
+
+
+@dataclass(frozen=True)
+class ServerLimits:
+    """The server's limits (``openpi_*`` parameters).
+
+    Args:
+        max_message_bytes (`int`): Largest incoming message.
+        idle_timeout_s (`float`): A connection with no request for this long is closed; 0 = never.
+        max_connections (`int`): Connections at once.
+        max_concurrent (`int`): Requests in the engine at once (co-batched).
+        max_queued (`int`): Requests waiting beyond ``max_concurrent``.
+    """
+
+    max_message_bytes: int = 16 * 1024 * 1024
+    idle_timeout_s: float = 30.0
+    max_connections: int = 64
+    max_concurrent: int = 8
+    max_queued: int = 32
+
+    @classmethod
+    def from_params(cls, params: NodeParams) -> ServerLimits:
+        return cls(params.openpi_max_message_bytes, params.openpi_idle_timeout_s, params.openpi_max_connections,
+                   params.openpi_max_concurrent, params.openpi_max_queued)
+
+
+class AdmissionGate:
+    """At most ``max_active`` requests in the engine; ``max_queued`` more wait, first come first served.
+
+    Used from the event loop only.
+
+    Args:
+        max_active (`int`): Requests admitted at once.
+        max_queued (`int`): Requests that may wait for a slot.
+    """
+
+    def __init__(self, max_active: int, max_queued: int) -> None:
+        self.max_active, self.max_queued = int(max_active), int(max_queued)
+        self.active = 0
+        self._waiters: collections.deque[asyncio.Future] = collections.deque()
+        self._closed: BaseException | None = None
+
+    @property
+    def waiting(self) -> int:
+        return sum(not w.done() for w in self._waiters)
+
+    async def acquire(self) -> None:
+        """Take a slot, waiting in line for one.
+
+        Raises:
+            CapacityError: ``max_queued`` requests already wait.
+            EngineShutdownError: the server is shutting down.
+        """
+        if self._closed is not None:
+            raise self._closed
+        if self.active < self.max_active and not self.waiting:
+            self.active += 1
+            return
+        if self.waiting >= self.max_queued:
+            raise CapacityError(f"the server is at capacity: {self.active} requests running "
+                                f"(openpi_max_concurrent={self.max_active}) and {self.waiting} waiting "
+                                f"(openpi_max_queued={self.max_queued}); retry later")
+        waiter = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        try:
+            await waiter
+        except asyncio.CancelledError:
+            if waiter.done() and not waiter.cancelled() and waiter.exception() is None:
+                self.release()  # the slot was handed over just as the waiter went away: pass it on
+            raise
+        finally:
+            if waiter in self._waiters:
+                self._waiters.remove(waiter)
+
+    def release(self) -> None:
+        """Give a slot back: to the first waiter, or free."""
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)  # the slot moves to it; ``active`` is unchanged
+                return
+        self.active = max(0, self.active - 1)
+
+    def close(self, error: BaseException) -> None:
+        """Refuse every waiting and future request with ``error``."""
+        self._closed = error
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_exception(error)
+
+
+def authorized(header: str | None, api_key: str) -> bool:
+    """Whether an ``Authorization`` header carries ``api_key`` as ``Api-Key <key>`` or ``Bearer <key>``.
+
+    The comparison takes the same time whatever the header holds (``hmac.compare_digest``).
+    """
+    scheme, _, token = (header or "").strip().partition(" ")
+    matches = hmac.compare_digest(token.strip().encode(), api_key.encode())
+    return scheme.lower() in ("api-key", "bearer") and matches
+
+
+def _refusal(code: ErrorCode, message: str) -> str:
+    return f"{code.name} ({int(code)}): {message}\n"
+
+
+class OpenPIServer:
+    """Serve an :class:`OpenPIPolicy` on the OpenPI websocket wire.
+
+    Args:
+        policy (`OpenPIPolicy`): The service face; its engine must be running.
+        limits (`ServerLimits`): Message size, idle timeout, connections, concurrency, queue.
+        host (`str`): Address to bind (``127.0.0.1`` by default; see ``serve-openpi`` for the rules on others).
+        port (`int`): Port; 0 picks a free one (:meth:`run` reports it).
+        api_key (`str`, *optional*): Required of every connection when set.
+    """
+
+    def __init__(self, policy: OpenPIPolicy, limits: ServerLimits, *, host: str = "127.0.0.1", port: int = 8000,
+                 api_key: str | None = None) -> None:
+        self.policy, self.limits = policy, limits
+        self.host, self.port = host, int(port)
+        self.api_key = api_key or None
+        self.gate = AdmissionGate(limits.max_concurrent, limits.max_queued)
+        self.counts: collections.Counter[str] = collections.Counter()
+        self._connections: set[ServerConnection] = set()
+        self._ids = itertools.count(1)
+        self._inflight = 0
+        self._stopping = False
+        self._shutting_down: asyncio.Future | None = None
+        self._metadata = wire.pack(policy.metadata(asdict(limits)))
+
+    def stats(self) -> dict[str, Any]:
+        """Counts of the server (connections, requests, replies, error frames, refusals) and of the engine's groups."""
+        return {"server": dict(self.counts), "groups": self.policy.model.outcome_counts(),
+                "connections": len(self._connections), "running": self.gate.active, "waiting": self.gate.waiting}
+
+    async def run(self, stop: asyncio.Event, on_ready: Callable[[int], None] | None = None) -> None:
+        """Serve until ``stop`` is set, then shut down (every request still open gets a ``SHUTDOWN`` error frame).
+
+        Args:
+            stop (`asyncio.Event`): Set it to stop.
+            on_ready (`Callable[[int], None]`, *optional*): Called with the bound port once connections are accepted.
+        """
+        self._shutting_down = asyncio.get_running_loop().create_future()
+        async with serve(self._handler, self.host, self.port, process_request=self._process_request,
+                         max_size=self.limits.max_message_bytes, compression=None) as server:
+            self.port = int(server.sockets[0].getsockname()[1])
+            if on_ready is not None:
+                on_ready(self.port)
+            await stop.wait()
+            await self._shutdown(server)
+
+    async def _shutdown(self, server: Any) -> None:
+        self._stopping = True
+        self.gate.close(EngineShutdownError("", "the server is shutting down; nothing was served"))
+        # Running requests cancel their groups and send their SHUTDOWN frames (see _serve).
+        assert self._shutting_down is not None
+        self._shutting_down.set_result(None)
+        deadline = time.monotonic() + SHUTDOWN_FLUSH_S
+        while self._inflight and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        server.close(close_connections=True, code=CloseCode.GOING_AWAY, reason="server shutting down")
+        try:
+            await asyncio.wait_for(server.wait_closed(), SHUTDOWN_FLUSH_S)
+        except asyncio.TimeoutError:
+            logger.warning("openpi: %d connection(s) did not close in time", len(self._connections))
+        logger.info("openpi: stopped; %s", self.stats())
+
+    # --- handshake -------------------------------------------------------------------------------------------------
+
+    def _process_request(self, connection: ServerConnection, request: Request) -> Response | None:
+        path = request.path.split("?", 1)[0]
+        if path in HEALTH_ROUTES:
+            return connection.respond(http.HTTPStatus.OK, "OK\n")
+        if path not in (*ROUTES, STATS_ROUTE):
+            return connection.respond(http.HTTPStatus.NOT_FOUND,
+                                      f"no route {path!r}; the OpenPI wire is served at {list(ROUTES)}\n")
+        if self._stopping:
+            return connection.respond(http.HTTPStatus.SERVICE_UNAVAILABLE,
+                                      _refusal(ErrorCode.SHUTDOWN, "the server is shutting down"))
+        if self.api_key is not None and not authorized(request.headers.get("Authorization"), self.api_key):
+            self.counts["refused_unauthorized"] += 1
+            logger.warning("openpi: refused a connection from %s: missing or wrong key", connection.remote_address)
+            refusal = AuthenticationError("missing or wrong key; send 'Authorization: Api-Key <key>' or "
+                                          "'Authorization: Bearer <key>'")
+            response = connection.respond(http.HTTPStatus.UNAUTHORIZED, _refusal(refusal.code, str(refusal)))
+            response.headers["WWW-Authenticate"] = 'Bearer realm="openpi"'
+            return response
+        if path == STATS_ROUTE:
+            response = connection.respond(http.HTTPStatus.OK, json.dumps(self.stats()) + "\n")
+            del response.headers["Content-Type"]
+            response.headers["Content-Type"] = "application/json"
+            return response
+        if len(self._connections) >= self.limits.max_connections:
+            self.counts["refused_capacity"] += 1
+            return connection.respond(http.HTTPStatus.SERVICE_UNAVAILABLE, _refusal(
+                ErrorCode.CAPACITY, f"{len(self._connections)} connections already open "
+                                    f"(openpi_max_connections={self.limits.max_connections}); retry later"))
+        return None
+
+    # --- one connection --------------------------------------------------------------------------------------------
+
+    async def _handler(self, ws: ServerConnection) -> None:
+        conn_id = next(self._ids)
+        session = f"connection-{conn_id}"
+        self._connections.add(ws)
+        self.counts["connections"] += 1
+        try:
+            await ws.send(self._metadata)
+            previous_total_ms: float | None = None
+            for seq in itertools.count(1):
+                raw = await self._next_message(ws)
+                if raw is None:
+                    return
+                started = time.monotonic()
+                out = await self._serve(ws, raw, f"openpi-{conn_id}-{seq}", session, started, previous_total_ms)
+                if out is None:
+                    return  # the client went away mid-request
+                await ws.send(out)
+                previous_total_ms = (time.monotonic() - started) * 1000.0
+        except ConnectionClosed:
+            pass
+        finally:
+            self._connections.discard(ws)
+            self.policy.sessions.forget(session)
+
+    async def _next_message(self, ws: ServerConnection) -> str | bytes | None:
+        idle = self.limits.idle_timeout_s or None
+        try:
+            # Canceling recv() is safe in websockets: no message is lost.
+            return await asyncio.wait_for(ws.recv(), idle)
+        except asyncio.TimeoutError:
+            self.counts["closed_idle"] += 1
+            await ws.close(CloseCode.GOING_AWAY, f"idle for {idle:g} s without a request (openpi_idle_timeout_s)")
+        except ConnectionClosed:
+            pass
+        return None
+
+    async def _serve(self, ws: ServerConnection, raw: str | bytes, request_id: str, session: str, started: float,
+                     previous_total_ms: float | None) -> str | bytes | None:
+        """One request: its reply frame, an error frame, or ``None`` when the client left before the reply."""
+        self.counts["requests"] += 1
+        self._inflight += 1
+        closed = asyncio.ensure_future(ws.wait_closed())
+        try:
+            obs = wire.unpack(raw)
+            if obs.get("endpoint") == "reset":
+                return wire.pack(self.policy.reset(obs, connection_session=session))
+            job = self.policy.prepare(obs, request_id=request_id, connection_session=session, arrival=started)
+            if self._stopping:
+                raise EngineShutdownError(request_id, "the server is shutting down; nothing was served")
+            if not await self._until_closed(self.gate.acquire(), closed, release=self.gate.release):
+                return None
+            try:
+                handle = self.policy.submit(job)
+            except BaseException:
+                self.gate.release()
+                raise
+            finished = self._finished(handle)
+            assert self._shutting_down is not None
+            if not await self._until_closed(finished, closed, self._shutting_down):
+                if self._stopping:
+                    handle.cancel(AbortReason.CANCELED, f"server shut down during request {request_id}")
+                    raise EngineShutdownError(request_id, "the server shut down before the request finished; "
+                                                          "its group was canceled")
+                handle.cancel(AbortReason.CANCELED, f"client disconnected during request {request_id}")
+                self.counts["canceled_on_disconnect"] += 1
+                return None
+            reply = self.policy.reply(job, handle.result(timeout=0))
+            timing = {"infer_ms": (time.monotonic() - started) * 1000.0}
+            if previous_total_ms is not None:
+                timing["prev_total_ms"] = previous_total_ms
+            reply["server_timing"] = timing
+            self.counts["replies"] += 1
+            return wire.pack(reply)
+        except TrajectoryEnsembleError as error:
+            self.counts["error_frames"] += 1
+            logger.info("openpi: %s refused: %s: %s", request_id, type(error).__name__, error)
+            return wire.error_frame(error)
+        except Exception as error:
+            self.counts["error_frames"] += 1
+            logger.exception("openpi: %s failed unexpectedly", request_id)
+            return wire.error_frame(error)
+        finally:
+            closed.cancel()
+            self._inflight -= 1
+
+    def _finished(self, handle: GroupHandle) -> asyncio.Future:
+        # The handle ends on the engine thread; its slot is released and the future resolved on the loop.
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+
+        def on_loop() -> None:
+            self.gate.release()
+            if not future.done():
+                future.set_result(None)
+
+        def on_engine(_: GroupHandle) -> None:
+            try:
+                loop.call_soon_threadsafe(on_loop)
+            except RuntimeError:
+                pass  # the loop is gone: the process is exiting
+
+        handle.add_done_callback(on_engine)
+        return future
+
+    @staticmethod
+    async def _until_closed(awaitable: Any, *stoppers: asyncio.Future,
+                            release: Callable[[], None] | None = None) -> bool:
+        """Await ``awaitable`` unless a stopper (the connection closing, the server shutting down) ends first.
+
+        Returns:
+            `bool`: True when ``awaitable`` finished (its error is raised), False when a stopper won.
+
+        Args:
+            release (`Callable[[], None]`, *optional*): Undo a successful ``awaitable`` that lost the race.
+        """
+        task = asyncio.ensure_future(awaitable)
+        done, _ = await asyncio.wait({task, *stoppers}, return_when=asyncio.FIRST_COMPLETED)
+        if task in done:
+            task.result()
+            return True
+        task.cancel()
+        try:
+            await task
+        except (asyncio.CancelledError, TrajectoryEnsembleError):
+            return False
+        if release is not None:
+            release()  # it completed while being canceled
+        return False
+
+
+class ServerThread:
+    """An :class:`OpenPIServer` on its own event loop thread (tests and the fleet benchmark).
+
+    Args:
+        server (`OpenPIServer`): Bind ``port=0`` to get a free port (:attr:`port` once started).
+    """
+
+    def __init__(self, server: OpenPIServer) -> None:
+        self.server = server
+        self.port: int | None = None
+        self._ready = threading.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="openpi-server", daemon=True)
+
+    def _run(self) -> None:
+        async def main() -> None:
+            self._loop, self._stop = asyncio.get_running_loop(), asyncio.Event()
+            await self.server.run(self._stop, on_ready=self._on_ready)
+
+        try:
+            asyncio.run(main())
+        except BaseException as error:  # noqa: BLE001 - reported by start()
+            self._error = error
+            self._ready.set()
+
+    def _on_ready(self, port: int) -> None:
+        self.port = port
+        self._ready.set()
+
+    def start(self, timeout: float = 30.0) -> ServerThread:
+        """Start serving; returns once the port accepts connections."""
+        self._thread.start()
+        if not self._ready.wait(timeout) or self._error is not None:
+            raise RuntimeError(f"the OpenPI server did not start: {self._error!r}")
+        return self
+
+    @property
+    def url(self) -> str:
+        return f"ws://{self.server.host}:{self.port}"
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Shut down as on SIGINT and wait for the thread."""
+        if self._loop is not None and self._stop is not None and self._thread.is_alive():
+            self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(timeout)

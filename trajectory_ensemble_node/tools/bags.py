@@ -9,9 +9,14 @@ The custom types (``trajectory_ensemble_msgs/msg/ActionTrajectory``, ``Candidate
 typestore from the ``.msg`` files themselves, so the definitions and RIHS01 hashes written into a bag match what
 rosidl generates and real ROS 2 tools (``ros2 bag info/play``, Foxglove) can read it.
 
-The bundled demo bag is made by::
+The bundled bags are made by::
 
-    python -m trajectory_ensemble_node.tools.bags make-demo-bag trajectory_ensemble_node/assets/bags/toy_obstacle
+    trajectory-ensemble bags make-demo-bag trajectory_ensemble_node/assets/bags/toy_obstacle
+    trajectory-ensemble bags make-demo-bag trajectory_ensemble_node/assets/bags/toy_demonstrations --reference
+
+The second is a recording of demonstrations: in each held-out scene the expert drives the robot along one of its
+demonstrated paths (the camera and ``/joint_states`` show it moving), and the commanded path is on
+``/reference/actions`` as a ``trajectory_msgs/JointTrajectory``, what ``replay --reference-topic`` compares with.
 """
 
 from __future__ import annotations
@@ -70,6 +75,13 @@ DEMO_FRAMES_PER_SCENE = 2
 SCENES_KEY = "trajectory_ensemble.toy_scenes"
 """``custom_data`` key of the demo bag: JSON ``{image stamp ns: toy scene seed}`` (lets plots redraw the scene)."""
 BUNDLED_BAG = Path(__file__).resolve().parent.parent / "assets" / "bags" / "toy_obstacle"
+DEMO_REFERENCE_TOPIC = "/reference/actions"
+"""Where a demonstration bag (``make-demo-bag --reference``) records the expert's commanded path."""
+REFERENCE_TOPIC_KEY = "trajectory_ensemble.reference_topic"
+SIDES_KEY = "trajectory_ensemble.demonstrated_sides"
+"""``custom_data`` key of a demonstration bag: JSON ``{toy scene seed: side the expert took (+1 above, -1 below)}``."""
+JOINT_TRAJECTORY_TYPE = "trajectory_msgs/msg/JointTrajectory"
+DEMONSTRATION_BAG = BUNDLED_BAG.parent / "toy_demonstrations"
 
 
 # --- typestore ------------------------------------------------------------------------------------------------------
@@ -329,12 +341,38 @@ class BagRecorder:
 # --- the bundled demo bag -------------------------------------------------------------------------------------------
 
 
+def demonstrated_side(scene: Any) -> int:
+    """The side the demonstration bag's expert takes in ``scene``: one of :func:`~..toy.task.expert_sides`, drawn
+    from the scene's seed (so both modes appear, and the bag is reproducible)."""
+    from ..toy.task import expert_sides
+
+    sides = expert_sides(scene)
+    return int(sides[int(np.random.default_rng([int(scene.seed), 0xDE40]).integers(len(sides)))])
+
+
+def joint_trajectory_msg(names: Sequence[str], positions: np.ndarray, dt: float, stamp_ns: int,
+                         frame_id: str = "") -> Any:
+    """``trajectory_msgs/JointTrajectory``: row ``k`` of ``positions`` ``[K, len(names)]`` at ``(k + 1) * dt``."""
+    types = typestore().types
+    empty = np.zeros(0, dtype=np.float64)
+    points = []
+    for k, row in enumerate(np.asarray(positions, dtype=np.float64)):
+        ns = int(round((k + 1) * dt * 1e9))
+        points.append(types["trajectory_msgs/msg/JointTrajectoryPoint"](
+            positions=row, velocities=empty, accelerations=empty, effort=empty,
+            time_from_start=types["builtin_interfaces/msg/Duration"](sec=ns // 1_000_000_000,
+                                                                     nanosec=ns % 1_000_000_000)))
+    return types[JOINT_TRAJECTORY_TYPE](header=make_header(stamp_ns, frame_id), joint_names=list(names),
+                                        points=points)
+
+
 def make_demo_bag(
     out: str | Path,
     scene_offsets: Sequence[int] = DEMO_SCENE_OFFSETS,
     frames_per_scene: int = DEMO_FRAMES_PER_SCENE,
     scene_period_s: float = DEMO_SCENE_PERIOD_S,
     storage: str = "mcap",
+    reference: bool = False,
 ) -> BagInfo:
     """Write the demo bag: toy scenes as a camera stream, the robot position as a joint state, the instruction.
 
@@ -342,32 +380,63 @@ def make_demo_bag(
     image and joint state of one frame share a header stamp (= log time). The instruction is sent with every new
     scene, so a node that starts listening late still hears it.
 
+    With ``reference`` each scene is a demonstration instead: the expert takes :func:`demonstrated_side` and
+    follows its path (:func:`~..toy.task.expert_continuation`, one waypoint per control step ``1 / FPS``, then
+    holding the target until the scene ends), each frame and joint state showing the robot where it is at that
+    time, and the commanded path is one ``JointTrajectory`` per scene on :data:`DEMO_REFERENCE_TOPIC`, stamped at
+    the scene's first frame with point ``k`` at ``(k + 1) / FPS``: where the node's chunk served from that frame
+    puts its row ``k``.
+
     Args:
         out (`str` or `Path`): Bag folder to create.
         scene_offsets (`Sequence[int]`): Held-out scene offsets, in playback order.
         frames_per_scene (`int`): Frames per scene (>= 1).
         scene_period_s (`float`): Seconds each scene is shown (> 0).
         storage (`str`): ``mcap`` or ``sqlite3``.
+        reference (`bool`): Write demonstrations and their commanded paths (see above).
     """
     from ..toy import HELDOUT_SEED_BASE, INSTRUCTION, make_scene, render
+    from ..toy.task import FPS, HORIZON, expert_continuation, expert_curve
 
     if frames_per_scene < 1 or scene_period_s <= 0 or not scene_offsets:
         raise BagError("make_demo_bag needs frames_per_scene >= 1, scene_period_s > 0 and at least one scene")
     frame_ns = int(round(scene_period_s * 1e9 / frames_per_scene))
     scenes: dict[str, int] = {}
+    sides: dict[str, int] = {}
     frames = []
+    paths = []
     for k, offset in enumerate(scene_offsets):
         scene = make_scene(HELDOUT_SEED_BASE + int(offset))
         image = render(scene)
+        scene_start = DEMO_START_NS + k * int(round(scene_period_s * 1e9))
+        if reference:
+            side_sign = demonstrated_side(scene)
+            sides[str(scene.seed)] = side_sign
+            steps = max(1, int(round(scene_period_s * FPS)))
+            paths.append((scene_start, expert_continuation(scene, side_sign, 0.0, horizon=steps)))
         for j in range(frames_per_scene):
-            stamp = DEMO_START_NS + k * int(round(scene_period_s * 1e9)) + j * frame_ns
-            scenes[str(stamp)] = scene.seed
-            frames.append((stamp, image, scene, j == 0))
+            stamp = scene_start + j * frame_ns
+            shown = scene
+            if reference and j > 0:
+                # Where the robot is j frames in: along the path, at control step (time * FPS) of HORIZON.
+                progress = j * frame_ns / 1e9 * FPS
+                shown = scene.with_robot(expert_curve(scene, side_sign, np.array([progress / HORIZON]))[0])
+                image = render(shown)
+            else:
+                scenes[str(stamp)] = scene.seed  # plots redraw the scene as it starts
+            frames.append((stamp, image, shown, j == 0))
     custom = {SCENES_KEY: json.dumps(scenes), "trajectory_ensemble.generator": "make-demo-bag"}
+    if reference:
+        custom.update({"trajectory_ensemble.generator": "make-demo-bag --reference",
+                       REFERENCE_TOPIC_KEY: DEMO_REFERENCE_TOPIC, SIDES_KEY: json.dumps(sides)})
     with BagRecorder(out, storage, custom_data=custom) as bag:
         for stamp, image, scene, first in frames:
             if first:
                 bag.write_msg(DEMO_INSTRUCTION_TOPIC, stamp, string_msg(INSTRUCTION))
+                if reference:
+                    start, path = paths.pop(0)
+                    bag.write_msg(DEMO_REFERENCE_TOPIC, stamp,
+                                  joint_trajectory_msg(DEMO_JOINT_NAMES, path, 1.0 / FPS, start, DEMO_FRAME_ID))
             bag.write_msg(DEMO_IMAGE_TOPIC, stamp, image_msg(image, stamp, DEMO_FRAME_ID))
             bag.write_msg(DEMO_STATE_TOPIC, stamp, joint_state_msg(DEMO_JOINT_NAMES, scene.robot, stamp, DEMO_FRAME_ID))
     return bag_info(out)
@@ -388,29 +457,49 @@ def _describe(info: BagInfo) -> str:
     return "\n".join(lines)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m trajectory_ensemble_node.tools.bags {make-demo-bag OUT | info BAG}``."""
-    parser = argparse.ArgumentParser(prog="python -m trajectory_ensemble_node.tools.bags",
-                                     description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command", required=True)
-    make = sub.add_parser("make-demo-bag", help="write the toy-scene demo bag (the bundled one is made by this)")
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the ``bags`` actions (``make-demo-bag``, ``info``) to ``parser``."""
+    sub = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
+    make = sub.add_parser("make-demo-bag", help="write the toy-scene demo bag (the bundled ones are made by this)")
     make.add_argument("out", type=Path, help="bag folder to create (must not exist)")
     make.add_argument("--storage", choices=sorted(STORAGES), default="mcap", help="storage plugin (default mcap)")
-    make.add_argument("--scenes", type=int, default=len(DEMO_SCENE_OFFSETS), help="number of scenes (default 6)")
+    make.add_argument("--scenes", type=int, default=len(DEMO_SCENE_OFFSETS), metavar="K",
+                      help=f"number of scenes (default {len(DEMO_SCENE_OFFSETS)})")
+    make.add_argument("--scene-seed", type=int, default=0, metavar="S",
+                      help="first held-out scene offset: scenes HELDOUT_SEED_BASE + S .. + S + K - 1 (default 0)")
     make.add_argument("--frames-per-scene", type=int, default=DEMO_FRAMES_PER_SCENE, help="frames per scene (2)")
+    make.add_argument("--reference", action="store_true",
+                      help=f"demonstrations: the robot follows the expert's path, commanded on "
+                           f"{DEMO_REFERENCE_TOPIC} (trajectory_msgs/JointTrajectory)")
     info = sub.add_parser("info", help="print a bag's storage, size, duration and topics")
     info.add_argument("bag", type=Path)
-    args = parser.parse_args(argv)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run ``trajectory-ensemble bags``; 0 done, 1 the bag could not be written or read."""
     try:
-        if args.command == "make-demo-bag":
-            print(_describe(make_demo_bag(args.out, tuple(range(args.scenes)), args.frames_per_scene,
-                                          storage=args.storage)))
+        if args.action == "make-demo-bag":
+            if args.scenes < 1 or args.scene_seed < 0:
+                raise BagError(f"--scenes must be >= 1 and --scene-seed >= 0, got {args.scenes} and "
+                               f"{args.scene_seed}")
+            offsets = tuple(range(args.scene_seed, args.scene_seed + args.scenes))
+            print(_describe(make_demo_bag(args.out, offsets, args.frames_per_scene, storage=args.storage,
+                                          reference=args.reference)))
         else:
             print(_describe(bag_info(args.bag)))
     except TrajectoryEnsembleError as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
     return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m trajectory_ensemble_node.tools.bags {make-demo-bag OUT | info BAG}`` (= ``trajectory-ensemble
+    bags``)."""
+    parser = argparse.ArgumentParser(prog="python -m trajectory_ensemble_node.tools.bags",
+                                     description=__doc__.splitlines()[0])
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
 
 
 if __name__ == "__main__":

@@ -6,6 +6,13 @@ a request what the node does for a goal: the input limits (instruction length), 
 (:func:`.extras.plan_request`), the continuity decision (:mod:`.sessions`), the same ``CosmosActionCondition`` and
 ``make_request``. It knows nothing of websockets (:mod:`.server`) and never imports rclpy.
 
+A request goes through three calls: :meth:`OpenPIPolicy.prepare` (the checks that need no model, on the event loop),
+:meth:`OpenPIPolicy.build` (on the server's one build thread: the token count, the continuity decision, the group
+request and its candidate-invariant conditioning, encoded ahead) and :meth:`OpenPIPolicy.submit` (into the engine).
+Encoding ahead lets the conditioning of a request (tokenizer and VAE, tens of milliseconds on a CPU) run while the
+engine denoises the others; the engine then finds it done (``Cosmos3Adapter.encode`` keeps it on the request), and the
+result is the same bits. The build thread is then the only thread of the process that runs the tokenizer or the VAE.
+
 The reply holds ``actions`` ``[H, D]`` float32 in the units the node publishes (robot units with
 ``action_stats_file``, else the model's normalized units), the same array as ``action``, and ours: ``base_seed``,
 ``seeds``, ``metrics``, ``uncertain``, ``steps_used``, ``continuity``, and ``candidates`` ``[N, H, D]`` with ``valid``
@@ -20,11 +27,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import torch
 from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import CosmosActionCondition
 
 from ..catalog import load_model
 from ..contract import EnsembleResult, check_reducer
-from ..engine import GroupHandle
+from ..engine import GroupHandle, GroupRequest
+from ..engine.deadline import check_deadline
 from ..errors import InvalidSpecError, ParameterError
 from ..models.cosmos3 import Cosmos3ActionModel
 from ..ros import params as node_params
@@ -61,6 +70,8 @@ class Job:
     arrival: float
     stamp: float
     decision: ContinuityDecision | None = None
+    request: GroupRequest | None = None
+    encode_ms: float = 0.0
     handle: GroupHandle | None = None
 
 
@@ -186,8 +197,8 @@ class OpenPIPolicy:
         """
         extras = parse_extras(obs)
         observation = self.schema.parse(obs, extras=EXTRA_KEYS, limits=self.limits)
-        # Size limits first: O(1) on characters, so a hostile prompt costs nothing further.
-        check_instruction(observation.prompt, self.limits, self.count_tokens, source="prompt")
+        # Size limits first: O(1) on characters, so a hostile prompt costs nothing further (tokens: in build).
+        check_instruction(observation.prompt, self.limits, None, source="prompt")
         plan = plan_request(extras, observation.prompt, self.params, default_instruction=self.params.instruction,
                             valid_reducers=self.model.valid_reducers())
         session = extras.session_id if extras.session_id is not None else connection_session
@@ -200,18 +211,16 @@ class OpenPIPolicy:
         session = extras.session_id if extras.session_id is not None else connection_session
         return {"reset": True, "session_id": extras.session_id, "had_chunk": self.sessions.reset(session)}
 
-    def submit(self, job: Job) -> GroupHandle:
-        """Decide continuity, build the group exactly as the node builds a goal's, and queue it in the engine.
+    def build(self, job: Job) -> None:
+        """Count the prompt's tokens, decide continuity, build the group as the node builds a goal's, and encode its
+        conditioning ahead. Blocking: the server runs it on its build thread.
 
         Raises:
-            TrajectoryEnsembleError: a context this request cannot continue, a deadline no step can meet, ...
+            TrajectoryEnsembleError: too many tokens, a context this request cannot continue, ...
         """
         p, plan = self.params, job.plan
+        check_instruction(job.observation.prompt, self.limits, self.count_tokens, source="prompt")
         job.decision = decide(self.sessions.memory(job.session), plan, job.stamp, self.model.weights_version)
-        deadline_s = None
-        if plan.deadline_s:
-            # The request's deadline counts from its arrival; the engine's from submission, a moment later.
-            deadline_s = max(plan.deadline_s - (time.monotonic() - job.arrival), 1e-6)
         action = CosmosActionCondition(
             mode="policy", chunk_size=p.chunk_size, domain_name=p.domain_name, resolution_tier=p.resolution_tier,
             image=job.observation.image, view_point=p.view_point,
@@ -219,8 +228,25 @@ class OpenPIPolicy:
         request = self.model.make_request(
             prompt=plan.instruction, action=action, num_inference_steps=p.num_inference_steps,
             guidance_scale=p.guidance_scale, fps=p.fps, spec=plan.spec, base_seed=plan.base_seed,
-            request_id=job.request_id, deadline_s=deadline_s, context=job.decision.context,
+            request_id=job.request_id, context=job.decision.context,
         )
+        started = time.perf_counter()
+        with torch.no_grad():
+            self.model.adapter.encode(request.payload)
+        job.encode_ms = (time.perf_counter() - started) * 1000.0
+        job.request = request
+
+    def submit(self, job: Job) -> GroupHandle:
+        """Queue the built group in the engine (its deadline, if any, counted from the request's arrival).
+
+        Raises:
+            TrajectoryEnsembleError: a deadline no step can meet, ...
+        """
+        request = job.request
+        assert request is not None, "build() first"
+        if job.plan.deadline_s:
+            # The engine's deadline counts from submission; the request's from its arrival, a moment earlier.
+            request.deadline_s = check_deadline(max(job.plan.deadline_s - (time.monotonic() - job.arrival), 1e-6))
         job.handle = self.model.submit_request(request)
         return job.handle
 
@@ -233,6 +259,7 @@ class OpenPIPolicy:
         status = job.decision.status if job.decision is not None else ""
         metrics["continuity"] = status
         metrics["latency_estimate_ms"] = None if estimate is None else estimate * 1000.0
+        metrics["encode_ahead_ms"] = job.encode_ms
         actions = result.action.detach().cpu().numpy().astype(np.float32)
         reply: dict[str, Any] = {
             "actions": actions,

@@ -13,7 +13,9 @@ engine's thread:
 - **Co-batching**: requests of different connections are submitted to the one engine as they come, up to
   ``max_concurrent`` at once, so they share physical forwards (the engine packs unrelated groups into one batch per
   denoising step, each token at its own timestep). Up to ``max_queued`` more wait in arrival order; past that a
-  request gets a ``CAPACITY`` error frame at once.
+  request gets a ``CAPACITY`` error frame at once. A request holds its slot from its build (the conditioning,
+  encoded ahead on one build thread while the engine denoises the others) to its result, so ``max_concurrent: 1``
+  serves strictly one request at a time.
 - **Disconnect**: a client that goes away mid-request has its group canceled; the engine stops it at its next
   denoising step (``EnsembleService.outcome_counts()["canceled"]``).
 - **Limits**: ``max_size`` is the message limit (a larger message closes its connection with code 1009 and the
@@ -31,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import concurrent.futures
 import hmac
 import http
 import itertools
@@ -198,6 +201,8 @@ class OpenPIServer:
         self._inflight = 0
         self._stopping = False
         self._shutting_down: asyncio.Future | None = None
+        # One thread: the tokenizer and the VAE are used by one thread at a time, in arrival order.
+        self._builder = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="openpi-build")
         self._metadata = wire.pack(policy.metadata(asdict(limits)))
 
     def stats(self) -> dict[str, Any]:
@@ -218,8 +223,11 @@ class OpenPIServer:
             self.port = int(server.sockets[0].getsockname()[1])
             if on_ready is not None:
                 on_ready(self.port)
-            await stop.wait()
-            await self._shutdown(server)
+            try:
+                await stop.wait()
+                await self._shutdown(server)
+            finally:
+                self._builder.shutdown(wait=False, cancel_futures=True)
 
     async def _shutdown(self, server: Any) -> None:
         self._stopping = True
@@ -322,13 +330,21 @@ class OpenPIServer:
                 raise EngineShutdownError(request_id, "the server is shutting down; nothing was served")
             if not await self._until_closed(self.gate.acquire(), closed, release=self.gate.release):
                 return None
-            try:
-                handle = self.policy.submit(job)
-            except BaseException:
-                self.gate.release()
-                raise
-            finished = self._finished(handle)
             assert self._shutting_down is not None
+            slot_held = True  # until the group's handle holds it (released when the group ends)
+            try:
+                build = asyncio.get_running_loop().run_in_executor(self._builder, self.policy.build, job)
+                if not await self._until_closed(build, closed, self._shutting_down):
+                    if self._stopping:
+                        raise EngineShutdownError(request_id, "the server is shutting down; nothing was served")
+                    self.counts["dropped_on_disconnect"] += 1
+                    return None
+                handle = self.policy.submit(job)
+                finished = self._finished(handle)
+                slot_held = False
+            finally:
+                if slot_held:
+                    self.gate.release()
             if not await self._until_closed(finished, closed, self._shutting_down):
                 if self._stopping:
                     handle.cancel(AbortReason.CANCELED, f"server shut down during request {request_id}")

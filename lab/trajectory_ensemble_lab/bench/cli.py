@@ -65,6 +65,9 @@ MODES: dict[str, Mode] = {
                         "chunks executed back to back on the toy task, per method and inference delay"),
     "closed-loop-ros": Mode(("--closed-loop", "--ros"), "trajectory_ensemble_lab.bench.closed_loop_ros:run",
                             "the closed loop through the real node and the simulated robot, on sim time"),
+    "fleet": Mode(("--fleet",), "trajectory_ensemble_lab.bench.fleet:run",
+                  "K openpi-client processes against the OpenPI server, co-batched vs one request at a time",
+                  delegated=False, options="trajectory_ensemble_lab.bench.fleet:add_arguments"),
 }
 """Every ``bench`` mode by name. A new mode is one entry here (and its flag, if it has one, in :data:`MODE_FLAGS`)."""
 
@@ -74,6 +77,8 @@ MODE_FLAGS: dict[str, str] = {
              "closed loop through the real node and the simulated robot",
     "--closed-loop": "chunks executed back to back on the toy task, per method and inference delay "
                      "(trajectory_ensemble_lab.toy.closed_loop); with --ros: through the node on sim time",
+    "--fleet": "K openpi-client processes against the OpenPI server, co-batched vs serial "
+               "(trajectory_ensemble_lab.bench.fleet; --clients, --candidates, --rate, --duration, --json)",
 }
 """The flags that select modes, with their help; each is a boolean ``store_true`` flag."""
 

@@ -1,0 +1,49 @@
+"""``bench --fleet``, smoke-tested: real client processes against the real server, and the files it writes.
+
+Speed is what the benchmark measures (bench/results/fleet-toy.md); here only that every run answers requests, that a
+co-batched run shares forwards and a serial one does not, and that the JSON has the fields the issue fixes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+
+pytest.importorskip("openpi_client")
+
+from trajectory_ensemble_lab.bench import cli
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.filterwarnings("ignore:connect\\(\\) must be used as a context manager:DeprecationWarning"),
+]
+
+
+def test_the_fleet_mode_is_one_entry_of_the_bench_table():
+    parser = argparse.ArgumentParser()
+    cli.add_arguments(parser)
+    args = parser.parse_args(["--fleet", "--clients", "1,2,4,8", "--candidates", "8", "--rate", "2", "--duration", "5"])
+    assert cli.mode_name(args) == "fleet" and cli.MODES["fleet"].flags == ("--fleet",)
+    assert (args.clients, args.candidates, args.rate, args.duration) == ((1, 2, 4, 8), (8,), 2.0, 5.0)
+
+
+def test_a_short_fleet_run_writes_the_documented_json_markdown_and_plot(tmp_path):
+    out = tmp_path / "fleet.json"
+    parser = argparse.ArgumentParser()
+    cli.add_arguments(parser)
+    args = parser.parse_args(["--fleet", "--clients", "1,2", "--candidates", "1", "--duration", "1.5",
+                              "--json", str(out), "--quiet"])
+    assert cli.run(args) == 0
+    document = json.loads(out.read_text())
+    assert set(document["fleet"]) == {"1", "2"} and document["commit"] and document["date"]
+    for k, modes in document["fleet"].items():
+        for mode in ("cobatched", "serial"):
+            figures = modes[mode]
+            assert {"requests_per_s", "p50_ms", "p95_ms", "forwards_per_request"} <= set(figures), (k, mode)
+            assert figures["requests"] >= 1 and figures["errors"] == 0 and figures["requests_per_s"] > 0
+        assert modes["serial"]["forwards_per_request"] == pytest.approx(10.0)  # one group per forward, 10 steps
+    assert document["fleet"]["2"]["cobatched"]["max_concurrent"] == 2
+    assert document["fleet"]["2"]["serial"]["max_concurrent"] == 1
+    assert "| 2 |" in out.with_suffix(".md").read_text() and out.with_suffix(".png").stat().st_size > 0

@@ -383,6 +383,17 @@ class RosClient:
         return self.wait(find, timeout, f"diagnostics status {name!r}")
 
 
+def wait_until_stale(client: RosClient, max_age_s: float, timeout: float = 60.0) -> None:
+    """Wait until the node's ``/diagnostics`` report its observation older than ``max_age_s`` (an age only grows,
+    so a goal sent afterwards finds it stale): a condition, not a sleep."""
+
+    def stale(values: dict[str, str]) -> bool:
+        age = values.get("observation_age_s", "never")
+        return age != "never" and float(age) > max_age_s
+
+    client.latest_status("observations", timeout=timeout, predicate=stale)
+
+
 def metrics_dict(result: Any) -> dict[str, str]:
     """A result's ``metrics`` KeyValues as a dict."""
     return {kv.key: kv.value for kv in result.metrics}

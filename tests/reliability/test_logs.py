@@ -7,14 +7,13 @@ bare ``except Exception: pass`` hid it: after one success, the aborts' warnings 
 
 from __future__ import annotations
 
-import time
 
 import pytest
 
 pytest.importorskip("rclpy")
 pytest.importorskip("trajectory_ensemble_msgs")
 
-from _node_harness import Stamps, serve_node  # noqa: E402
+from _node_harness import Stamps, serve_node, wait_until_stale  # noqa: E402
 from _reliability_harness import publish_until_received, wait_for_log  # noqa: E402
 from action_msgs.msg import GoalStatus  # noqa: E402
 
@@ -40,7 +39,7 @@ def test_every_goal_end_line_reaches_the_log(served):
     assert ok.status == GoalStatus.STATUS_SUCCEEDED, ok.result.error_message
     ends.append((ok.goal_id, f"goal {ok.goal_id}: "))
 
-    time.sleep(MAX_AGE_S + 0.5)
+    wait_until_stale(client, MAX_AGE_S)
     stale = client.run_goal()
     assert stale.result.error_code == ErrorCode.STALE_OBSERVATION
     ends.append((stale.goal_id, f"goal {stale.goal_id} aborted (STALE_OBSERVATION)"))

@@ -37,9 +37,12 @@ _COMMANDS: dict[str, tuple[str, str]] = {
     "diagnostics": ("trajectory_ensemble_node.tools.diagnostics_echo", "print a running node's /diagnostics statuses"),
     "params": ("trajectory_ensemble_node.tools.param_cli",
                "list, get or set a running node's parameters (its parameter services)"),
+    "lifecycle": ("trajectory_ensemble_node.tools.lifecycle_cli",
+                  "get or change a managed node's lifecycle state (configure, activate, deactivate, cleanup, ...)"),
     "docs": ("trajectory_ensemble_node.tools.docs", "write docs/parameters.md, docs/errors.md and the README's error table from the code"),
     "calibrate": ("trajectory_ensemble_node.tools.calibrate",
-                  "conformal threshold of the uncertainty score on the toy task, tested on shifted scenes"),
+                  "conformal threshold of the uncertainty score: on the toy task (tested on shifted scenes) or "
+                  "from recorded successful episodes (--bag)"),
 }
 
 

@@ -241,3 +241,53 @@ def test_bag_and_plot_modules_import_without_rclpy() -> None:
         "assert 'rclpy' not in sys.modules\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=300)
+
+
+def test_make_demo_bag_with_reference(tmp_path: Path) -> None:
+    """Demonstrations: the robot moves along the expert's path in the frames, and the commanded path is a
+    JointTrajectory per scene whose point k stands where the node's row k from the scene's first frame does."""
+    from trajectory_ensemble_node.toy import HELDOUT_SEED_BASE, make_scene, render
+    from trajectory_ensemble_node.toy.task import FPS, HORIZON, expert_path, expert_sides
+
+    info = bags.make_demo_bag(tmp_path / "demo", scene_offsets=(3, 4), reference=True)
+    assert {t.name: t.count for t in info.topics}[bags.DEMO_REFERENCE_TOPIC] == 2
+    assert info.custom_data[bags.REFERENCE_TOPIC_KEY] == bags.DEMO_REFERENCE_TOPIC
+    sides = {int(k): v for k, v in json.loads(info.custom_data[bags.SIDES_KEY]).items()}
+    paths = bags.read_messages(info.path, bags.DEMO_REFERENCE_TOPIC)
+    images = bags.read_messages(info.path, bags.DEMO_IMAGE_TOPIC)
+    states = bags.read_messages(info.path, bags.DEMO_STATE_TOPIC)
+    for i, (log_ns, msg) in enumerate(paths):
+        scene = make_scene(HELDOUT_SEED_BASE + 3 + i)
+        assert sides[scene.seed] in expert_sides(scene)
+        assert bags.stamp_ns(msg) == log_ns == bags.stamp_ns(images[2 * i][1])
+        assert list(msg.joint_names) == list(bags.DEMO_JOINT_NAMES) and len(msg.points) == HORIZON
+        times = [p.time_from_start.sec * 10**9 + p.time_from_start.nanosec for p in msg.points]
+        assert times == [round((k + 1) / FPS * 1e9) for k in range(HORIZON)]
+        path = np.array([p.positions for p in msg.points])
+        np.testing.assert_allclose(path, expert_path(scene, sides[scene.seed]))
+        # Frame 0 shows the scene as it starts; frame 1 (0.5 s = 4 steps in) the robot on the path.
+        np.testing.assert_array_equal(bags.image_rgb(images[2 * i][1]), render(scene))
+        np.testing.assert_allclose(states[2 * i + 1][1].position, path[3])
+        np.testing.assert_array_equal(bags.image_rgb(images[2 * i + 1][1]), render(scene.with_robot(path[3])))
+    # Only the first frame of a scene shows it as the plots redraw it.
+    assert sorted(bags.toy_scene_seeds(info)) == [bags.stamp_ns(images[0][1]), bags.stamp_ns(images[2][1])]
+    # Both modes appear among the bundled demonstrations.
+    bundled = json.loads(bags.bag_info(bags.DEMONSTRATION_BAG).custom_data[bags.SIDES_KEY])
+    assert set(bundled.values()) == {1, -1}
+
+
+def test_bundled_demonstration_bag_is_small_and_reproducible(tmp_path: Path) -> None:
+    """The committed demonstration bag is what `bags make-demo-bag DIR --reference` writes today."""
+    from trajectory_ensemble_node.cli import main
+
+    assert bags.DEMONSTRATION_BAG.is_dir(), "run: trajectory-ensemble bags make-demo-bag " + str(
+        bags.DEMONSTRATION_BAG.relative_to(ROOT)) + " --reference"
+    assert sum(f.stat().st_size for f in bags.DEMONSTRATION_BAG.iterdir()) < BUNDLED_BAG_MAX_BYTES
+    assert main(["bags", "make-demo-bag", str(tmp_path / "fresh"), "--reference"]) == 0
+    fresh, bundled = bags.bag_info(tmp_path / "fresh"), bags.bag_info(bags.DEMONSTRATION_BAG)
+    assert bundled.topics == fresh.topics and bundled.custom_data == fresh.custom_data
+    topics = [t.name for t in bundled.topics]
+    assert list(bags.iter_raw(bundled.path, topics)) == list(bags.iter_raw(fresh.path, topics))
+    assert main(["bags", "make-demo-bag", str(tmp_path / "other"), "--reference", "--scenes", "2",
+                 "--scene-seed", "40"]) == 0
+    assert sorted(bags.toy_scene_seeds(bags.bag_info(tmp_path / "other")).values()) == [1_000_040, 1_000_041]

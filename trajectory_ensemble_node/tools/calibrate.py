@@ -15,6 +15,9 @@ engine computes ``uncertainty_score`` from the candidates in normalized space, s
 
 Output: ``{"uncertainty": {"threshold", "alpha", "false_alarm_rate", "detection_rate", "auroc", ...}, "settings",
 "scores", "definitions"}`` as JSON, plus a markdown summary beside it.
+
+With ``--bag BAG`` the episodes come from a team's recorded successful episodes instead of toy scenes, scored by the
+node itself (:mod:`.bag_calibration`).
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from trajectory_ensemble_node.contract import CandidateTrajectorySpec
 from trajectory_ensemble_node.provenance import git_commit, utc_now
 from trajectory_ensemble_node.stats import auroc, conformal_threshold, wilson
 from trajectory_ensemble_node.toy import load_toy_pipeline, request_kwargs, task
+from trajectory_ensemble_node.tools import bag_calibration
 from trajectory_ensemble_node.toy.shifted import FAMILIES, SHIFTED_SEED_BASE, collides_shifted, render_shifted, shifted_scenes
 
 CALIBRATION_SEED_BASE = task.HELDOUT_SEED_BASE + 100_000
@@ -54,6 +58,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--pipeline", type=Path, default=None, help="pipeline dir (default: the shipped toy)")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     parser.add_argument("--scene-batch", type=int, default=4, help="scenes submitted together (throughput only)")
+    bag_calibration.add_bag_arguments(parser)
 
 
 def _score(model: Any, images: Sequence[np.ndarray], spec: CandidateTrajectorySpec, base_seed: int,
@@ -82,6 +87,8 @@ def _rate(flags: Sequence[bool]) -> dict[str, Any]:
 
 def run(args: argparse.Namespace) -> int:
     """Calibrate, evaluate, print and write the JSON and markdown; returns 0."""
+    if getattr(args, "bag", None):  # episodes from a team's bags instead of toy scenes
+        return bag_calibration.run(args, toy_json=DEFAULT_JSON)
     if args.scenes < 1 or args.heldout < 1 or args.shifted < 1:
         raise SystemExit(f"--scenes, --heldout and --shifted must be >= 1, got {args.scenes}, {args.heldout}, "
                          f"{args.shifted}")

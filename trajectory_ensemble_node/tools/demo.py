@@ -6,6 +6,11 @@ into it with a goal per scene (N=8, ``return_candidates``), prints a line per go
 plots and a summary under ``out/demo/``, and stops the node with SIGINT. For the toy policy ``toy_scenes.png``
 shows each scene with the 8 candidates and what ``mean``, ``medoid`` and ``mode`` make of them.
 
+For the toy policy, before stopping that node, the open-loop figures (:func:`open_loop`): the bundled demonstration
+bag replayed three times with ``--reference-topic /reference/actions``, as ``mode`` at N=8, ``mean`` at N=8 and a
+single candidate, each chunk compared with the expert's demonstrated path (docs/replay-tests.md); one line of
+figures per run, ``out/demo/open_loop/<run>/`` with the plots, ``out/demo/open_loop.json`` with date and commit.
+
 Then, for the toy policy, the closed loop (:mod:`.sim`): a second node on sim time (``use_sim_time``, real-time
 factor 0.1), every chunk taking over exactly 2 control steps after its goal (``--closed-loop-delay``: the sim holds
 an early chunk and stops its clock for a late one, so the run repeats exactly), three held-out scenes executed with
@@ -30,6 +35,13 @@ from .playback import ReplayOptions
 from .replay import EXIT_BAD_INPUT, EXIT_UNREACHABLE, NodeUnreachableError, finish, replay
 
 DEMO_CANDIDATES = 8
+OPEN_LOOP_RUNS: dict[str, dict[str, Any]] = {
+    "mode@8": {"candidates": 8, "reducer": "mode", "return_candidates": True},
+    "mean@8": {"candidates": 8, "reducer": "mean", "return_candidates": True},
+    "single": {"candidates": 1, "reducer": "mode", "return_candidates": False},
+}
+"""The open-loop runs on the demonstration bag: the node's reducers at N=8 against one candidate (N=1 is the plain
+path: no reduction)."""
 DEMO_SEED = 0
 """Goal ``i`` uses base seed ``DEMO_SEED + i``: the demo draws the same candidates every run."""
 EXIT_NODE_FAILED = 4
@@ -102,6 +114,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--storage", choices=sorted(bags.STORAGES), default="mcap", help="output bag storage (mcap)")
     parser.add_argument("--ready-timeout", type=float, default=600.0, metavar="S",
                         help="seconds to wait for the node to load its model (600)")
+    parser.add_argument("--open-loop-bag", type=Path, default=bags.DEMONSTRATION_BAG, metavar="BAG",
+                        help="toy policy: demonstration bag for the open-loop figures (default: the bundled one; "
+                             "'' = skip)")
     parser.add_argument("--closed-loop-episodes", type=int, default=CLOSED_LOOP_EPISODES, metavar="K",
                         help=f"toy policy: closed-loop episodes with and without continuity ({CLOSED_LOOP_EPISODES}; "
                              "0 = skip)")
@@ -138,6 +153,8 @@ def run(args: argparse.Namespace) -> int:
         report = replay(opts)
         report.model_title = f"model {model} ({model_notice(model)})"
         status = finish(report, opts)
+        if status == 0 and model == "toy" and str(args.open_loop_bag) not in ("", "."):
+            status = open_loop(args, report.model_title)
     except NodeStartError as error:
         print(f"error: {error}", file=sys.stderr)
         return EXIT_NODE_FAILED
@@ -157,6 +174,45 @@ def run(args: argparse.Namespace) -> int:
         status = closed_loop(args)
         print(f"demo: done in {time.monotonic() - started:.1f} s")
     return status
+
+
+def open_loop(args: argparse.Namespace, model_title: str) -> int:
+    """The open-loop part: :data:`OPEN_LOOP_RUNS` on the demonstration bag, into the node already running.
+
+    Returns:
+        `int`: 0, or the first run's non-zero ``replay`` exit status.
+    """
+    from ..provenance import git_commit, utc_now
+
+    commit, folder = git_commit(), args.out / "open_loop"
+    print(f"demo: open loop on {args.open_loop_bag.name}: each served chunk against the expert's demonstrated path "
+          f"on {bags.DEMO_REFERENCE_TOPIC} (scene units, RMSE over the 8 rows of every goal)")
+    runs: dict[str, Any] = {}
+    for name, run in OPEN_LOOP_RUNS.items():
+        opts = ReplayOptions(bag=args.open_loop_bag, rate=args.rate, out=folder / name.replace("@", "_"),
+                             overwrite=True, storage=args.storage, seed=DEMO_SEED, wait_s=30.0,
+                             reference_topic=bags.DEMO_REFERENCE_TOPIC, **run)
+        report = replay(opts, log=lambda line: None)
+        report.model_title = f"{name}, {model_title}"
+        lines: list[str] = []
+        status = finish(report, opts, log=lines.append)
+        if status != 0 or report.reference is None:
+            print("\n".join(lines), file=sys.stderr)
+            return status or EXIT_BAD_INPUT
+        section = runs[name] = report.reference
+        best = (f"  best of {run['candidates']} {section['best_candidate_rmse']:.3f}  served rank "
+                f"{section['served_rank_mean']:.1f}" if "best_candidate_rmse" in section else "")
+        per_channel = ", ".join(f"{c} {v:.3f}" for c, v in section["rmse_per_channel"].items())
+        print(f"demo: {name:>7}  rmse {section['rmse']:.3f} ({per_channel}){best}  by step "
+              f"{' '.join(f'{v:.3f}' for v in section['error_by_step'])}")
+    document = {"settings": {"date": utc_now(), "commit": commit, "bag": str(args.open_loop_bag),
+                             "reference_topic": bags.DEMO_REFERENCE_TOPIC, "seed": DEMO_SEED, "model": model_title,
+                             "runs": OPEN_LOOP_RUNS},
+                "runs": runs}
+    (args.out / "open_loop.json").write_text(json.dumps(document, indent=1))
+    print(f"demo: wrote {args.out / 'open_loop.json'}; reference.png and error_by_step.png of each run under "
+          f"{folder}/")
+    return 0
 
 
 def closed_loop(args: argparse.Namespace) -> int:

@@ -46,6 +46,45 @@ def pick_domain_id(environ: Mapping[str, str] | None = None) -> int:
     return 1 + os.getpid() % 101
 
 
+RTPS_PORT_BASE = 7400
+RTPS_DOMAIN_GAIN = 250
+"""The RTPS well-known ports: a participant of domain ``D`` binds UDP ports in ``[7400 + 250 D, 7400 + 250 (D + 1))``
+(discovery and user traffic, unicast and multicast), whatever the vendor."""
+
+
+def _bound_udp_ports() -> set[int]:
+    ports: set[int] = set()
+    for table in ("/proc/net/udp", "/proc/net/udp6"):
+        try:
+            lines = Path(table).read_text(encoding="ascii").splitlines()[1:]
+        except OSError:
+            continue
+        ports.update(int(line.split()[1].rsplit(":", 1)[1], 16) for line in lines if line.strip())
+    return ports
+
+
+def unused_domain_id(exclude: set[int] | None = None) -> int:
+    """A ``ROS_DOMAIN_ID`` in 1..101 that no DDS participant on this host uses now, for a node a test owns alone.
+
+    A domain is in use when some socket is bound to one of its RTPS ports (read from ``/proc/net/udp``), so two
+    processes that each derive a domain from their pid cannot end up serving each other's goals, as happens with
+    :func:`pick_domain_id` on a busy shared machine. The search starts at a pid-derived id; where ``/proc`` cannot be
+    read it returns that id. A participant that starts between this call and the node's start can still collide.
+
+    Args:
+        exclude (`set[int]`, *optional*): Ids never to return (e.g. the caller's own domain).
+    """
+    exclude = set(exclude or ())
+    bound = _bound_udp_ports()
+    first = os.getpid() % 101
+    for step in range(101):
+        domain = 1 + (first + step) % 101
+        low = RTPS_PORT_BASE + RTPS_DOMAIN_GAIN * domain
+        if domain not in exclude and not any(low <= port < low + RTPS_DOMAIN_GAIN for port in bound):
+            return domain
+    return 1 + first
+
+
 def ros_env(domain_id: int, extra: Mapping[str, str] | None = None) -> dict[str, str]:
     """This process's environment pinned to ``domain_id``, discovery on this host, line-buffered logs."""
     env = dict(os.environ)

@@ -15,7 +15,17 @@ import numpy as np
 
 from ..errors import ErrorCode
 from . import bags
-from .plots import GoalPlot, candidate_spread, plot_channels, plot_toy_scenes
+from .open_loop import GoalComparison, compare_goal, match_channels, summarize
+from .plots import (
+    GoalPlot,
+    ReferenceGoalPlot,
+    candidate_spread,
+    plot_channels,
+    plot_error_by_step,
+    plot_reference,
+    plot_toy_scenes,
+)
+from .reference import ReferenceSeries
 
 DEFAULT_WAIT_S = 300.0
 """How long replay waits for the node's action server by default. The server appears only once the model is loaded:
@@ -47,6 +57,11 @@ class ReplayOptions:
         wait_s (`float`): Seconds to wait for the node's action server (:data:`DEFAULT_WAIT_S`).
         goal_timeout_s (`float`): Seconds to wait for one goal.
         plot (`bool`): Write the PNG plots.
+        reference_topic (`str`, *optional*): Bag topic of the recorded actions to compare the served chunks with
+            (:mod:`.open_loop`); also recorded into the output bag.
+        reference_channels (`tuple[str, ...]`, *optional*): Per served channel, the recorded channel it is
+            compared with (a joint name, an index or ``-``).
+        max_rmse (`float`, *optional*), max_rmse_channel (`dict[str, float]`): The gate's limits on the run's RMSE.
     """
 
     bag: Path
@@ -68,9 +83,18 @@ class ReplayOptions:
     wait_s: float = DEFAULT_WAIT_S
     goal_timeout_s: float = 300.0
     plot: bool = True
+    reference_topic: str | None = None
+    reference_channels: tuple[str, ...] | None = None
+    max_rmse: float | None = None
+    max_rmse_channel: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.bag, self.out = Path(self.bag), Path(self.out)
+        if self.reference_topic is None and (self.reference_channels or self.max_rmse is not None
+                                             or self.max_rmse_channel):
+            raise ValueError("--reference-channels, --max-rmse and --max-rmse-channel need --reference-topic")
+        if self.max_rmse is not None and not self.max_rmse >= 0:
+            raise ValueError(f"--max-rmse must be a number >= 0, got {self.max_rmse!r}")
         if self.rate <= 0 or self.goal_every_s <= 0 or self.goal_offset_s < 0 or self.candidates < 0:
             raise ValueError("--rate and --goal-every must be > 0, --goal-offset and --candidates >= 0")
         if not self.node_namespace.startswith("/"):
@@ -195,6 +219,9 @@ class GoalOutcome:
         dt (`float`), reducer (`str`), normalized (`bool`), base_seed (`int`), domain_name (`str`): From the result.
         image (`np.ndarray`, *optional*): The observation image (plots only, not serialized).
         scene_seed (`int`, *optional*): The toy scene of that image (demo bag only).
+        uncertainty_score (`float`, *optional*), uncertainty_threshold (`float`, *optional*): The result's
+            ``uncertainty.score`` and ``.threshold`` at full float32 precision (the metrics round to 3 decimals);
+            for ``calibrate --bag``, not serialized.
     """
 
     index: int
@@ -215,6 +242,8 @@ class GoalOutcome:
     domain_name: str = ""
     image: np.ndarray | None = None
     scene_seed: int | None = None
+    uncertainty_score: float | None = None
+    uncertainty_threshold: float | None = None
 
     @classmethod
     def from_result(cls, index: int, bag_time_s: float, expected_stamp_ns: int | None, status: str, result: Any,
@@ -235,6 +264,8 @@ class GoalOutcome:
             outcome.normalized, outcome.domain_name = bool(traj.normalized), str(traj.domain_name)
             if int(result.candidates.horizon) > 0 and len(result.candidates.data):
                 outcome.candidates = bags.candidates_array(result.candidates)
+            outcome.uncertainty_score = float(result.uncertainty.score)
+            outcome.uncertainty_threshold = float(result.uncertainty.threshold)
         return outcome
 
     @property
@@ -304,6 +335,10 @@ class ReplayReport:
         received_stamps (`dict[str, list[int]]`): Header stamps of the node's outputs, per topic.
         trajectory_topic (`str`): The node's ``~/trajectory``.
         model_title (`str`): Shown in plot titles.
+        reference_series (`ReferenceSeries`, *optional*): The recorded actions (``--reference-topic``).
+        served_names (`tuple[str, ...]`, *optional*): The node's ``joint_names``, when it has them.
+        reference (`dict`, *optional*): The ``reference`` section of ``summary.json``, once evaluated.
+        comparisons (`list[GoalComparison]`): Each compared goal, once evaluated.
     """
 
     out_dir: Path
@@ -314,6 +349,10 @@ class ReplayReport:
     received_stamps: dict[str, list[int]] = field(default_factory=dict)
     trajectory_topic: str = ""
     model_title: str = ""
+    reference_series: ReferenceSeries | None = None
+    served_names: tuple[str, ...] | None = None
+    reference: dict[str, Any] | None = None
+    comparisons: list[GoalComparison] = field(default_factory=list)
 
     def problems(self) -> list[str]:
         """What went wrong, one line each (empty: every goal succeeded, stamped right, and was recorded)."""
@@ -345,11 +384,61 @@ class ReplayReport:
                                          title=f"toy obstacle task: candidates and reducers{suffix}"))
         return paths
 
+    def evaluate_reference(self, selectors: tuple[str, ...] | None = None) -> dict[str, Any]:
+        """Compare the succeeded goals' chunks with :attr:`reference_series`; sets and returns :attr:`reference`.
+
+        Raises:
+            ReferenceError: The channels do not match (width, names) or no row overlaps the recording in time.
+        """
+        assert self.reference_series is not None
+        series = self.reference_series
+        done = [g for g in self.goals if g.status == "SUCCEEDED" and g.trajectory is not None
+                and g.stamp_ns is not None]
+        if not done:
+            self.reference = {"topic": series.topic, "msgtype": series.msgtype, "goals_compared": 0,
+                              "rows_compared": 0, "goals": [], "error": "no goal succeeded: nothing to compare"}
+            return self.reference
+        channels = match_channels(series, done[0].trajectory.shape[1], self.served_names, selectors)
+        self.comparisons = [compare_goal(g.index, g.stamp_ns, g.dt, g.trajectory, g.candidates, series, channels)
+                            for g in done]
+        self.reference = summarize(self.comparisons, series, channels,
+                                   served_normalized=any(g.normalized for g in done))
+        return self.reference
+
+    def write_reference_plots(self) -> list[Path]:
+        """Write ``reference.png`` and ``error_by_step.png`` (after :meth:`evaluate_reference`)."""
+        section, series = self.reference, self.reference_series
+        if not self.comparisons or section is None or series is None or "channels" not in section:
+            return []
+        refs = [entry["reference"] for entry in section["channel_map"]]
+        indices = [series.names.index(r) if series.names is not None else int(r) for r in refs]
+        origin = min([series.channels[i].first_ns for i in indices] + [c.stamp_ns for c in self.comparisons])
+        recorded = [((series.channels[i].times_ns - origin) / 1e9, series.channels[i].values) for i in indices]
+        goals = [ReferenceGoalPlot(f"goal {c.index}", (c.stamp_ns - origin) / 1e9, (c.times_ns - origin) / 1e9,
+                                   c.served, c.compared, c.candidates) for c in self.comparisons]
+        suffix = f" - {self.model_title}" if self.model_title else ""
+        stamp = f"{origin // 1_000_000_000}.{origin % 1_000_000_000:09d}"
+        paths = [plot_reference(recorded, goals, section["channels"], self.out_dir / "reference.png",
+                                title=f"served chunks against {series.topic} ({section['rmse']:.4f} RMSE over "
+                                      f"{section['rows_compared']} rows){suffix}",
+                                axis_label=f"seconds since {stamp} s; row k of a chunk at its observation stamp "
+                                           "(dotted) + (k+1) dt")]
+        dt = float(section["dt"] or 0.0)
+        steps = [(k + 1) * dt for k in range(len(section["error_by_step"]))]
+        paths.append(plot_error_by_step(steps, section["error_by_step"], section["error_by_step_per_channel"],
+                                        self.out_dir / "error_by_step.png",
+                                        best=section.get("best_candidate_error_by_step"),
+                                        title=f"error by horizon step against {series.topic}{suffix}"))
+        return paths
+
     def write_summary(self) -> Path:
-        """Write ``summary.json``: per goal, the bag's topic counts, and the problems."""
+        """Write ``summary.json``: per goal, the bag's topic counts, and the problems (and ``reference``)."""
         path = self.out_dir / "summary.json"
-        path.write_text(json.dumps({
+        document: dict[str, Any] = {
             "bag": str(self.bag_path), "recorded": self.recorded, "problems": self.problems(),
             "goals": [g.to_json() for g in self.goals],
-        }, indent=1), encoding="utf-8")
+        }
+        if self.reference is not None:
+            document["reference"] = self.reference
+        path.write_text(json.dumps(document, indent=1), encoding="utf-8")
         return path

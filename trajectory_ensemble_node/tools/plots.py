@@ -1,12 +1,16 @@
-"""Plots of replayed goals (matplotlib only; no rclpy): candidates against the reduced trajectory.
+"""Plots of replayed goals (matplotlib only; no rclpy): candidates against the reduced trajectory, and against the
+recorded actions.
 
-Two figures:
+Four figures:
 
 - :func:`plot_channels`: any model. One row per action channel against bag time; each goal's chunk starts at its
   observation stamp, its candidates drawn thin and the reduced trajectory bold, in the goal's colour.
 - :func:`plot_toy_scenes`: the toy obstacle task. One panel per goal: the observed scene, the candidates as
   paths from the robot, and the trajectory each reducer makes of the same candidates (reduced offline with
   :func:`~trajectory_ensemble_node.reducers.get_reducer`), with collisions marked.
+- :func:`plot_reference` (``reference.png``): per channel, the recorded actions as a line and every served chunk at
+  its own times, candidates thin, inference points marked.
+- :func:`plot_error_by_step` (``error_by_step.png``): the RMSE against the recording at each horizon step.
 """
 
 from __future__ import annotations
@@ -201,6 +205,130 @@ def plot_toy_scenes(goals: Sequence[GoalPlot], path: str | Path, reducers: Seque
     fig.suptitle((title or "toy obstacle task: candidates and reducers")
                  + f"\nblue robot, green target, red obstacle; paths start at the robot. collisions: {counts}",
                  fontsize=11)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+@dataclass
+class ReferenceGoalPlot:
+    """One served chunk at its own times, for :func:`plot_reference`.
+
+    Args:
+        label (`str`): Short name, e.g. ``"goal 2"``.
+        stamp_s (`float`): Observation stamp (the inference point), seconds on the figure's time axis.
+        times_s (`np.ndarray` of shape `[H]`): Where each row stands, same axis.
+        served (`np.ndarray` of shape `[H, C]`): The served rows of the compared channels.
+        compared (`np.ndarray` of shape `[H]`, bool): Rows inside the recording (the others are drawn hollow).
+        candidates (`np.ndarray` of shape `[N, H, C]`, *optional*): The candidates, when returned.
+    """
+
+    label: str
+    stamp_s: float
+    times_s: np.ndarray
+    served: np.ndarray
+    compared: np.ndarray
+    candidates: np.ndarray | None = None
+
+
+def plot_reference(recorded: Sequence[tuple[np.ndarray, np.ndarray]], goals: Sequence[ReferenceGoalPlot],
+                   names: Sequence[str], path: str | Path, title: str = "", axis_label: str = "") -> Path:
+    """Write ``reference.png``: per channel the recorded actions as a line, each served chunk at its own times.
+
+    Chunks overlap where goals come faster than a chunk lasts; the candidates are thin lines in the goal's colour
+    and each inference point (the observation stamp) is a dotted line with a marker on the recording.
+
+    Args:
+        recorded (`Sequence[tuple[np.ndarray, np.ndarray]]`): Per compared channel, ``(times_s, values)``.
+        goals (`Sequence[ReferenceGoalPlot]`): The compared goals, in order.
+        names (`Sequence[str]`): Channel names, one per entry of ``recorded``.
+        path (`str` or `Path`): PNG to write.
+        title (`str`): Figure title.
+        axis_label (`str`): What the time axis counts from.
+
+    Returns:
+        `Path`: ``path``.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    rows = min(len(names), MAX_CHANNEL_ROWS)
+    colors = plt.get_cmap("tab10")
+    fig, axes = plt.subplots(rows, 1, figsize=(11, 1.9 * rows + 1.5), sharex=True, squeeze=False)
+    for c in range(rows):
+        ax = axes[c, 0]
+        times, values = recorded[c]
+        ax.plot(times, values, color="0.15", linewidth=1.4, zorder=3)
+        for g, goal in enumerate(goals):
+            color = colors(g % 10)
+            if goal.candidates is not None:
+                for candidate in goal.candidates:
+                    ax.plot(goal.times_s, candidate[:, c], color=color, alpha=0.3, linewidth=0.7)
+            ax.plot(goal.times_s, goal.served[:, c], color=color, linewidth=2.0, zorder=4)
+            ax.scatter(goal.times_s[goal.compared], goal.served[goal.compared, c], color=color, s=9, zorder=5)
+            ax.scatter(goal.times_s[~goal.compared], goal.served[~goal.compared, c], facecolors="none",
+                       edgecolors=color, s=12, zorder=5)
+            ax.axvline(goal.stamp_s, color=color, linestyle=":", linewidth=0.9)
+            # At the foot of the axes: the recording at the stamp may belong to the episode before.
+            ax.plot([goal.stamp_s], [0.0], marker="^", color=color, markersize=7, zorder=6, clip_on=False,
+                    transform=ax.get_xaxis_transform())
+        ax.set_ylabel(names[c], fontsize=8)
+        ax.tick_params(labelsize=7)
+        ax.grid(alpha=0.25)
+    axes[-1, 0].set_xlabel(axis_label or "time (s): row k of a chunk at its observation stamp (dotted) + (k+1) dt")
+    handles = [plt.Line2D([], [], color="0.15", linewidth=1.4, label="recorded (interpolated between samples)"),
+               plt.Line2D([], [], color="0.4", linewidth=2.0, marker="o", markersize=3, label="served chunk"),
+               plt.Line2D([], [], color="0.4", alpha=0.4, linewidth=0.7, label="candidates"),
+               plt.Line2D([], [], color="0.4", linestyle=":", marker="^", label="inference point (observation)"),
+               plt.Line2D([], [], color="0.4", marker="o", markerfacecolor="none", linestyle="none",
+                          label="row outside the recording (not compared)")]
+    fig.legend(handles=handles, loc="upper center", ncol=5, fontsize=8, frameon=False,
+               bbox_to_anchor=(0.5, 1.0 - 0.35 / fig.get_figheight()))
+    more = f" (first {rows} of {len(names)} channels)" if rows < len(names) else ""
+    fig.suptitle((title or "served chunks against the recorded actions") + more, fontsize=11, y=0.995)
+    fig.tight_layout(rect=(0, 0, 1, 1.0 - 0.6 / fig.get_figheight()))
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_error_by_step(step_s: Sequence[float], overall: Sequence[float | None],
+                       per_channel: dict[str, list[float | None]], path: str | Path,
+                       best: Sequence[float | None] | None = None, title: str = "") -> Path:
+    """Write ``error_by_step.png``: the RMSE at each horizon step, over all channels (bold) and per channel.
+
+    Args:
+        step_s (`Sequence[float]`): Seconds ahead of the observation of each step, ``(k + 1) dt``.
+        overall (`Sequence[float | None]`): RMSE per step over every channel (``None``: no row compared there).
+        per_channel (`dict[str, list[float | None]]`): The same per channel.
+        path (`str` or `Path`): PNG to write.
+        best (`Sequence[float | None]`, *optional*): The best candidate's RMSE per step, when candidates came back.
+        title (`str`): Figure title.
+
+    Returns:
+        `Path`: ``path``.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+
+    def values(series: Sequence[float | None]) -> np.ndarray:
+        return np.array([np.nan if v is None else v for v in series], dtype=np.float64)
+
+    fig, ax = plt.subplots(figsize=(8, 4.2))
+    x = np.asarray(step_s, dtype=np.float64)
+    colors = plt.get_cmap("tab10")
+    for c, (name, series) in enumerate(list(per_channel.items())[:MAX_CHANNEL_ROWS]):
+        ax.plot(x, values(series), color=colors(c % 10), linewidth=1.0, alpha=0.8, marker=".", label=name)
+    ax.plot(x, values(overall), color="0.1", linewidth=2.4, marker="o", label="served, all channels")
+    if best is not None:
+        ax.plot(x, values(best), color="0.1", linewidth=1.6, linestyle="--", marker="s", markersize=4,
+                label="best candidate, all channels")
+    ax.set_xlabel("horizon step: seconds after the observation, (k + 1) dt")
+    ax.set_ylabel("RMSE against the recording")
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    ax.set_title(title or "how fast a chunk drifts from the recorded actions", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -16,8 +16,15 @@ replayed observations and the node's ``<ns>/trajectory`` (plus ``<ns>/candidates
 logged at bag time; ``trajectories.png`` (candidates against the reduced trajectory per channel);
 ``toy_scenes.png`` for the bundled toy bag; ``summary.json``.
 
-Exit status: 0 every goal succeeded with the expected stamp; 1 some goal failed; 2 bad bag or arguments;
-3 the node is not reachable.
+With ``--reference-topic TOPIC`` the bag's recorded actions on TOPIC (:mod:`.reference`) are also recorded into
+``bag/``, and every served chunk is compared with them at the times its rows stand for (:mod:`.open_loop`):
+``summary.json`` gains a ``reference`` section, and ``reference.png`` and ``error_by_step.png`` are drawn. The
+node's ``joint_names`` parameter, read once through its parameter services, names the served channels.
+``--max-rmse`` and ``--max-rmse-channel NAME=VALUE`` gate the run's RMSE.
+
+Exit status: 0 every goal succeeded with the expected stamp (and every limit held); 1 some goal failed, or a
+limit was exceeded (a ``gate:`` line names the channel, the goal and the value); 2 bad bag, arguments or reference
+(unknown topic, width mismatch, no overlap in time); 3 the node is not reachable.
 """
 
 from __future__ import annotations
@@ -31,6 +38,7 @@ from typing import Any
 
 from ..errors import ErrorCode
 from . import bags
+from .open_loop import GateLimitError, check_gate, check_limit_names, parse_channel_limit
 from .playback import (
     DEFAULT_WAIT_S,
     GoalOutcome,
@@ -40,6 +48,7 @@ from .playback import (
     goal_times,
     resolve_inputs,
 )
+from .reference import ReferenceError, ReferenceSeries, read_reference
 from .ros_client import DISCOVERY_SETTLE_S, ClientSession, NodeUnreachableError, domain_text, wait_with_progress
 
 EXIT_OK = 0
@@ -58,6 +67,9 @@ host. A drop is the transport's, not the policy's, so a replay does not count it
 OUTPUT_WAIT_S = 0.5
 """How long a succeeded goal keeps the bag clock paused for its ``~/trajectory`` (wall time), so the output is
 logged at the goal's bag time even when the message arrives after the result."""
+PARAMETER_WAIT_S = 5.0
+"""How long ``--reference-topic`` waits for the node's parameter services to read its ``joint_names`` (the node
+is up by then; a node without them is compared by index)."""
 
 
 class _RosSession(ClientSession):
@@ -74,7 +86,12 @@ class _RosSession(ClientSession):
         from trajectory_ensemble_msgs.action import GenerateTrajectory
         from trajectory_ensemble_msgs.msg import ActionTrajectory, CandidateArray
 
+        # Imported here, not in run_goal: it pulls in torch, seconds of import on a loaded CPU that would pass
+        # between the first frame and its goal, and the node would refuse that frame as too old.
+        from ..ros.conversions import ns_to_time
+
         super().__init__("trajectory_ensemble_replay")
+        self.ns_to_time = ns_to_time
         self.GenerateTrajectory = GenerateTrajectory
         classes = {bags.IMAGE_TYPE: Image, bags.STATE_TYPE: JointState, bags.STRING_TYPE: String}
         # Reliable publishers match both reliable and best-effort (sensor-data) subscriptions.
@@ -112,6 +129,18 @@ class _RosSession(ClientSession):
                 return
             self.spin_for(0.05)
 
+    def joint_names(self, node_name: str, log: Any = print) -> tuple[str, ...] | None:
+        """The node's ``joint_names`` parameter (``None`` when unset, ``['']``, or not readable)."""
+        from .param_cli import ParamClient, ParameterRefusedError, python_value
+
+        try:
+            value = python_value(ParamClient(self, node_name, PARAMETER_WAIT_S, log).get(["joint_names"])[0])
+        except (ParameterRefusedError, NodeUnreachableError) as error:
+            log(f"reference: served channels unnamed ({error}); matching by index or --reference-channels")
+            return None
+        names = tuple(str(n) for n in (value or []) if str(n))
+        return names or None
+
     def publish(self, bag_topic: str, data: bytes) -> None:
         """Publish one message of ``bag_topic`` as its CDR bytes."""
         self.publishers[bag_topic].publish(data)
@@ -125,15 +154,13 @@ class _RosSession(ClientSession):
         """
         from action_msgs.msg import GoalStatus
 
-        from ..ros.conversions import ns_to_time
-
         names = {v: k[len("STATUS_"):] for k, v in vars(GoalStatus).items() if k.startswith("STATUS_")}
         goal = self.GenerateTrajectory.Goal(instruction=opts.instruction, candidate_count=opts.candidates,
                                             reducer=opts.reducer, return_candidates=opts.return_candidates)
         if opts.seed is not None:
             goal.use_seed, goal.seed = True, int(opts.seed) + index
         if frame_stamp_ns is not None:
-            goal.min_observation_stamp = ns_to_time(frame_stamp_ns)
+            goal.min_observation_stamp = self.ns_to_time(frame_stamp_ns)
         started = time.perf_counter()
         sent = self.client.send_goal_async(goal)
         if not self.wait_future(sent, opts.goal_timeout_s):
@@ -164,6 +191,7 @@ def replay(opts: ReplayOptions, log: Any = print) -> ReplayReport:
     """
     info = bags.bag_info(opts.bag)
     inputs = resolve_inputs(info, opts)
+    series = _read_reference(opts)
     image_topic = next(t for t, (_, m) in inputs.items() if m == bags.IMAGE_TYPE)
     scene_seeds = bags.toy_scene_seeds(info)
     out_bag = opts.out / "bag"
@@ -176,10 +204,12 @@ def replay(opts: ReplayOptions, log: Any = print) -> ReplayReport:
     outputs = _Outputs(clock)
     session = _RosSession(opts, inputs, outputs.on_message)
     report = ReplayReport(out_dir=opts.out, bag_path=out_bag, start_ns=info.start_ns,
-                          trajectory_topic=session.output_topics[0])
+                          trajectory_topic=session.output_topics[0], reference_series=series)
     recorder: bags.BagRecorder | None = None
     try:
         session.wait_for_node(opts.wait_s, log)
+        if series is not None:
+            report.served_names = session.joint_names(opts.node_namespace, log)
         recorder = bags.BagRecorder(out_bag, opts.storage,
                                     custom_data={"trajectory_ensemble.replayed_bag": str(opts.bag)})
         schedule = goal_times(info, image_topic, opts)
@@ -213,11 +243,17 @@ def replay(opts: ReplayOptions, log: Any = print) -> ReplayReport:
             report.goals.append(outcome)
             log(outcome.summary_line(len(schedule)))
 
-        for topic, msgtype, t_ns, data in bags.iter_raw(opts.bag, list(inputs)):
+        # The reference topic is recorded (under its own name) for the analysis; published only if it is an input
+        # as well (a team comparing with its measured /joint_states).
+        played = list(inputs) + ([series.topic] if series is not None and series.topic not in inputs else [])
+        for topic, msgtype, t_ns, data in bags.iter_raw(opts.bag, played):
             while schedule[len(report.goals):] and schedule[len(report.goals)] < t_ns:
                 send_goal(schedule[len(report.goals)])
                 outputs.flush(recorder)
             session.spin_for(clock.delay_until(t_ns))
+            if topic not in inputs:
+                recorder.write(topic, msgtype, t_ns, data)
+                continue
             session.publish(topic, data)
             recorder.write(inputs[topic][0], msgtype, t_ns, data)
             if topic == image_topic:
@@ -238,6 +274,26 @@ def replay(opts: ReplayOptions, log: Any = print) -> ReplayReport:
         session.close()
     report.received_stamps = outputs.stamps()
     return report
+
+
+def _read_reference(opts: ReplayOptions) -> ReferenceSeries | None:
+    """The recorded actions of ``--reference-topic``, checked before any goal is sent (``None`` without the flag).
+
+    Raises:
+        ReferenceError: The topic is missing, of a type that cannot be compared, or holds nothing; a
+            ``--reference-channels`` name the recording lacks.
+        GateLimitError: A ``--max-rmse-channel`` name that is no recorded joint (when the recording names them).
+    """
+    if opts.reference_topic is None:
+        return None
+    series = read_reference(opts.bag, opts.reference_topic)
+    if series.names is not None:
+        for selector in opts.reference_channels or ():
+            if selector != "-" and not selector.isdigit() and selector not in series.names:
+                raise ReferenceError(f"--reference-channels {selector!r}: no such joint on {series.describe()}")
+        names = [s for s in (opts.reference_channels or series.names) if s in series.names]
+        check_limit_names(names or series.names, opts.max_rmse_channel)
+    return series
 
 
 def _plottable(msg: Any) -> Any:
@@ -315,6 +371,33 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "checkpoint takes minutes)")
     parser.add_argument("--goal-timeout", type=float, default=300.0, metavar="S", help="seconds per goal (300)")
     parser.add_argument("--no-plot", action="store_true", help="skip the PNG plots")
+    reference = parser.add_argument_group(
+        "recorded actions", "compare every served chunk with the actions the bag recorded (docs/replay-tests.md)")
+    reference.add_argument("--reference-topic", default=None, metavar="TOPIC",
+                           help="bag topic of the recorded actions: sensor_msgs/JointState, "
+                                "trajectory_msgs/JointTrajectory, std_msgs/Float32MultiArray or Float64MultiArray, "
+                                "or trajectory_ensemble_msgs/ActionTrajectory")
+    reference.add_argument("--reference-channels", default=None, metavar="A,B,...", type=_channel_list,
+                           help="per served action channel, the recorded channel to compare it with: a joint "
+                                "name or an index, '-' to leave it out (default: by joint name, else by index)")
+    reference.add_argument("--max-rmse", type=float, default=None, metavar="VALUE",
+                           help="exit 1 when the run's RMSE over every compared row and channel exceeds VALUE")
+    reference.add_argument("--max-rmse-channel", action="append", default=[], metavar="NAME=VALUE",
+                           type=_channel_limit, help="exit 1 when channel NAME's RMSE exceeds VALUE (repeatable)")
+
+
+def _channel_list(text: str) -> tuple[str, ...]:
+    items = tuple(item.strip() for item in text.split(","))
+    if not all(items):
+        raise argparse.ArgumentTypeError(f"expected comma-separated channel names or indices, got {text!r}")
+    return items
+
+
+def _channel_limit(text: str) -> tuple[str, float]:
+    try:
+        return parse_channel_limit(text)
+    except GateLimitError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def options_from_args(args: argparse.Namespace) -> ReplayOptions:
@@ -325,22 +408,66 @@ def options_from_args(args: argparse.Namespace) -> ReplayOptions:
         return_candidates=args.return_candidates, seed=args.seed, instruction=args.instruction,
         node_namespace=args.node_namespace, image_topic=args.image_topic, state_topic=args.state_topic,
         instruction_topic=args.instruction_topic, wait_s=args.wait, goal_timeout_s=args.goal_timeout,
-        plot=not args.no_plot,
+        plot=not args.no_plot, reference_topic=getattr(args, "reference_topic", None),
+        reference_channels=getattr(args, "reference_channels", None), max_rmse=getattr(args, "max_rmse", None),
+        max_rmse_channel=dict(getattr(args, "max_rmse_channel", None) or []),
     )
 
 
 def finish(report: ReplayReport, opts: ReplayOptions, log: Any = print) -> int:
     """Write plots and ``summary.json``, print the totals, return the exit status."""
+    reference_error, gate_failures = None, []
+    if report.reference_series is not None:
+        try:
+            section = report.evaluate_reference(opts.reference_channels)
+            if "channels" in section:
+                gate_failures, passes = check_gate(section, opts.max_rmse, opts.max_rmse_channel)
+                section["gate"] = {"max_rmse": opts.max_rmse, "max_rmse_channel": dict(opts.max_rmse_channel),
+                                   "failures": gate_failures, "passed": passes}
+        except (ReferenceError, GateLimitError) as error:
+            reference_error = str(error)
+            report.reference = {"topic": report.reference_series.topic, "error": reference_error}
     if opts.plot:
-        for path in report.write_plots():
+        for path in report.write_plots() + (report.write_reference_plots() if reference_error is None else []):
             log(f"plot: {path}")
     summary = report.write_summary()
     log(f"bag: {report.bag_path} ({opts.storage}; {', '.join(f'{t} {n}' for t, n in sorted(report.recorded.items()))})")
     log(f"summary: {summary}")
+    if report.reference is not None and reference_error is None and "channels" in report.reference:
+        for line in reference_lines(report.reference):
+            log(line)
     problems = report.problems()
     for problem in problems:
         log(f"error: {problem}")
-    return EXIT_OK if not problems else EXIT_GOALS_FAILED
+    if reference_error is not None:
+        log(f"error: reference: {reference_error}")
+        return EXIT_BAD_INPUT
+    for line in (report.reference or {}).get("gate", {}).get("passed", []):
+        log(line)
+    for line in gate_failures:
+        log(f"error: {line}")
+    return EXIT_OK if not problems and not gate_failures else EXIT_GOALS_FAILED
+
+
+def _figure(value: Any) -> str:
+    return "-" if value is None else f"{value:.4f}"
+
+
+def reference_lines(section: dict[str, Any]) -> list[str]:
+    """The open-loop figures of a ``reference`` section, a few lines for the terminal."""
+    channels = ", ".join(f"{name} {_figure(v)}" for name, v in section["rmse_per_channel"].items())
+    lines = [f"reference {section['topic']}: {section['goals_compared']} goals, {section['rows_compared']} rows "
+             f"compared ({section['rows_past_recording']} past the recording, {section['rows_before_recording']} "
+             f"before it), channels by {section['matched_by']}",
+             f"reference: rmse {_figure(section['rmse'])}; per channel {channels}",
+             f"reference: rmse by step k=0.. {' '.join(_figure(v) for v in section['error_by_step'])}"]
+    if "best_candidate_rmse" in section:
+        lines.append(f"reference: best candidate rmse {_figure(section['best_candidate_rmse'])}, served rank "
+                     f"{section['served_rank_mean']:.2f} on average (1 = no candidate closer than the served chunk)")
+    if section.get("served_normalized"):
+        lines.append("reference: note: the served chunks are in the model's normalized action space (the node has "
+                     "no action stats); the recording must be in those units for these figures to mean anything")
+    return lines
 
 
 def run(args: argparse.Namespace) -> int:

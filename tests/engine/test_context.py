@@ -24,12 +24,31 @@ def previous(horizon: int = 8, width: int = 2) -> torch.Tensor:
 
 def test_new_action_k_lines_up_with_old_action_k_plus_shift():
     old = previous()
-    # 3.4 steps later rounds to a shift of 3.
-    context = ExecutionContext(old, 10.0, DT, 2, 10.0 + 3.4 * DT)
-    assert context.shift == 3 and context.overlap == 5
+    context = ExecutionContext(old, 10.0, DT, 2, 10.0 + 3 * DT)
+    assert (context.shift, context.offset, context.overlap) == (3, 3.0, 5)
     target = context.target(8)
-    assert torch.equal(target[:5], old[3:8])
+    assert torch.equal(target[:5], old[3:8]), "on-grid stamps read the previous actions exactly"
     assert torch.equal(target[5:], torch.zeros(3, 2))
+
+
+def test_an_off_grid_stamp_reads_the_previous_chunk_interpolated_at_the_new_rows_times():
+    old = previous()
+    # 3.4 steps later: new row k is at the time of old position k + 3.4, between old rows k + 3 and k + 4.
+    context = ExecutionContext(old, 10.0, DT, 2, 10.0 + 3.4 * DT)
+    assert context.shift == 3 and context.offset == pytest.approx(3.4) and context.overlap == 4
+    target = context.target(8)
+    expected = old[3:7] + 0.4 * (old[4:8] - old[3:7])
+    assert torch.allclose(target[:4], expected, atol=1e-6)
+    assert torch.equal(target[4:], torch.zeros(4, 2)), "past the old chunk's last action there is nothing to continue"
+    # The seam after the frozen actions is taken against the interpolated action at that time too.
+    new = torch.zeros(8, 2)
+    assert context.seam_jump(new) == pytest.approx(float(torch.linalg.vector_norm(expected[2])), abs=1e-6)
+
+
+def test_float_noise_in_the_stamps_keeps_a_shift_on_the_grid():
+    old = previous()
+    context = ExecutionContext(old, 200.0, 0.1, 1, 200.2)  # (200.2 - 200.0) / 0.1 = 2.0000000000000284
+    assert context.offset == 2.0 and torch.equal(context.target(8)[:6], old[2:8])
 
 
 def test_weights_are_one_on_frozen_then_a_decaying_ramp_then_zero():
@@ -132,3 +151,42 @@ def test_latency_estimator_margin_covers_spread():
         jittery.observe(0.2 + (0.1 if i % 2 else -0.1))
     assert steady.frozen_steps(0.1) == 2
     assert jittery.frozen_steps(0.1) > steady.frozen_steps(0.1)
+
+
+def test_one_latency_from_a_jumped_clock_is_refused_and_does_not_move_the_frozen_count():
+    estimator = LatencyEstimator()
+    for value in (0.20, 0.22, 0.19, 0.21, 0.20):
+        assert estimator.observe(value)
+    before = estimator.estimate
+    # A goal that straddled a forward jump of the simulated clock "took" 6e4 s (issue 36 saw 6.0e7 ms).
+    assert not estimator.observe(6.0e4)
+    assert estimator.estimate == before and estimator.rejected == 1
+    assert estimator.frozen_steps(0.1) == 3
+    # A slow group well inside the gate is folded in: the margin is there for it.
+    assert estimator.observe(0.9) and estimator.estimate > before
+
+
+def test_agreeing_outliers_in_a_row_are_the_new_latency_not_poison():
+    estimator = LatencyEstimator(margin=0.0)
+    for _ in range(8):
+        estimator.observe(0.1)
+    # The load went up tenfold for good (N = 32 instead of 4): the first two are refused, the third adopts the level.
+    assert [estimator.observe(2.0) for _ in range(3)] == [False, False, True]
+    assert estimator.estimate == pytest.approx(2.0) and estimator.rejected == 0
+    # Outliers that disagree with each other are not a level: they stay refused.
+    noisy = LatencyEstimator()
+    for _ in range(8):
+        noisy.observe(0.1)
+    assert [noisy.observe(v) for v in (50.0, 3000.0, 9e5)] == [False, False, False]
+
+
+def test_a_reset_forgets_every_latency_and_the_known_part_counts_without_an_estimate():
+    estimator = LatencyEstimator(margin=0.0, initial=0.05)
+    estimator.observe(1.0)
+    estimator.reset()
+    assert estimator.estimate == 0.05 and estimator.count == 0
+    fresh = LatencyEstimator()
+    # A frame two dt old when the goal is decided: two actions have gone already, estimate or not.
+    assert fresh.frozen_steps(0.1, elapsed_s=0.2) == 2
+    fresh.observe(0.15)
+    assert fresh.frozen_steps(0.1, elapsed_s=0.2) == 4  # ceil(0.35 / 0.1)

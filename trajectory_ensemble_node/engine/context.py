@@ -3,8 +3,10 @@
 A robot executes chunks back to back and the next chunk is computed while the current one runs. With an inference
 delay of ``d`` control steps, the first ``d`` actions of the new chunk execute before it arrives, so they are
 *frozen*: they must equal the previous chunk's actions at the same times. Alignment is by time: a chunk starts at
-its observation's stamp, and action ``k`` of the new chunk lines up with action ``k + shift`` of the previous one,
-``shift = round((stamp - previous_stamp) / dt)``.
+its observation's stamp, and action ``k`` of the new chunk lines up with position ``k + shift`` of the previous one,
+``shift = (stamp - previous_stamp) / dt``. Stamps need not be multiples of ``dt`` (a 5 Hz camera under a 15 Hz
+chunk, a jittery driver): a fractional shift reads the previous chunk linearly interpolated between its two actions
+around that time, which is what a trajectory controller executing it holds the robot to there.
 
 Per-action weights over the new chunk (Real-Time Chunking, Black et al. 2025, "exp" schedule): 1 for the ``d``
 frozen actions, then an exponentially decaying ramp to 0 across the rest of the overlap, then 0 where the previous
@@ -32,12 +34,55 @@ guidance (the context only informs continuity-aware selection).
 
 DEFAULT_MAX_GUIDANCE_WEIGHT = 5.0
 """RTC's cap on the VJP guidance weight ``min(c / r^2, cap)`` (the reference implementation's value)."""
+ON_GRID_TOLERANCE = 1e-6
+"""A shift within this many ``dt`` of a whole number is that number: float seconds carry rounding noise
+(``(200.2 - 200.0) / 0.1`` is 2.0000000000000284), and on-grid stamps must read the previous actions exactly."""
 
 
 def _finite_number(name: str, value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise ExecutionContextError(f"{name} must be a finite number, got {value!r}")
     return float(value)
+
+
+def fractional_shift(previous_stamp: float, stamp: float, dt: float) -> float:
+    """``(stamp - previous_stamp) / dt``, snapped to the nearest whole number within :data:`ON_GRID_TOLERANCE`.
+
+    Args:
+        previous_stamp (`float`): Seconds; the previous chunk's observation stamp.
+        stamp (`float`): Seconds; the new observation's stamp.
+        dt (`float`): Seconds between actions, ``> 0``.
+    """
+    shift = (stamp - previous_stamp) / dt
+    nearest = round(shift)
+    return float(nearest) if abs(shift - nearest) <= ON_GRID_TOLERANCE else float(shift)
+
+
+def overlap_count(horizon_previous: int, shift: float) -> int:
+    """New actions ``k`` with a previous action at or after their time: ``k + shift <= horizon_previous - 1``.
+
+    Args:
+        horizon_previous (`int`): The previous chunk's length.
+        shift (`float`): :func:`fractional_shift`, ``>= 0``.
+    """
+    return max(int(math.floor(horizon_previous - shift)), 0)
+
+
+def resample(previous: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """``previous`` ``[H, D]`` at fractional row ``positions`` ``[K]``, linearly interpolated, ``[K, D]``.
+
+    Positions are clamped to ``[0, H - 1]`` (past the last action a controller holds it). Whole positions read the
+    rows exactly.
+    """
+    last = int(previous.shape[0]) - 1
+    positions = positions.to(torch.float64).clamp(0.0, float(last))
+    low = positions.floor().long()
+    high = torch.clamp(low + 1, max=last)
+    frac = (positions - low.to(torch.float64)).to(previous.dtype)[:, None]
+    out = previous[low] + frac * (previous[high] - previous[low])
+    whole = frac[:, 0] == 0
+    out[whole] = previous[low[whole]]  # exact, whatever the float noise of the line above
+    return out
 
 
 def overlap_weights(frozen: int, overlap: int, horizon: int) -> torch.Tensor:
@@ -72,7 +117,7 @@ class ExecutionContext:
         previous (`torch.Tensor` of shape `[H_prev, D]`): The executing chunk in the model's normalized action space
             (float, finite, on any device; stored as float32 CPU).
         previous_stamp (`float`): Seconds; the stamp of the observation the previous chunk was planned from (its
-            action 0 is the state one ``dt`` after it).
+            action 0 is the state one ``dt`` after it). ``stamp - previous_stamp`` need not be a multiple of ``dt``.
         dt (`float`): Seconds between actions, ``> 0``.
         frozen (`int`): ``d``, the new chunk's actions that execute before it can take over; ``0 <= d < H_prev``.
         stamp (`float`): Seconds; the new observation's stamp, ``>= previous_stamp``.
@@ -122,7 +167,7 @@ class ExecutionContext:
         if self.frozen > self.overlap:
             raise DelayTooLongError(
                 f"frozen count {self.frozen} runs past the previous chunk: only {self.overlap} of its actions are "
-                f"left at shift {self.shift}"
+                f"left at shift {self.offset:g}"
             )
         if self.guidance not in GUIDANCE_MODES:
             raise ExecutionContextError(f"guidance must be one of {GUIDANCE_MODES}, got {self.guidance!r}")
@@ -144,14 +189,19 @@ class ExecutionContext:
         return int(self.previous.shape[1])
 
     @property
+    def offset(self) -> float:
+        """New action ``k`` lines up with previous position ``k + offset`` (:func:`fractional_shift`)."""
+        return fractional_shift(self.previous_stamp, self.stamp, self.dt)
+
+    @property
     def shift(self) -> int:
-        """New action ``k`` lines up with previous action ``k + shift``."""
-        return int(round((self.stamp - self.previous_stamp) / self.dt))
+        """:attr:`offset` rounded to whole actions, as results report it (``continuity.shift``)."""
+        return int(round(self.offset))
 
     @property
     def overlap(self) -> int:
-        """How many new actions have a previous action at the same time (0 once the previous chunk has elapsed)."""
-        return max(self.horizon_previous - self.shift, 0)
+        """How many new actions have a previous action at or after their time (0 once it has elapsed)."""
+        return overlap_count(self.horizon_previous, self.offset)
 
     def check(self, horizon: int, width: int) -> None:
         """Refuse a context that cannot continue a new chunk ``[horizon, width]``.
@@ -172,12 +222,19 @@ class ExecutionContext:
         return overlap_weights(self.frozen, self.overlap, horizon)
 
     def target(self, horizon: int) -> torch.Tensor:
-        """The previous actions at the new chunk's times, ``[horizon, D]`` float32; zeros where there are none."""
+        """The previous chunk at the new chunk's times, ``[horizon, D]`` float32; zeros where it has none.
+
+        With a fractional :attr:`offset` the previous chunk is interpolated between its two actions around each time.
+        """
         out = torch.zeros(horizon, self.width)
         count = min(self.overlap, horizon)
         if count > 0:
-            out[:count] = self.previous[self.shift : self.shift + count]
+            out[:count] = self.previous_at(torch.arange(count, dtype=torch.float64))
         return out
+
+    def previous_at(self, rows: torch.Tensor) -> torch.Tensor:
+        """The previous chunk at the times of new rows ``rows`` ``[K]`` (clamped to its last action), ``[K, D]``."""
+        return resample(self.previous, rows.to(torch.float64) + self.offset)
 
     def seam_jump(self, chunk: torch.Tensor) -> float:
         """Distance between the new chunk's first action after the frozen ones and the previous chunk's action at
@@ -194,7 +251,7 @@ class ExecutionContext:
         k = self.frozen
         if k >= int(chunk.shape[0]):
             raise DelayTooLongError(f"frozen count {k} must be below the chunk length {int(chunk.shape[0])}")
-        held = self.previous[min(self.shift + k, self.horizon_previous - 1)]
+        held = self.previous_at(torch.tensor([float(k)]))[0]
         return float(torch.linalg.vector_norm(chunk[k].detach().cpu().float() - held))
 
     def metrics(self, chunk: torch.Tensor) -> dict[str, float | int | str]:
@@ -202,22 +259,57 @@ class ExecutionContext:
         return {
             "context_frozen": self.frozen,
             "context_shift": self.shift,
+            "context_offset": self.offset,
             "context_overlap": self.overlap,
             "context_guidance": self.guidance,
             "seam_jump": self.seam_jump(chunk),
         }
 
 
+OUTLIER_WINDOW = 16
+"""Accepted latencies the outlier gate compares a new one with (the most recent ones)."""
+OUTLIER_MIN_SAMPLES = 3
+"""The gate judges a latency once this many are in its window (before, everything finite and >= 0 is taken)."""
+OUTLIER_GATE = 10.0
+"""A latency farther than this many robust deviations from the window's median is an outlier."""
+OUTLIER_FLOOR = (0.5, 0.05)
+"""The robust deviation is at least this fraction of the median and this many seconds: the gate always takes a
+latency up to 6 times the median (or 0.5 s above it), load and jitter the ``margin`` is there for, and refuses
+what only a clock can do (a goal that "took" 1000 s while its neighbours took 0.2 s)."""
+OUTLIER_PATIENCE = 3
+"""This many outliers in a row that agree with each other are the new normal (a heavier load, a larger N): the
+estimate restarts from them instead of refusing every later goal."""
+_MAD_TO_STD = 1.4826
+
+
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else 0.5 * (ordered[mid - 1] + ordered[mid])
+
+
+def _robust_band(values: list[float]) -> tuple[float, float]:
+    """Median of ``values`` and the gate's half-width ``OUTLIER_GATE * max(1.4826 MAD, floors)`` around it."""
+    median = _median(values)
+    mad = _median([abs(v - median) for v in values])
+    scale = max(_MAD_TO_STD * mad, OUTLIER_FLOOR[0] * abs(median), OUTLIER_FLOOR[1])
+    return median, OUTLIER_GATE * scale
+
+
 class LatencyEstimator:
-    """A running estimate of goal-to-result latency, for a frozen count the node does not get from its goals.
+    """A running estimate of serving latency, for a frozen count the node does not get from its goals.
 
     Exponential moving average of the observed latencies, plus ``margin`` standard deviations (also a moving
-    estimate), so an occasional slow group does not leave frozen actions unaccounted for.
+    estimate), so an occasional slow group does not leave frozen actions unaccounted for. A robust gate guards it:
+    a latency farther than :data:`OUTLIER_GATE` robust deviations (1.4826 MAD, floored by :data:`OUTLIER_FLOOR`) from
+    the median of the last :data:`OUTLIER_WINDOW` accepted ones is refused and counted (``rejected``), so one bad
+    sample (a clock that jumped mid-goal) cannot poison the frozen counts of the goals after it;
+    :data:`OUTLIER_PATIENCE` agreeing outliers in a row restart the estimate from them.
 
     Args:
         alpha (`float`): Weight of the newest observation, ``0 < alpha <= 1``.
         margin (`float`): Standard deviations added to the mean, ``>= 0``.
-        initial (`float`, *optional*): Seconds assumed before the first observation.
+        initial (`float`, *optional*): Seconds assumed before the first observation (and after :meth:`reset`).
     """
 
     def __init__(self, alpha: float = 0.2, margin: float = 1.0, initial: float | None = None) -> None:
@@ -226,21 +318,57 @@ class LatencyEstimator:
         if _finite_number("margin", margin) < 0:
             raise ExecutionContextError(f"margin must be >= 0, got {margin!r}")
         self.alpha, self.margin = float(alpha), float(margin)
-        self._mean: float | None = None if initial is None else _finite_number("initial", initial)
+        self._initial = None if initial is None else _finite_number("initial", initial)
+        self.rejected = 0
+        """Latencies refused as outliers so far."""
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget every observation (the node's clock jumped: latencies measured across it mean nothing)."""
+        self._mean: float | None = self._initial
         self._var = 0.0
         self.count = 0
+        self._window: list[float] = []
+        self._outliers: list[float] = []
 
-    def observe(self, seconds: float) -> None:
-        """Fold one measured goal-to-result latency (seconds, finite, ``>= 0``) into the estimate."""
+    def observe(self, seconds: float) -> bool:
+        """Fold one measured latency (seconds, finite, ``>= 0``) into the estimate, unless it is an outlier.
+
+        Returns:
+            `bool`: False when the gate refused it.
+        """
         if _finite_number("latency", seconds) < 0:
             raise NegativeDelayError(f"latency must be >= 0 seconds, got {seconds!r}")
+        seconds = float(seconds)
+        if len(self._window) >= OUTLIER_MIN_SAMPLES:
+            median, half_width = _robust_band(self._window)
+            if abs(seconds - median) > half_width:
+                self.rejected += 1
+                self._outliers = [*self._outliers[-(OUTLIER_PATIENCE - 1):], seconds]
+                if len(self._outliers) < OUTLIER_PATIENCE:
+                    return False
+                run = list(self._outliers)
+                run_median, run_width = _robust_band(run)
+                if any(abs(v - run_median) > run_width for v in run):
+                    return False  # outliers, but not one new level: keep refusing
+                self.rejected -= len(run)  # they were the new normal after all
+                self.reset()
+                for value in run:
+                    self._fold(value)
+                return True
+        self._outliers.clear()
+        self._fold(seconds)
+        return True
+
+    def _fold(self, seconds: float) -> None:
         if self._mean is None or self.count == 0:
-            self._mean, self._var = float(seconds), 0.0
+            self._mean, self._var = seconds, 0.0
         else:
             delta = seconds - self._mean
             self._mean += self.alpha * delta
             self._var = (1 - self.alpha) * (self._var + self.alpha * delta * delta)
         self.count += 1
+        self._window = [*self._window[-(OUTLIER_WINDOW - 1):], seconds]
 
     @property
     def estimate(self) -> float | None:
@@ -249,12 +377,17 @@ class LatencyEstimator:
             return None
         return self._mean + self.margin * math.sqrt(self._var)
 
-    def frozen_steps(self, dt: float) -> int:
-        """``ceil(estimate / dt)``: actions that execute before a result arrives (0 with no estimate)."""
+    def frozen_steps(self, dt: float, elapsed_s: float = 0.0) -> int:
+        """``ceil((elapsed_s + estimate) / dt)``: actions that execute before a result arrives.
+
+        Args:
+            dt (`float`): Seconds between actions, ``> 0``.
+            elapsed_s (`float`): Seconds already gone since the observation's stamp when the goal is decided (known
+                exactly, unlike the rest of its latency); 0 with no estimate gives 0.
+        """
         if _finite_number("dt", dt) <= 0:
             raise ExecutionContextError(f"dt must be > 0 seconds, got {dt!r}")
-        estimate = self.estimate
-        if estimate is None:
-            return 0
+        estimate = self.estimate or 0.0
+        total = max(_finite_number("elapsed_s", elapsed_s), 0.0) + estimate
         # A latency of exactly k * dt must give k, not k + 1, despite float noise in the division.
-        return max(int(math.ceil(estimate / dt - 1e-9)), 0)
+        return max(int(math.ceil(total / dt - 1e-9)), 0)

@@ -117,6 +117,28 @@ class EnsembleService:
         with self._outcomes_lock:
             self._outcomes[outcome] += 1
 
+    def check_request(self, request: GroupRequest, *, refuse_cold: bool = False) -> None:
+        """Raise what :meth:`submit_request` would refuse ``request`` for (capacity, an unmeetable deadline),
+        without queuing it: the node decides every refusal before a goal may preempt another.
+
+        Args:
+            request (`GroupRequest`): A request from the subclass's ``make_request``.
+            refuse_cold (`bool`): Also refuse a deadline while the engine has measured no step yet.
+        """
+        self.engine.check(request, refuse_cold=refuse_cold)
+
+    def measured_costs(self, *, forget: bool = False) -> tuple[float | None, float | None, float | None]:
+        """The engine's running cost estimates in ms: encode, one step, post-processing (``None`` = not measured).
+
+        Args:
+            forget (`bool`): Then start them over (after a group that paid one-time costs: first kernels, caches).
+        """
+        costs = self.engine.costs
+        measured = costs.encode_ms, costs.step_ms, costs.post_ms
+        if forget:
+            costs.encode_ms = costs.step_ms = costs.post_ms = None
+        return measured
+
     def run_until_idle(self) -> None:
         """Drive every submitted group to completion on the calling thread."""
         self.engine.run_until_idle()

@@ -5,11 +5,14 @@ The engine keeps measured costs (:class:`StepCosts`: time per engine iteration, 
 running group, and the post-processing + reduction time) and
 
 1. at submission refuses a deadline that not even encoding + one step + post-processing can meet
-   (:class:`DeadlineUnmeetableError`; only once it has measurements, a cold engine accepts and plans after encoding);
+   (:class:`DeadlineUnmeetableError`). A *cold* engine (no step measured yet) cannot know: by default it accepts
+   and plans after encoding; with ``refuse_cold`` (the node, which measures its costs at start-up and must never
+   serve a plan it cannot defend) it refuses;
 2. after encoding fits ``steps_fitted = min(planned, floor(time left / step time))`` (``steps_planned``: the
    steps the request asked for) and, when that is fewer,
    has the adapter re-schedule the group with that many steps (the same schedule a request for that many steps
-   gets); 0 steps fail the group with :class:`DeadlineUnmeetableError`;
+   gets); 0 steps fail the group with :class:`DeadlineUnmeetableError`, and so does a deadline already past once a
+   cold engine has encoded (it would otherwise run the steps it asked for, and stop after the first);
 3. after every step, when one more step would overrun, has the adapter finish at once from the model's clean-action
    estimate at the step just taken (``steps_used < steps_fitted``).
 
@@ -84,10 +87,11 @@ class StepCosts:
         return SAFETY_FACTOR * ((self.encode_ms or 0.0) + self.step_ms + (self.post_ms or 0.0))
 
     def steps_that_fit(self, remaining_ms: float, requested: int) -> int:
-        """How many steps fit in ``remaining_ms`` (post-processing reserved); ``requested`` before any measurement."""
-        if self.step_ms is None:
-            return requested
+        """How many steps fit in ``remaining_ms`` (post-processing reserved); ``requested`` before any step was
+        measured, unless no time is left at all (then 0)."""
         budget = remaining_ms - SAFETY_FACTOR * (self.post_ms or 0.0)
+        if self.step_ms is None:
+            return requested if budget > 0 else 0
         return max(0, min(requested, int(budget // (SAFETY_FACTOR * self.step_ms))))
 
     def one_more_step_overruns(self, now_ms: float, deadline_ms: float, own_step_ms: float | None) -> bool:
@@ -96,12 +100,17 @@ class StepCosts:
         return now_ms + SAFETY_FACTOR * (step + (self.post_ms or 0.0)) > deadline_ms
 
 
-def refuse_unmeetable(costs: StepCosts, adapter: Any, request: Any, sequential: bool) -> None:
+def refuse_unmeetable(costs: StepCosts, adapter: Any, request: Any, sequential: bool, *,
+                      refuse_cold: bool = False) -> None:
     """At submission: raise unless ``request.deadline_s`` can be served at all.
+
+    Args:
+        refuse_cold (`bool`): Refuse while no step has been measured, rather than accept and plan after encoding.
 
     Raises:
         InvalidSpecError: the adapter cannot re-schedule and stop early, or the group would run sequentially.
-        DeadlineUnmeetableError: measured encode + one step + post-processing exceed the deadline.
+        DeadlineUnmeetableError: measured encode + one step + post-processing exceed the deadline (or, with
+            ``refuse_cold``, nothing is measured yet).
     """
     if sequential or not isinstance(adapter, AnytimeAdapter):
         raise InvalidSpecError(
@@ -109,6 +118,12 @@ def refuse_unmeetable(costs: StepCosts, adapter: Any, request: Any, sequential: 
             f"and stop early ({type(adapter).__name__}, sequential={sequential})."
         )
     minimum = costs.minimum_ms()
+    if minimum is None and refuse_cold:
+        raise DeadlineUnmeetableError(
+            f"group {request.request_id!r}: deadline {request.deadline_s:.3f} s cannot be planned: no denoising step "
+            "has been measured on this engine yet (its start-up measurement failed); goals without a deadline "
+            "measure one."
+        )
     if minimum is not None and 1000.0 * request.deadline_s < minimum:
         raise DeadlineUnmeetableError(
             f"group {request.request_id!r}: deadline {request.deadline_s:.3f} s is shorter than encoding + one "
@@ -128,9 +143,10 @@ def plan_steps(costs: StepCosts, adapter: Any, state: Any, remaining_ms: float, 
     requested = state.num_steps
     steps = costs.steps_that_fit(remaining_ms, requested)
     if steps < 1:
+        step = "not measured yet" if costs.step_ms is None else f"{costs.step_ms:.1f} ms"
         raise DeadlineUnmeetableError(
             f"group {request.request_id!r}: not one denoising step fits in what is left of its "
-            f"{request.deadline_s:.3f} s deadline ({remaining_ms:.0f} ms left, step {costs.step_ms:.1f} ms)."
+            f"{request.deadline_s:.3f} s deadline ({remaining_ms:.0f} ms left, step {step})."
         )
     adapter.enable_anytime(state)
     if steps < requested:

@@ -75,8 +75,23 @@ class GroupEngine:
 
     # --- public API ----------------------------------------------------------------------------------------------
 
-    def submit(self, request: GroupRequest) -> GroupHandle:
-        """Queue a group. Validation that needs no model work happens here, so bad requests fail fast."""
+    def check(self, request: GroupRequest, *, refuse_cold: bool = False) -> bool:
+        """Every refusal :meth:`submit` makes before queuing, without queuing: capacity, and an unmeetable deadline.
+
+        A caller that must not act on a request the engine would refuse (the node, before a goal may preempt
+        another) calls this first; :meth:`submit` calls it again.
+
+        Args:
+            request (`GroupRequest`): The built request.
+            refuse_cold (`bool`): Refuse a deadline while no step has been measured (see :mod:`.deadline`).
+
+        Returns:
+            `bool`: whether the group would run one candidate at a time (``oversize_policy='sequential'``).
+
+        Raises:
+            CapacityError: oversize group under ``oversize_policy='reject'``.
+            DeadlineUnmeetableError: see :func:`~.deadline.refuse_unmeetable`.
+        """
         max_batch = self.config.max_batch_candidates
         sequential = False
         if request.count > max_batch:
@@ -87,7 +102,14 @@ class GroupEngine:
                 )
             sequential = self.config.oversize_policy == "sequential"
         if request.deadline_s is not None:
-            refuse_unmeetable(self.costs, self.adapter, request, sequential)
+            refuse_unmeetable(self.costs, self.adapter, request, sequential, refuse_cold=refuse_cold)
+        return sequential
+
+    def submit(self, request: GroupRequest) -> GroupHandle:
+        """Queue a group. Validation that needs no model work happens here (:meth:`check`), so bad requests fail
+        fast."""
+        max_batch = self.config.max_batch_candidates
+        sequential = self.check(request)
         handle = GroupHandle(request)
         run = GroupRun(handle=handle, sequential=sequential, submitted_ms=now_ms())
         if request.deadline_s is not None:

@@ -233,6 +233,8 @@ class RosClient:
     def close(self) -> None:
         import rclpy
 
+        if getattr(self, "_clock_out", None) is not None:
+            self._clock_out.stop()
         self._running = False
         self._thread.join(5)
         self.executor.shutdown()
@@ -292,20 +294,26 @@ class RosClient:
                 self.image_pubs[topic].publish(msg)
         time.sleep(settle_s)
 
+    def clock_out(self) -> Any:
+        """The client's ``/clock`` publisher (``tools.clock_publisher.ClockPublisher``, for a node running with
+        ``use_sim_time``), created on first use once the node's clock subscription matched; its ``SimClock`` starts
+        paused at 0 s (``start(rate_hz)`` publishes it at a fixed rate, as a simulator does)."""
+        if getattr(self, "_clock_out", None) is None:
+            from trajectory_ensemble_node.tools.clock_publisher import ClockPublisher
+            from trajectory_ensemble_node.tools.sim_model import SimClock
+
+            clock = SimClock(1.0, start_ns=0)
+            clock.pause()
+            self._clock_out = ClockPublisher(self.node, clock)
+            self.wait(lambda: self._clock_out.subscribers() > 0, 60.0, "the node's /clock subscription")
+            time.sleep(DISCOVERY_SETTLE_S)
+        return self._clock_out
+
     def publish_clock(self, seconds: float, settle_s: float = 0.2) -> None:
-        """Publish ``/clock`` (for a node running with ``use_sim_time``)."""
-        from rosgraph_msgs.msg import Clock
-
-        if not hasattr(self, "_clock_pub"):
-            from rclpy.qos import QoSProfile
-
-            self._clock_pub = self.node.create_publisher(Clock, "/clock", QoSProfile(depth=10))
-            time.sleep(0.5)  # let the node's clock subscription match before the first tick
-        total = int(round(seconds * 1e9))
-        msg = Clock()
-        msg.clock.sec, msg.clock.nanosec = total // 1_000_000_000, total % 1_000_000_000
+        """Publish ``/clock`` at ``seconds`` (a few times: a lost best-effort sample must not matter)."""
+        out = self.clock_out()
         for _ in range(3):
-            self._clock_pub.publish(msg)
+            out.publish(int(round(seconds * 1e9)))
         time.sleep(settle_s)
 
     def publish_state(self, positions: list[float], names: list[str] | None = None, settle_s: float = 0.3) -> None:

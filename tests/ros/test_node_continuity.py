@@ -41,9 +41,10 @@ def client(served):
     return served[1]
 
 
-def observe(client, t: float) -> None:
-    """The simulated clock at ``t`` and a frame stamped ``t``."""
-    client.publish_clock(t, settle_s=0.05)
+def observe(client, t: float, *, clock: bool = True) -> None:
+    """The simulated clock at ``t`` (unless ``clock`` is false) and a frame stamped ``t``."""
+    if clock:
+        client.publish_clock(t, settle_s=0.05)
     msg = image_msg(int(t))
     msg.header.stamp.nanosec = int(round((t - int(t)) * 1e9))
     for publisher in client.image_pubs.values():
@@ -113,7 +114,7 @@ def test_every_reason_to_start_fresh_is_named(client):
     observe(client, 410.0)
     elapsed = succeeded(client.run_goal(continue_previous=True, instruction="go somewhere else"))
     assert elapsed.continuity.status == "previous chunk elapsed"
-    observe(client, 405.0)
+    observe(client, 405.0, clock=False)  # an older frame on a clock that went on (a bag replayed from its start)
     older = succeeded(client.run_goal(continue_previous=True, instruction="go somewhere else"))
     assert older.continuity.status == "observation older than the previous chunk"
     for result in (changed, elapsed, older):
@@ -140,3 +141,22 @@ def test_staleness_and_the_latency_estimate_follow_the_simulated_clock(client):
     client.publish_clock(600.0 + MAX_AGE_S + 1.0)
     stale = client.run_goal()
     assert stale.result.error_code == ErrorCode.STALE_OBSERVATION, stale.result.error_message
+
+
+def test_a_frame_two_dt_older_than_the_goal_freezes_those_two_rows_too(client):
+    observe(client, 700.0)
+    first = succeeded(client.run_goal(reset_context=True)).trajectory
+    previous = rows(first)
+    # The next frame is stamped 700.3 and the goal comes at 700.5 (a 5 Hz camera, a slow link): the robot has
+    # executed two more rows of the old chunk since the frame. No simulated time passes while a goal runs here (the
+    # test holds the clock), so the serving latency is 0 and those two rows are the whole frozen count.
+    observe(client, 700.3)
+    client.publish_clock(700.5)
+    result = succeeded(client.run_goal(continue_previous=True))
+    c = result.continuity
+    assert (c.continued, c.shift, c.frozen_actions) == (True, 3, 2)
+    metrics = metrics_dict(result)
+    assert float(metrics["latency_ms"]) == pytest.approx(200.0, abs=1.0)
+    assert float(metrics["frozen_latency_ms"]) == pytest.approx(200.0, abs=1.0)
+    # The frozen rows are the old chunk's rows at their times: new rows 0, 1 at 700.4, 700.5 = old rows 3, 4.
+    assert np.abs(rows(result.trajectory)[:2] - previous[3:5]).max() <= 1e-4

@@ -17,13 +17,13 @@ from trajectory_ensemble_node.ros import observations  # noqa: E402
 
 
 def image(encoding: str, height: int = 2, width: int = 3, *, step: int | None = None, data: bytes | None = None,
-          sec: int = 7) -> Image:
+          sec: int = 7, nanosec: int = 0) -> Image:
     channels = observations.BYTES_PER_PIXEL.get(encoding, 3)
     step = width * channels if step is None else step
     if data is None:
         data = bytes(range(step * height))
     msg = Image(height=height, width=width, encoding=encoding, step=step, data=data)
-    msg.header.stamp.sec = sec
+    msg.header.stamp.sec, msg.header.stamp.nanosec = sec, nanosec
     msg.header.frame_id = "cam"
     return msg
 
@@ -142,3 +142,36 @@ def test_a_frame_that_never_comes_is_a_named_error_and_a_stop_ends_the_wait():
     with pytest.raises(Canceled):
         buffer.wait_for_stamp(9 * 1_000_000_000, timeout_s=30.0, stopped=lambda: stop[0] if stop else None)
     assert time.monotonic() - started < 5.0
+
+
+def test_a_backward_clock_jump_clears_the_buffer_and_goals_hear_why_until_a_new_frame():
+    clock = [1000.0]
+    buffer = observations.ObservationBuffer(["/a"], "/state", clock=lambda: clock[0], stamp_clock=lambda: clock[0])
+    buffer.offer_image("/a", image("rgb8", sec=1000))
+    buffer.offer_state(JointState(name=["a"], position=[0.0]))
+    clock[0] = 10.0  # the simulator was reset
+    assert buffer.clear("the clock jumped back 990.000 s")
+    with pytest.raises(observations.NoObservationError, match="no image on /a since the clock jumped back") as info:
+        buffer.latest(1.0)
+    assert info.value.code == ErrorCode.NO_OBSERVATION
+    assert buffer.ages()["/a"] is None and buffer.ages()["/state"] is None
+    buffer.offer_image("/a", image("rgb8", sec=10))
+    assert buffer.latest(1.0).stamp.sec == 10
+    with pytest.raises(observations.NoObservationError, match="no joint state received yet on /state"):
+        buffer.latest(1.0, require_state=True)
+
+
+def test_a_frame_stamped_after_now_is_never_fresh():
+    clock = [10.0]
+    buffer = observations.ObservationBuffer(["/a"], clock=lambda: clock[0], stamp_clock=lambda: clock[0])
+    # In flight across a reset: stamped at the old time, received on the new one.
+    buffer.offer_image("/a", image("rgb8", sec=1000))
+    with pytest.raises(observations.StaleObservationError, match=r"stamped 1000\.000000000, 990\.000 s after now"):
+        buffer.latest(5.0)
+    # A stamp a little ahead (the node's clock trails /clock) is served.
+    buffer.offer_image("/a", image("rgb8", sec=10, nanosec=int(0.4e9)))
+    assert buffer.latest(5.0).stamp.sec == 10
+    # A frame that arrived "after now" (the arrival clock went back without a clear) is not served either.
+    clock[0] = 9.0
+    with pytest.raises(observations.StaleObservationError, match="arrived 1.000 s after now"):
+        buffer.latest(5.0)

@@ -194,8 +194,13 @@ class GoalRecord:
     """The observation the submitted group runs on (its stamp goes on the published trajectory)."""
     continuity: Any = None
     """The :class:`~.continuity.ContinuityDecision` the submitted group runs with."""
-    accepted_clock: float | None = None
-    """Seconds of the node's ROS clock at acceptance (simulated time under ``use_sim_time``)."""
+    decided_clock: float | None = None
+    """Seconds of the node's ROS clock when its observation and continuity were decided (sim time under
+    ``use_sim_time``); its serving latency runs from here to publication."""
+    elapsed_s: float = 0.0
+    """Seconds since its observation's stamp at that moment (the known part of its latency)."""
+    epoch: int = 0
+    """The chunk memory's clock epoch at that moment (a clock jump since voids its latency and its chunk)."""
     start_error: BaseException | None = None
     """Why starting the goal in the accept callback failed; the execute callback ends the goal with it."""
     handle: GroupHandle | None = None

@@ -9,7 +9,10 @@
 - :func:`report_duplicates`, :func:`check_params_files`, :func:`warn_raw_reducer`: the warnings of
   :mod:`.startup_checks`, logged on the node.
 - :func:`check_parameter_types`: SetParameters with a value of the wrong type is refused by name (the parameters
-  are declared with dynamic typing so YAML ints can fill float parameters, which lets rclpy accept any type).
+  are declared with dynamic typing so YAML ints can fill float parameters, which lets rclpy accept any type);
+  :func:`refuse_clock_change`: ``use_sim_time`` (rclpy's, not ours) is refused like our read-only parameters.
+- :func:`measure_costs`: two small groups before the node says ready, so the deadline planner never meets a goal
+  on a cold engine (``docs/node.md``, "Deadlines").
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 from rclpy.qos import HistoryPolicy, QoSProfile, ReliabilityPolicy
 
 from . import params as node_params
@@ -34,6 +38,8 @@ FORCED_EXIT_CODE = 3
 """Exit status when the graceful shutdown did not finish within :data:`SHUTDOWN_DEADLINE_S`."""
 DUPLICATE_CHECK_PERIOD_S = 5.0
 """How often the graph is checked for another node with this node's fully qualified name."""
+COST_MEASUREMENT_STEPS = 2
+"""Denoising steps of the start-up group that measures encode, step and post-processing costs."""
 
 _deadline_lock = threading.Lock()
 _deadline_armed = False
@@ -156,3 +162,60 @@ def check_parameter_types(changes: Sequence[Any]) -> str | None:
             return (f"{change.name}: expected a {expected.__name__}, got {value!r} ({type(value).__name__}); "
                     f"nothing was changed")
     return None
+
+
+def refuse_clock_change(changes: Sequence[Any], sim_time: bool) -> str | None:
+    """The refusal for a SetParameters request that changes ``use_sim_time``, or ``None``.
+
+    The node chooses its clock at start-up (the ``/clock`` feed, what staleness and latency are measured on); flipping
+    it mid-goal measured a latency of 1.08e12 ms. rclpy declares the parameter writable, so it is refused here.
+
+    Args:
+        changes (`Sequence[rclpy.parameter.Parameter]`): The requested changes.
+        sim_time (`bool`): The value the node started with.
+    """
+    for change in changes:
+        if change.name == "use_sim_time" and bool(change.value) != sim_time:
+            return (f"use_sim_time is read-only: this node started with use_sim_time={str(sim_time).lower()} and "
+                    f"measures staleness and latency on that clock; restart it to change clocks (nothing was changed)")
+    return None
+
+
+def measure_costs(model: Any, params: node_params.NodeParams, instruction: str) -> str:
+    """Run two small groups (a black frame, :data:`COST_MEASUREMENT_STEPS` steps, the configured candidate count)
+    so the engine's deadline planner has measured costs before the first goal; the second one's are kept.
+
+    Args:
+        model (`Cosmos3ActionModel`): The started model.
+        params (`NodeParams`): The node's parameters (the group is shaped like a default goal).
+        instruction (`str`): The prompt.
+
+    Returns:
+        `str`: a log line: what was measured, or why not (a deadline goal is then refused until a step is measured).
+    """
+    from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import CosmosActionCondition
+
+    from ..contract import CandidateTrajectorySpec
+    from ..errors import TrajectoryEnsembleError
+
+    p = params
+    side = int(p.resolution_tier)
+    action = CosmosActionCondition(mode="policy", chunk_size=p.chunk_size, domain_name=p.domain_name,
+                                   resolution_tier=p.resolution_tier, image=np.zeros((side, side, 3), np.uint8),
+                                   view_point=p.view_point)
+    spec = CandidateTrajectorySpec(count=p.candidate_count, reducer=p.reducer, max_count=p.max_candidates)
+    try:
+        # Twice: the first group pays what only the first one does (lazy initialisation, the text prefix, first
+        # kernels; 10x a step on the tiny model), which would make the planner refuse good deadlines for a while.
+        for run in ("warm-up", "cost-measurement"):
+            model.generate(prompt=instruction, action=action, guidance_scale=p.guidance_scale, fps=p.fps,
+                           num_inference_steps=min(COST_MEASUREMENT_STEPS, p.num_inference_steps), spec=spec,
+                           base_seed=0, request_id=run)
+            if run == "warm-up":
+                model.measured_costs(forget=True)
+    except TrajectoryEnsembleError as error:
+        return (f"start-up cost measurement failed ({type(error).__name__}: {error}); goals with a deadline are "
+                "refused until a goal without one has measured a step")
+    encode, step, post = model.measured_costs()
+    return (f"measured costs for deadlines: encode {encode or 0:.0f} ms, step {step or 0:.0f} ms, "
+            f"post-processing {post or 0:.0f} ms ({p.candidate_count} candidates)")

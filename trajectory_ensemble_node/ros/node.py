@@ -42,6 +42,7 @@ from ..contract import EnsembleResult, check_reducer
 from ..engine import GroupRequest, ProgressEvent
 from ..engine.validity import to_model_space
 from ..errors import (
+    DeadlineUnmeetableError,
     EngineShutdownError,
     ErrorCode,
     GroupCanceledError,
@@ -56,11 +57,20 @@ from ..errors import (
 from ..models.cosmos3 import Cosmos3ActionModel, RolloutSpec, resolve_device
 from ..safety import load_limits
 from . import params as node_params
-from .continuity import CONTINUED, FRESH_REASONS, NO_PREVIOUS, NOT_REQUESTED, ChunkMemory, ServedChunk
+from .clock import ClockFeed, host_clock, watch_jumps
+from .continuity import (
+    CONTINUED,
+    FRESH_REASONS,
+    NO_PREVIOUS,
+    NOT_REQUESTED,
+    WEIGHTS_UPDATED,
+    ChunkMemory,
+    ServedChunk,
+)
 from .conversions import stamp_seconds
 from .deferred import Deferred
 from .publishing import OutputTopics
-from .results import done_feedback, failure_result, success_result
+from .results import NOT_SERVED, done_feedback, failure_result, success_result
 from .diagnostics import DiagnosticsInputs, build_diagnostics
 from .faults import FaultInjector
 from .goals import GoalPlan, GoalRecord, GoalTracker, goal_id_str, plan_goal
@@ -69,6 +79,8 @@ from .lifecycle import (
     ACTION_SERVICE_QOS,
     DUPLICATE_CHECK_PERIOD_S,
     check_parameter_types,
+    measure_costs,
+    refuse_clock_change,
     report_duplicates,
     warn_raw_reducer,
 )
@@ -125,12 +137,14 @@ class TrajectoryEnsembleNode(Node):
         # Only a test run (TRAJECTORY_ENSEMBLE_TESTING=1) wraps the adapter; production never carries the hook.
         self.faults = (self.model.instrument(FaultInjector) if os.environ.get(node_params.TESTING_ENV) == "1"
                        else None)
-        if self.faults is not None and p.fault_injection:
-            self.faults.arm(p.fault_injection)
         self.limits = InputLimits(p.max_instruction_chars, p.max_instruction_tokens, p.max_image_bytes,
                                   p.max_image_pixels)
         self._count_tokens = token_counter(pipe)
         check_instruction(p.instruction, self.limits, self._count_tokens, source="the instruction parameter")
+        # Deadlines are planned from measured costs: measure them now, so no goal ever meets a cold engine.
+        self._startup(measure_costs(self.model, p, p.instruction))
+        if self.faults is not None and p.fault_injection:
+            self.faults.arm(p.fault_injection)  # after the measurement, which must not consume it
         warn_raw_reducer(self, p.reducer, p.action_stats_file)
         self.add_on_set_parameters_callback(self._on_set_parameters)
 
@@ -146,9 +160,15 @@ class TrajectoryEnsembleNode(Node):
         # Under use_sim_time staleness is judged on the simulated clock, so a slowed-down simulation (or a paused
         # one) is not refused as stale; otherwise on the host's monotonic clock, which never jumps.
         self.sim_time = bool(self.get_parameter("use_sim_time").value)
-        self.observations = (ObservationBuffer(image_topics, state_topic, clock=self.now_s) if self.sim_time
-                             else ObservationBuffer(image_topics, state_topic))
+        # Header stamps are on the ROS clock either way: a frame stamped after "now" is never fresh.
+        self.observations = (ObservationBuffer(image_topics, state_topic, clock=self.now_s, stamp_clock=self.now_s)
+                             if self.sim_time else ObservationBuffer(image_topics, state_topic, stamp_clock=self.now_s))
         self.memory = ChunkMemory()
+        self.clock_jumps = {"backward": 0, "forward": 0}
+        # /clock on its own thread and node, never on this node's executor (see clock.py: a fast /clock starved it);
+        # a simulator reset or a seek reaches _on_clock_jump.
+        self.clock_feed = ClockFeed(self) if self.sim_time else None
+        self._jumps = watch_jumps(self.get_clock(), self._on_clock_jump) if self.sim_time else None
         for topic in image_topics:
             self.create_subscription(Image, topic, lambda msg, t=topic: self._on_image(t, msg),
                                      qos_profile_sensor_data, callback_group=self._cb)
@@ -169,11 +189,12 @@ class TrajectoryEnsembleNode(Node):
             cancel_service_qos_profile=ACTION_SERVICE_QOS,
         )
         self.create_service(UpdateWeights, "~/update_weights", self._on_update_weights, callback_group=self._cb)
-        self.create_timer(DIAGNOSTICS_PERIOD_S, self.publish_diagnostics, callback_group=self._cb)
+        # On the host's clock: diagnostics report on the node, and must go on while a simulator is paused.
+        self.create_timer(DIAGNOSTICS_PERIOD_S, self.publish_diagnostics, callback_group=self._cb, clock=host_clock())
         self._same_name_count = report_duplicates(self, 1)
         self.create_timer(DUPLICATE_CHECK_PERIOD_S,
                           lambda: setattr(self, "_same_name_count", report_duplicates(self, self._same_name_count)),
-                          callback_group=self._cb)
+                          callback_group=self._cb, clock=host_clock())
         self.after_result = Deferred(AFTER_RESULT_S, "after-result")
         self._startup(
             f"ready: action {self.resolve_topic_name('~/generate_trajectory')}, images {image_topics}, "
@@ -190,7 +211,7 @@ class TrajectoryEnsembleNode(Node):
     def _on_set_parameters(self, changes: Sequence[Any]) -> Any:
         from rcl_interfaces.msg import SetParametersResult
 
-        problem = check_parameter_types(changes)
+        problem = check_parameter_types(changes) or refuse_clock_change(changes, self.sim_time)
         if problem is not None:
             return SetParametersResult(successful=False, reason=problem)
         for change in changes:
@@ -237,6 +258,22 @@ class TrajectoryEnsembleNode(Node):
         """Seconds of the node's ROS clock (simulated time under ``use_sim_time``)."""
         return self.get_clock().now().nanoseconds * 1e-9
 
+    def _on_clock_jump(self, backward: bool, delta_s: float) -> None:
+        # Runs inside rcl on the clock feed's thread: flip state under the owners' locks, log, return.
+        if backward:
+            self.clock_jumps["backward"] += 1
+            why = f"the clock jumped back {-delta_s:.3f} s"
+            frames = self.observations.clear(why)
+            chunk = self.memory.clock_jumped(backward=True)
+            self.get_logger().warning(
+                f"{why} (a simulator reset?): dropped {'the observation buffer' if frames else 'no frames'} and "
+                f"{'the remembered chunk' if chunk else 'no chunk'}; goals wait for new frames, continuations start "
+                "fresh")
+        else:
+            self.clock_jumps["forward"] += 1
+            self.memory.clock_jumped(backward=False)
+            self.get_logger().info(f"the clock jumped forward {delta_s:.3f} s: the latency estimate starts over")
+
     def default_instruction(self) -> str:
         """The latest ``~/instruction``, else the ``instruction`` parameter."""
         with self._lock:
@@ -255,7 +292,6 @@ class TrajectoryEnsembleNode(Node):
     def _on_accepted(self, goal_handle: ServerGoalHandle) -> None:
         # Registered before execution starts, so a cancel that arrives at once finds the goal.
         record = self.tracker.register(goal_id_str(goal_handle.goal_id))
-        record.accepted_clock = self.now_s()
         # Start the group here rather than in the execute callback: the executor hands that callback to a pool
         # thread one spin later (about a millisecond on a small CPU), time the engine can already spend denoising.
         # Whatever fails is kept for the execute callback, which ends the goal with it.
@@ -330,13 +366,13 @@ class TrajectoryEnsembleNode(Node):
             return self._succeed(goal_handle, goal_id, record, result, started)
         except GroupCanceledError as error:
             if not isinstance(error, GroupPreemptedError) and record.cancel_requested:
-                return self._canceled(goal_handle, goal_id, record.plan, error)
-            return self._abort(goal_handle, goal_id, record.plan, error)
+                return self._canceled(goal_handle, record, error)
+            return self._abort(goal_handle, record, error)
         except TrajectoryEnsembleError as error:
-            return self._abort(goal_handle, goal_id, record.plan, error)
+            return self._abort(goal_handle, record, error)
         except Exception as error:  # noqa: BLE001 - whatever happens, the goal must reach a terminal state
             self.get_logger().error(f"goal {goal_id}: unexpected {type(error).__name__}: {error}")
-            return self._abort(goal_handle, goal_id, record.plan, error)
+            return self._abort(goal_handle, record, error)
         finally:
             self.tracker.release(record)
             self.after_result.call(self.publish_diagnostics, key="diagnostics")
@@ -346,19 +382,30 @@ class TrajectoryEnsembleNode(Node):
         # A start-jump limit without a current state would pass anything: such goals need a recent state.
         require_state = p.require_state or self.model.capabilities.uses_state or self._start_jump
         observation = self.observations.latest(p.max_observation_age_s, require_state=require_state)
+        epoch, now = self.memory.epoch, self.now_s()
+        # Rows of the new chunk execute from its observation's stamp: what has gone since counts toward the frozen
+        # ones. A stamp that cannot be on this clock (older than the staleness limit while the frame arrived in
+        # time: another clock's epoch) is measured by the frame's arrival instead.
+        elapsed = now - stamp_seconds(observation.stamp)
+        if not 0.0 <= elapsed <= p.max_observation_age_s:
+            elapsed = observation.age_s
         decision = self.memory.decide(
             continue_previous=plan.continue_previous, reset=plan.reset_context, inference_delay=plan.inference_delay,
             guidance=plan.guidance, stamp=stamp_seconds(observation.stamp), instruction=plan.instruction,
-            weights_version=self.model.weights_version,
+            weights_version=self.model.weights_version, elapsed_s=elapsed,
         )
         earlier = record.continuity  # a queued goal is built again once admitted: keep why its chunk was dropped
         if earlier is not None and earlier.status in FRESH_REASONS and decision.status == NO_PREVIOUS:
             decision = earlier
-        record.continuity = decision
+        record.continuity, record.decided_clock, record.elapsed_s, record.epoch = decision, now, elapsed, epoch
         deadline_s = None
         if plan.deadline_s:
             # The goal's deadline counts from acceptance; the engine's from submission, a moment later.
-            deadline_s = max(plan.deadline_s - (time.monotonic() - record.accepted), 1e-6)
+            deadline_s = plan.deadline_s - (time.monotonic() - record.accepted)
+            if deadline_s <= 0:
+                raise DeadlineUnmeetableError(
+                    f"goal {goal_id}: its deadline {plan.deadline_s:.3f} s passed before it could start "
+                    f"({time.monotonic() - record.accepted:.3f} s after acceptance)")
         action = CosmosActionCondition(
             mode="policy", chunk_size=p.chunk_size, domain_name=p.domain_name, resolution_tier=p.resolution_tier,
             image=observation.image, view_point=p.view_point,
@@ -370,6 +417,9 @@ class TrajectoryEnsembleNode(Node):
             request_id=goal_id, rollout=rollout, on_progress=record.on_progress, deadline_s=deadline_s,
             context=record.continuity.context, current_state=self._current_state(observation),
         )
+        # What the engine would refuse at submission (an unmeetable deadline, cold or warm) is refused here, before
+        # admission: a refused goal never preempts a running one.
+        self.model.check_request(request, refuse_cold=True)
         return observation, request
 
     def _current_state(self, observation: Observation) -> tuple[float, ...] | None:
@@ -411,6 +461,8 @@ class TrajectoryEnsembleNode(Node):
         metrics["observation_age_ms"] = observation.age_s * 1000.0
         decision = record.continuity
         metrics["continuity"] = decision.status if decision is not None else ""
+        if decision is not None and decision.latency_s is not None:
+            metrics["frozen_latency_ms"] = decision.latency_s * 1000.0
         self._remember(record, plan, observation, result, metrics)
         context = decision.context if decision is not None else None
         response = success_result(trajectory, metrics, base_seed=result.base_seed,
@@ -442,19 +494,27 @@ class TrajectoryEnsembleNode(Node):
                                   f"goal {record.goal_id}: started fresh ({decision.status})")
         normalizer = self.model.normalizer_for(self.params.domain_name)
         action = result.action if normalizer is None else to_model_space(result.action, normalizer)
-        self.memory.remember(ServedChunk(action.float(), stamp_seconds(observation.stamp), self.params.dt,
-                                         plan.instruction, int(metrics.get("weights_version") or 0)))
-        if record.accepted_clock is not None:
-            self.memory.observe_latency(self.now_s() - record.accepted_clock)
+        # A goal decided before a clock jump belongs to the old time line: its chunk and latency are not kept.
+        chunk = ServedChunk(action.float(), stamp_seconds(observation.stamp), self.params.dt, plan.instruction,
+                            int(metrics.get("weights_version") or 0))
+        self.memory.remember(chunk, epoch=record.epoch)
+        if record.decided_clock is not None:
+            # Published just now: publication - stamp = what had gone at the decision + the serving latency.
+            serving = self.now_s() - record.decided_clock
+            metrics["latency_ms"] = (record.elapsed_s + serving) * 1000.0
+            metrics["latency_sample_taken"] = self.memory.observe_latency(serving, epoch=record.epoch)
         estimate = self.memory.estimator.estimate
         metrics["latency_estimate_ms"] = None if estimate is None else estimate * 1000.0
 
-    def _failure(self, plan: GoalPlan | None, code: int, message: str,
+    def _failure(self, record: GoalRecord, code: int, message: str,
                  counts: dict[str, Any] | None = None) -> GenerateTrajectory.Result:
+        plan = record.plan
+        decision = record.continuity
         return failure_result(code, message, base_seed=plan.base_seed if plan else 0,
-                              weights_version=self.model.weights_version, counts=counts)
+                              weights_version=self.model.weights_version, counts=counts,
+                              continuity_status=decision.status if decision is not None else NOT_SERVED)
 
-    def _canceled(self, goal_handle: ServerGoalHandle, goal_id: str, plan: GoalPlan | None,
+    def _canceled(self, goal_handle: ServerGoalHandle, record: GoalRecord,
                   error: BaseException) -> GenerateTrajectory.Result:
         # The state becomes CANCELING right after the cancel callback returns; the group can stop first.
         deadline = time.monotonic() + 2.0
@@ -465,10 +525,10 @@ class TrajectoryEnsembleNode(Node):
         else:
             goal_handle.abort()
         self.tracker.count("canceled")
-        self.after_result.log(self.get_logger(), "info", f"goal {goal_id} canceled")
-        return self._failure(plan, ErrorCode.CANCELED, str(error))
+        self.after_result.log(self.get_logger(), "info", f"goal {record.goal_id} canceled")
+        return self._failure(record, ErrorCode.CANCELED, str(error))
 
-    def _abort(self, goal_handle: ServerGoalHandle, goal_id: str, plan: GoalPlan | None,
+    def _abort(self, goal_handle: ServerGoalHandle, record: GoalRecord,
                error: BaseException) -> GenerateTrajectory.Result:
         code = error.code if isinstance(error, TrajectoryEnsembleError) else ErrorCode.ENGINE_FAILURE
         message = str(error) if isinstance(error, TrajectoryEnsembleError) else f"{type(error).__name__}: {error}"
@@ -479,9 +539,9 @@ class TrajectoryEnsembleNode(Node):
             with self._lock:
                 self._last_error = f"{ErrorCode(code).name}: {message}"
         self.after_result.log(self.get_logger(), "warning",
-                              f"goal {goal_id} aborted ({ErrorCode(code).name}): {message}")
+                              f"goal {record.goal_id} aborted ({ErrorCode(code).name}): {message}")
         # TOO_FEW_VALID_CANDIDATES says which checks dropped them.
-        return self._failure(plan, code, message, getattr(error, "counts", None))
+        return self._failure(record, code, message, getattr(error, "counts", None))
 
     # --- update_weights --------------------------------------------------------------------------------------------
 
@@ -490,7 +550,7 @@ class TrajectoryEnsembleNode(Node):
         response = serve_update(self.model, self.params, request, response, self.get_logger(),
                                 timeout=WEIGHT_UPDATE_TIMEOUT_S)
         # A chunk from the old weights is no policy's plan any more: the next continuation starts fresh.
-        if response.success and self.memory.drop():
+        if response.success and self.memory.drop(WEIGHTS_UPDATED):
             self.get_logger().info("continuity: the remembered chunk is dropped (weights updated)")
         return response
 
@@ -516,6 +576,11 @@ class TrajectoryEnsembleNode(Node):
             # Expected only while the context shuts down (the publisher is gone); anything else propagates.
             if rclpy.ok(context=self.context):
                 self.get_logger().warning(f"/diagnostics not published: {type(error).__name__}: {error}")
+
+    def destroy_node(self) -> None:
+        if self.clock_feed is not None:
+            self.clock_feed.stop()
+        super().destroy_node()
 
     def shutdown(self) -> None:
         """Refuse new goals and end every running or waiting goal (SHUTDOWN); the engine thread stops."""

@@ -8,7 +8,12 @@ corrupt message must not blind the robot, nor flood the log at camera rate.
 Staleness is measured on this host's monotonic clock from when the frame *arrived*, not from its header stamp: the
 stamp may come from another clock (a camera, a bag, simulation time), but how long ago we last heard from the
 camera is what makes an observation stale. The header stamp is kept and copied into every output that the
-observation produced.
+observation produced. Two rules do read the stamp, on the node's ROS clock (``stamp_clock``):
+
+- a frame stamped more than :data:`FUTURE_STAMP_TOLERANCE_S` after "now" is never fresh (it comes from before a
+  clock reset, or from a camera whose clock runs ahead), and neither is one that *arrived* after "now";
+- :meth:`clear` drops every frame and the state when the clock jumps back (the node calls it): until new ones
+  arrive, goals are refused with ``NO_OBSERVATION`` and the reason.
 
 This module reads message fields only (duck-typed ``sensor_msgs/Image`` and ``sensor_msgs/JointState``); it does
 not import rclpy.
@@ -55,6 +60,11 @@ STOP_POLL_S = 0.05
 """While a goal waits for its frame, how often it checks whether it was canceled or the node is stopping."""
 
 
+FUTURE_STAMP_TOLERANCE_S = 0.5
+"""How far after "now" (the node's ROS clock) a frame's stamp may lie. Under ``use_sim_time`` the node's clock trails
+``/clock`` by up to a ``/clock`` period plus its own update period (:data:`.clock.CLOCK_UPDATE_HZ`), so a frame
+stamped by the simulator at its current time can be ahead by tens of milliseconds; a frame from before a reset is
+ahead by the whole jump."""
 FRAME_REJECT_CAUSES = ("encoding", "step", "data_length", "dimensions", "size")
 """Every ``FrameError.cause``; diagnostics report a counter for each."""
 
@@ -213,17 +223,23 @@ class ObservationBuffer:
     Args:
         image_topics (`Sequence[str]`): Resolved image topic names, in tiling order.
         state_topic (`str`): Resolved joint state topic name (used in messages).
-        clock (`Callable[[], float]`): Monotonic seconds; injectable for tests.
+        clock (`Callable[[], float]`): Seconds frames arrive and age on: the host's monotonic clock, or the node's ROS
+            clock under ``use_sim_time``; injectable for tests.
+        stamp_clock (`Callable[[], float]`, *optional*): Seconds of the clock header stamps are on (the node's ROS
+            clock), for the future-stamp rule; ``None`` skips it.
     """
 
     def __init__(
-        self, image_topics: Sequence[str], state_topic: str = "", clock: Callable[[], float] = time.monotonic
+        self, image_topics: Sequence[str], state_topic: str = "", clock: Callable[[], float] = time.monotonic,
+        stamp_clock: Callable[[], float] | None = None,
     ) -> None:
         if not image_topics:
             raise ValueError("ObservationBuffer needs at least one image topic")
         self.image_topics = tuple(image_topics)
         self.state_topic = state_topic
         self._clock = clock
+        self._stamp_clock = stamp_clock
+        self._cleared_because = ""
         self._lock = threading.Lock()
         self._arrived = threading.Condition(self._lock)
         self._frames: dict[str, Frame] = {}
@@ -252,6 +268,7 @@ class ObservationBuffer:
             return error
         frame = Frame(topic, image, msg.header.stamp, msg.header.frame_id, received)
         with self._lock:
+            self._cleared_because = ""
             counters.received += 1
             counters.refused_since_good = 0
             self._frames[topic] = frame
@@ -299,6 +316,22 @@ class ObservationBuffer:
         with self._lock:
             self._state = sample
 
+    def clear(self, reason: str) -> bool:
+        """Drop every frame and the joint state (the clock jumped back: they belong to the old time line).
+
+        Args:
+            reason (`str`): Why; goals refused for want of a frame quote it until a new one arrives.
+
+        Returns:
+            `bool`: whether anything was dropped.
+        """
+        with self._lock:
+            had = bool(self._frames) or self._state is not None
+            self._frames.clear()
+            self._state = None
+            self._cleared_because = reason
+        return had
+
     # --- readers (goals, diagnostics) ----------------------------------------------------------------------------
 
     def latest(self, max_age_s: float, *, require_state: bool = False) -> Observation:
@@ -314,14 +347,18 @@ class ObservationBuffer:
             NonFiniteStateError: the required joint state holds NaN or Inf.
         """
         now = self._clock()
+        stamp_now = self._stamp_clock() if self._stamp_clock is not None else None
         with self._lock:
             frames = [self._frames.get(topic) for topic in self.image_topics]
             state = self._state
+            cleared = self._cleared_because
         for topic, frame in zip(self.image_topics, frames):
             if frame is None:
                 why = self._refusals(topic)
                 if why:
                     raise NoObservationError(f"no usable image on {topic}{why}")
+                if cleared:
+                    raise NoObservationError(f"no image on {topic} since {cleared}")
                 raise NoObservationError(f"no image received yet on {topic}")
             age = now - frame.received
             if age > max_age_s:
@@ -329,11 +366,12 @@ class ObservationBuffer:
                     f"latest image on {topic} is {age:.2f} s old (max_observation_age_s={max_age_s:g})"
                     + self._refusals(topic)
                 )
+            self._check_not_future(topic, frame, age, stamp_now)
         if require_state:
             if state is None:
                 raise NoObservationError(f"no joint state received yet on {self.state_topic}")
             age = now - state.received
-            if age > max_age_s:
+            if age > max_age_s or age < 0:
                 raise StaleObservationError(
                     f"latest joint state on {self.state_topic} is {age:.2f} s old "
                     f"(max_observation_age_s={max_age_s:g})"
@@ -344,6 +382,23 @@ class ObservationBuffer:
         return Observation(
             image, oldest.stamp, oldest.frame_id, now - oldest.received, state if require_state else None
         )
+
+    @staticmethod
+    def _check_not_future(topic: str, frame: Frame, age: float, stamp_now: float | None) -> None:
+        # A frame "from the future" comes from before a clock reset (or a camera clock ahead of this host's): its age
+        # would read negative and pass the staleness check forever.
+        if age < 0:
+            raise StaleObservationError(
+                f"latest image on {topic} arrived {-age:.3f} s after now on the node's clock: the clock went back "
+                "since; waiting for a new frame")
+        if stamp_now is None:
+            return
+        ahead = stamp_ns(frame.stamp) * 1e-9 - stamp_now
+        if ahead > FUTURE_STAMP_TOLERANCE_S:
+            raise StaleObservationError(
+                f"latest image on {topic} is stamped {_stamp_text(stamp_ns(frame.stamp))}, {ahead:.3f} s after now "
+                f"on the node's clock ({stamp_now:.3f} s): a frame from before a clock reset, or a camera clock "
+                f"ahead of this host's (tolerance {FUTURE_STAMP_TOLERANCE_S:g} s)")
 
     def has_stamp(self, min_stamp_ns: int) -> bool:
         """Whether every image topic's latest good frame is stamped at or after ``min_stamp_ns``."""

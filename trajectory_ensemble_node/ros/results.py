@@ -22,6 +22,10 @@ from ..safety import REASONS
 from .conversions import metrics_key_values, seconds_to_time
 
 
+NOT_SERVED = "not served"
+"""``continuity.status`` of a goal that failed before its continuity was decided (refused, canceled early)."""
+
+
 def _int(metrics: Mapping[str, Any], key: str) -> int:
     value = metrics.get(key)
     return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else 0
@@ -126,8 +130,13 @@ def done_feedback(response: GenerateTrajectory.Result) -> GenerateTrajectory.Fee
 
 
 def failure_result(code: int, message: str, *, base_seed: int, weights_version: int,
-                   counts: Mapping[str, Any] | None = None) -> GenerateTrajectory.Result:
+                   counts: Mapping[str, Any] | None = None,
+                   continuity_status: str = NOT_SERVED) -> GenerateTrajectory.Result:
     """The result of a goal that ended without a trajectory (aborted, canceled, preempted, shut down).
+
+    Its ``continuity`` says nothing was continued (``seam_jump`` NaN, as the message defines it) and keeps the status
+    the goal was decided with: ``"continued"`` when it was continuing the previous chunk as it failed, why it was to
+    start fresh, or :data:`NOT_SERVED` when it failed before that decision (a refused goal).
 
     Args:
         code (`int`): Its :class:`~trajectory_ensemble_node.errors.ErrorCode`.
@@ -136,10 +145,15 @@ def failure_result(code: int, message: str, *, base_seed: int, weights_version: 
         weights_version (`int`): The model's weights version.
         counts (`Mapping[str, Any]`, *optional*): Validity counts of a group whose candidates were dropped
             (``TOO_FEW_VALID_CANDIDATES``); they fill ``validity`` and ``metrics``.
+        continuity_status (`str`): The goal's ``continuity.status`` (see above).
     """
     response = GenerateTrajectory.Result(error_code=int(code), error_message=message, base_seed=int(base_seed),
                                          weights_version=int(weights_version))
+    fill_report(response, {}, continuity_status=continuity_status, previous_stamp=None)
     if counts:
-        fill_report(response, counts, continuity_status="", previous_stamp=None)
+        fill_report(response, counts, continuity_status=continuity_status, previous_stamp=None)
         response.metrics = metrics_key_values(counts)
+    # Nothing was served, so nothing was continued, whatever the metrics of the dropped candidates say.
+    response.continuity.continued = False
+    response.continuity.seam_jump = math.nan
     return response

@@ -24,6 +24,7 @@ command line is :mod:`.sim`.
 from __future__ import annotations
 
 import math
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -47,7 +48,9 @@ GOAL_TIMEOUT_S = 300.0
 
 
 class SimClock:
-    """Sim time advancing at ``rtf`` times wall time, pausable.
+    """Sim time advancing at ``rtf`` times wall time, pausable, and able to jump (a reset, a seek).
+
+    Thread-safe: a :class:`~.clock_publisher.ClockPublisher` thread may read it while another thread moves it.
 
     Args:
         rtf (`float`): Real-time factor, sim seconds per wall second, ``> 0``.
@@ -59,6 +62,7 @@ class SimClock:
         if not (math.isfinite(rtf) and rtf > 0):
             raise ValueError(f"real-time factor must be finite and > 0, got {rtf!r}")
         self.rtf, self._wall = float(rtf), wall
+        self._lock = threading.RLock()
         self._base_ns, self._since = int(start_ns), wall()
         self.paused = False
         self.held = False
@@ -66,14 +70,20 @@ class SimClock:
         self._stop_ns: int | None = None
 
     def now_ns(self) -> int:
-        if self.paused:
-            return self._base_ns
-        now = self._base_ns + int(round((self._wall() - self._since) * self.rtf * NS_PER_S))
-        if self._stop_ns is not None and now >= self._stop_ns:
-            # Reached the stop set by stop_at: time holds there, exactly, until resume().
-            self._base_ns, self.paused, self.held, self._stop_ns = self._stop_ns, True, True, None
-            return self._base_ns
-        return now
+        with self._lock:
+            if self.paused:
+                return self._base_ns
+            now = self._base_ns + int(round((self._wall() - self._since) * self.rtf * NS_PER_S))
+            if self._stop_ns is not None and now >= self._stop_ns:
+                # Reached the stop set by stop_at: time holds there, exactly, until resume().
+                self._base_ns, self.paused, self.held, self._stop_ns = self._stop_ns, True, True, None
+                return self._base_ns
+            return now
+
+    def jump(self, ns: int) -> None:
+        """Move sim time by ``ns`` at once, paused or running (negative: back, as a simulator reset does)."""
+        with self._lock:
+            self._base_ns, self._since = self.now_ns() + int(ns), self._wall()
 
     def stop_at(self, ns: int | None) -> None:
         """Hold sim time once it reaches ``ns`` (it then reads exactly ``ns`` and ``paused`` is true until
@@ -82,12 +92,14 @@ class SimClock:
 
     def pause(self) -> None:
         """Stop sim time where it is (a no-op when paused); cancels a stop not yet reached."""
-        self._base_ns, self.paused, self.held, self._stop_ns = self.now_ns(), True, False, None
+        with self._lock:
+            self._base_ns, self.paused, self.held, self._stop_ns = self.now_ns(), True, False, None
 
     def resume(self) -> None:
         """Let sim time run again from where it stopped."""
-        if self.paused:
-            self._since, self.paused, self.held = self._wall(), False, False
+        with self._lock:
+            if self.paused:
+                self._since, self.paused, self.held = self._wall(), False, False
 
     def skip(self, ns: int) -> None:
         """Jump ``ns`` ahead while paused (a new episode starts strictly after the last frame of the previous one)."""

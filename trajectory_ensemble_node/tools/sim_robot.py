@@ -14,6 +14,7 @@ import numpy as np
 from ..toy import task
 from ..toy.episodes import scene_seed
 from .bags import stamp_ns
+from .clock_publisher import ClockPublisher
 from .sim_model import (
     CLOCK_PERIOD_S,
     FIRST_GOAL_TRIES,
@@ -48,7 +49,6 @@ class SimRobot:
                  image_topic: str | None = None, log: Callable[[str], None] = print) -> None:
         from rclpy.action import ActionClient
         from rclpy.qos import QoSProfile
-        from rosgraph_msgs.msg import Clock
         from sensor_msgs.msg import Image
         from trajectory_ensemble_msgs.action import GenerateTrajectory
         from trajectory_ensemble_msgs.msg import ActionTrajectory
@@ -60,10 +60,10 @@ class SimRobot:
         self.image_topic = image_topic or f"{node}/observation/image"
         self.clock = SimClock(settings.real_time_factor)
         self.clock.pause()
-        self._Clock, self._Image, self._Goal = Clock, Image, GenerateTrajectory.Goal
+        self._Image, self._Goal = Image, GenerateTrajectory.Goal
         self._ns_to_time = ns_to_time
         n = session.node
-        self.clock_pub = n.create_publisher(Clock, "/clock", QoSProfile(depth=10))
+        self.clock_out = ClockPublisher(n, self.clock)
         self.image_pub = n.create_publisher(Image, self.image_topic, QoSProfile(depth=10))
         n.create_subscription(ActionTrajectory, f"{node}/trajectory",
                               lambda msg: self._offer(msg, self.clock.now_ns()), QoSProfile(depth=10))
@@ -91,10 +91,7 @@ class SimRobot:
         while True:
             wall = time.monotonic()
             if wall - self._last_clock_wall >= CLOCK_PERIOD_S:
-                now = self.clock.now_ns()
-                msg = self._Clock()
-                msg.clock = self._ns_to_time(now)
-                self.clock_pub.publish(msg)
+                self.clock_out.publish()
                 self._last_clock_wall = wall
             self.session.executor.spin_once(timeout_sec=max(0.0, min(0.005, deadline - wall)))
             if time.monotonic() >= deadline:

@@ -33,7 +33,7 @@ def test_a_short_fleet_run_writes_the_documented_json_markdown_and_plot(tmp_path
     out = tmp_path / "fleet.json"
     parser = argparse.ArgumentParser()
     cli.add_arguments(parser)
-    args = parser.parse_args(["--fleet", "--clients", "1,2", "--candidates", "1", "--duration", "1.5",
+    args = parser.parse_args(["--fleet", "--clients", "1,2", "--candidates", "1", "--duration", "1.5", "--reps", "1",
                               "--json", str(out), "--quiet"])
     assert cli.run(args) == 0
     document = json.loads(out.read_text())
@@ -44,6 +44,7 @@ def test_a_short_fleet_run_writes_the_documented_json_markdown_and_plot(tmp_path
             assert {"requests_per_s", "p50_ms", "p95_ms", "forwards_per_request"} <= set(figures), (k, mode)
             assert figures["requests"] >= 1 and figures["errors"] == 0 and figures["requests_per_s"] > 0
         assert modes["serial"]["forwards_per_request"] == pytest.approx(10.0)  # one group per forward, 10 steps
+        assert modes["speedup"] > 0 and len(modes["speedup_reps"]) == 1
     assert document["fleet"]["2"]["cobatched"]["max_concurrent"] == 2
     assert document["fleet"]["2"]["serial"]["max_concurrent"] == 1
     assert "| 2 |" in out.with_suffix(".md").read_text() and out.with_suffix(".png").stat().st_size > 0

@@ -14,8 +14,11 @@ serializing server such as vLLM-Omni's ``max_num_seqs: 1`` deploy or cosmos_fram
 each an unchanged ``openpi_client.WebsocketClientPolicy``, connect, send one warm-up request, and on a common start
 send requests for ``--duration`` seconds: at ``--rate`` Hz each, or (``--rate 0``) the next as soon as the last reply
 came. Every request carries a new rendered toy scene (clients cycle through their own held-out scenes), so no
-conditioning is reused. Reported per (N, K, server): answered requests per second over the window (first send to
-last reply), p50 and p95 latency (client send to reply), and physical forwards per request.
+conditioning is reused. Each (N, K) pair of runs is repeated ``--reps`` times (the bench's shared flag), the two
+servers adjacent in time and their order alternating. Reported per (N, K, server): answered requests per second over
+a run's window (first send to last reply; the median over the repetitions), p50 and p95 latency (client send to
+reply, pooled), and physical forwards per request (pooled); the speed-up is the median of the repetitions'
+co-batched/serial ratios.
 
 ``--threads`` sets ``torch.set_num_threads`` (default 1 on CPU, as the other CPU benchmarks: on a shared machine
 OpenMP over every core stalls whenever another process holds one).
@@ -157,21 +160,38 @@ def _run_clients(port: int, clients: int, candidates: int, rate: float, duration
             except subprocess.TimeoutExpired:
                 proc.kill()
     latencies = [ms for report in reports for ms in report["latencies_ms"]]
-    span = max(report["elapsed_s"] for report in reports)
+    return {"latencies_ms": latencies, "errors": sum(report["errors"] for report in reports),
+            "span_s": max(report["elapsed_s"] for report in reports), "forwards": forwards}
+
+
+def summarize(runs: list[dict[str, Any]], max_concurrent: int) -> dict[str, Any]:
+    """One server's figures over its repetitions: the median rate, pooled latencies and forwards.
+
+    Args:
+        runs (`list[dict]`): :func:`_run_clients` of each repetition.
+        max_concurrent (`int`): The server's ``openpi_max_concurrent``.
+    """
+    import numpy as np
+
+    latencies = [ms for run in runs for ms in run["latencies_ms"]]
+    rates = [len(run["latencies_ms"]) / run["span_s"] for run in runs if run["span_s"] > 0]
     return {
         "requests": len(latencies),
-        "errors": sum(report["errors"] for report in reports),
-        "span_s": round(span, 3),
-        "requests_per_s": len(latencies) / span if span > 0 else 0.0,
+        "errors": sum(run["errors"] for run in runs),
+        "reps": len(runs),
+        "requests_per_s": float(np.median(rates)) if rates else 0.0,
+        "requests_per_s_reps": [round(r, 3) for r in rates],
         "p50_ms": _percentile(latencies, 50),
         "p95_ms": _percentile(latencies, 95),
-        "forwards_per_request": forwards / len(latencies) if latencies else None,
+        "forwards_per_request": sum(run["forwards"] for run in runs) / len(latencies) if latencies else None,
+        "max_concurrent": max_concurrent,
     }
 
 
-def measure(clients: tuple[int, ...], candidates: tuple[int, ...], rate: float, duration: float,
+def measure(clients: tuple[int, ...], candidates: tuple[int, ...], rate: float, duration: float, reps: int = 1,
             log=print) -> dict[str, dict[str, dict[str, dict[str, Any]]]]:
-    """Every (N, K, server) run; ``{"<N>": {"<K>": {"cobatched": {...}, "serial": {...}}}}``."""
+    """Every (N, K, server) run, ``reps`` times; ``{"<N>": {"<K>": {"cobatched": {...}, "serial": {...},
+    "speedup": median of the repetitions' co-batched/serial rate ratios}}}``."""
     import numpy as np
 
     from trajectory_ensemble_node.openpi import OpenPIPolicy, OpenPIServer, ServerLimits, ServerThread
@@ -189,21 +209,30 @@ def measure(clients: tuple[int, ...], candidates: tuple[int, ...], rate: float, 
         np.savez(images, images=np.stack([render(scene) for scene in scenes]))
         try:
             for n in candidates:
-                for index, k in enumerate(clients):
-                    order = MODES if index % 2 == 0 else MODES[::-1]  # alternate, so drift does not favour one
-                    for mode in order:
-                        limits = ServerLimits(idle_timeout_s=0.0, max_concurrent=k if mode == "cobatched" else 1,
-                                              max_queued=max(k, 1), max_connections=max(64, k + 1))
-                        thread = ServerThread(OpenPIServer(policy, limits, port=0)).start()
-                        try:
-                            figures = _run_clients(thread.port, k, n, rate, duration, images, counter)
-                        finally:
-                            thread.stop()
-                        figures["max_concurrent"] = limits.max_concurrent
-                        results.setdefault(str(n), {}).setdefault(str(k), {})[mode] = figures
+                for k in clients:
+                    runs: dict[str, list[dict[str, Any]]] = {mode: [] for mode in MODES}
+                    for repetition in range(reps):
+                        # Alternating order, each pair adjacent in time: drift in the machine's load favours neither.
+                        for mode in MODES if repetition % 2 == 0 else MODES[::-1]:
+                            limits = ServerLimits(idle_timeout_s=0.0, max_concurrent=k if mode == "cobatched" else 1,
+                                                  max_queued=max(k, 1), max_connections=max(64, k + 1))
+                            thread = ServerThread(OpenPIServer(policy, limits, port=0)).start()
+                            try:
+                                runs[mode].append(_run_clients(thread.port, k, n, rate, duration, images, counter))
+                            finally:
+                                thread.stop()
+                    entry = {mode: summarize(runs[mode], k if mode == "cobatched" else 1) for mode in MODES}
+                    ratios = [len(c["latencies_ms"]) / c["span_s"] / (len(s["latencies_ms"]) / s["span_s"])
+                              for c, s in zip(runs["cobatched"], runs["serial"])]
+                    entry["speedup"] = float(np.median(ratios))
+                    entry["speedup_reps"] = [round(r, 3) for r in ratios]
+                    results.setdefault(str(n), {})[str(k)] = entry
+                    for mode in MODES:
+                        figures = entry[mode]
                         log(f"fleet N={n} K={k} {mode}: {figures['requests_per_s']:.2f} req/s, p50 "
                             f"{figures['p50_ms']:.0f} ms, p95 {figures['p95_ms']:.0f} ms, "
                             f"{figures['forwards_per_request']:.2f} forwards/request")
+                    log(f"fleet N={n} K={k}: speed-up {entry['speedup']:.2f}x (reps {entry['speedup_reps']})")
         finally:
             policy.stop()
     return results
@@ -212,7 +241,8 @@ def measure(clients: tuple[int, ...], candidates: tuple[int, ...], rate: float, 
 def render_markdown(document: dict[str, Any]) -> str:
     header = (f"{document['date']}, commit `{document['commit']}`, {document['machine']['cpu_model']} "
               f"({document['machine']['usable_cores']} cores), torch threads {document['threads']}, "
-              f"{document['duration_s']:g} s per run, rate {document['rate_hz']:g} Hz per client "
+              f"{document['reps']} repetitions of {document['duration_s']:g} s per server, rate "
+              f"{document['rate_hz']:g} Hz per client "
               f"(0 = back to back); load average at start {document['load_average_start']}, end "
               f"{document['load_average_end']}; the whole run took {document['wall_s']:.0f} s.")
     lines = [f"# Fleet on the OpenPI wire: co-batched vs one at a time ({document['model']} policy)", "", header, ""]
@@ -223,7 +253,7 @@ def render_markdown(document: dict[str, Any]) -> str:
         for k, modes in by_k.items():
             co, se = modes["cobatched"], modes["serial"]
             lines.append(f"| {k} | {co['requests_per_s']:.2f} | {se['requests_per_s']:.2f} | "
-                         f"{co['requests_per_s'] / se['requests_per_s']:.2f}x | {co['p50_ms']:.0f} / "
+                         f"{modes['speedup']:.2f}x | {co['p50_ms']:.0f} / "
                          f"{co['p95_ms']:.0f} | {se['p50_ms']:.0f} / {se['p95_ms']:.0f} | "
                          f"{co['forwards_per_request']:.2f} / {se['forwards_per_request']:.2f} |")
         lines.append("")
@@ -278,12 +308,13 @@ def run(args: argparse.Namespace) -> int:
                                                                               .split("\n\n")[0].split())}
     started = time.monotonic()
     quiet = getattr(args, "quiet", False)
-    by_n = measure(tuple(args.clients), tuple(args.candidates), args.rate, args.duration,
+    reps = max(1, int(getattr(args, "reps", 1) or 1))
+    document["reps"] = reps
+    by_n = measure(tuple(args.clients), tuple(args.candidates), args.rate, args.duration, reps,
                    log=(lambda *_: None) if quiet else (lambda line: print(line, file=sys.stderr, flush=True)))
     document.update(wall_s=time.monotonic() - started, load_average_end=load_average(),
                     fleet=by_n[str(args.candidates[0])], fleet_by_candidates=by_n)
-    document["speedup"] = {n: {k: modes["cobatched"]["requests_per_s"] / modes["serial"]["requests_per_s"]
-                               for k, modes in by_k.items()} for n, by_k in by_n.items()}
+    document["speedup"] = {n: {k: modes["speedup"] for k, modes in by_k.items()} for n, by_k in by_n.items()}
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(document, indent=2) + "\n")
     out.with_suffix(".md").write_text(render_markdown(document))

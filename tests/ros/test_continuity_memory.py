@@ -181,6 +181,40 @@ def test_a_failed_goal_s_result_names_its_code_and_reports_dropped_candidates_on
     assert (dropped.validity.valid, dropped.validity.dropped) == (1, 7)
     assert list(dropped.validity.drop_reasons) == ["non_finite"]
     assert {kv.key: kv.value for kv in dropped.metrics}["dropped_candidates"] == "7"
+    # Nothing served, nothing continued: NaN seam (as the message defines it) and the status the goal was decided with.
+    for result in (plain, dropped):
+        assert not result.continuity.continued and math.isnan(result.continuity.seam_jump)
+    assert plain.continuity.status == results.NOT_SERVED
+    continuing = results.failure_result(ErrorCode.PREEMPTED, "preempted", base_seed=7, weights_version=1,
+                                        continuity_status=continuity.CONTINUED)
+    assert continuing.continuity.status == "continued" and math.isnan(continuing.continuity.seam_jump)
+
+
+def test_a_clock_jump_voids_the_goals_decided_before_it_and_names_why_the_next_one_starts_fresh():
+    memory = continuity.ChunkMemory(LatencyEstimator(margin=0.0))
+    memory.remember(chunk())
+    before = memory.epoch
+    assert memory.observe_latency(0.2, epoch=before)
+    assert memory.clock_jumped(backward=True)  # a simulator reset: the chunk was dropped
+    assert memory.last is None and decide(memory).status == continuity.CLOCK_JUMPED_BACK
+    # A goal decided before the jump and finished after it keeps neither its chunk nor its latency.
+    assert not memory.remember(chunk(), epoch=before) and not memory.observe_latency(99.0, epoch=before)
+    assert memory.estimator.estimate == pytest.approx(0.2)
+    assert memory.remember(chunk(), epoch=memory.epoch) and decide(memory).status == continuity.CONTINUED
+    # A forward jump (a seek) resets the estimate and keeps the chunk.
+    assert not memory.clock_jumped(backward=False)
+    assert memory.estimator.estimate is None and memory.last is not None
+
+
+def test_the_frozen_count_covers_what_has_gone_since_the_stamp_plus_the_estimate():
+    memory = continuity.ChunkMemory(LatencyEstimator(initial=0.1, margin=0.0))
+    memory.remember(chunk())
+    decision = decide(memory, elapsed_s=2 * DT)  # two rows gone at the decision, 0.1 s still to come
+    assert decision.latency_s == pytest.approx(2 * DT + 0.1)
+    assert decision.context.frozen == 3  # ceil(0.35 / 0.125)
+    # An off-grid stamp: shift 4.5, so 3 new rows have an old action at or after their time.
+    late = decide(memory, stamp=10.0 + 4.5 * DT)
+    assert late.context.overlap == 3 and late.context.frozen == 1
 
 
 def test_the_nan_fault_corrupts_only_the_chosen_candidates():

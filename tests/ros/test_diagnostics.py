@@ -34,3 +34,13 @@ def test_diagnostics_follow_diagnostic_updater_names_and_levels():
     assert diagnostics.engine_status(inputs).level == diagnostics.ERROR
     inputs.engine_alive, inputs.last_error = True, "ENGINE_FAILURE: boom"
     assert diagnostics.engine_status(inputs).level == diagnostics.WARN
+
+
+def test_clock_jumps_are_reported_under_sim_time_only():
+    inputs = diagnostics.DiagnosticsInputs(node_name="n", hardware_id="cpu", model="tiny", notice="x",
+                                           weights_version=0, engine_alive=True, image_topics=("/img",),
+                                           observation_ages={"/img": None})
+    assert not any(kv.key.startswith("clock_jumps") for kv in diagnostics.observations_status(inputs).values)
+    inputs.clock_jumps = {"backward": 2, "forward": 1}
+    values = {kv.key: kv.value for kv in diagnostics.observations_status(inputs).values}
+    assert (values["clock_jumps_backward"], values["clock_jumps_forward"]) == ("2", "1")

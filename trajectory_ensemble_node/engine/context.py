@@ -65,7 +65,7 @@ def overlap_count(horizon_previous: int, shift: float) -> int:
         horizon_previous (`int`): The previous chunk's length.
         shift (`float`): :func:`fractional_shift`, ``>= 0``.
     """
-    return max(int(math.floor(horizon_previous - shift)), 0)
+    return max(math.floor(horizon_previous - shift), 0)
 
 
 def resample(previous: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -390,4 +390,4 @@ class LatencyEstimator:
         estimate = self.estimate or 0.0
         total = max(_finite_number("elapsed_s", elapsed_s), 0.0) + estimate
         # A latency of exactly k * dt must give k, not k + 1, despite float noise in the division.
-        return max(int(math.ceil(total / dt - 1e-9)), 0)
+        return max(math.ceil(total / dt - 1e-9), 0)

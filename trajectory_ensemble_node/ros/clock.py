@@ -139,3 +139,50 @@ def watch_jumps(clock: Clock, on_jump: Callable[[bool, float], None],
         on_jump(delta_s < 0, delta_s)
 
     return clock.create_jump_callback(threshold, post_callback=post)
+
+
+class SimulatedTime:
+    """A node under ``use_sim_time``: its :class:`ClockFeed`, and what a time jump does to its state.
+
+    - back (a simulator reset): ``observations.clear(why)`` and ``memory.clock_jumped(backward=True)``: frames and the
+      remembered chunk belong to the old time line; goals are refused ``NO_OBSERVATION`` (with the reason) until new
+      frames come, and the next continuation starts fresh with ``"clock jumped back"``;
+    - forward by more than :data:`FORWARD_JUMP_S` (a seek): ``memory.clock_jumped(backward=False)`` resets the
+      latency estimate.
+
+    Either way the goals decided before the jump keep neither their chunk nor their latency (the memory's epoch).
+
+    Args:
+        node (`rclpy.node.Node`): The serving node (its clock and logger).
+        observations (`ObservationBuffer`): Its observation buffer.
+        memory (`ChunkMemory`): Its chunk memory.
+    """
+
+    def __init__(self, node: Any, observations: Any, memory: Any) -> None:
+        self._logger = node.get_logger()
+        self._observations, self._memory = observations, memory
+        self.jumps = {"backward": 0, "forward": 0}
+        """Jumps seen so far (``/diagnostics`` reports them)."""
+        self.feed = ClockFeed(node)
+        self._handle = watch_jumps(node.get_clock(), self._on_jump)
+
+    def _on_jump(self, backward: bool, delta_s: float) -> None:
+        # Runs inside rcl on the feed's thread: flip state under the owners' locks, log, return.
+        if backward:
+            self.jumps["backward"] += 1
+            why = f"the clock jumped back {-delta_s:.3f} s"
+            frames = self._observations.clear(why)
+            chunk = self._memory.clock_jumped(backward=True)
+            self._logger.warning(
+                f"{why} (a simulator reset?): dropped {'the observation buffer' if frames else 'no frames'} and "
+                f"{'the remembered chunk' if chunk else 'no chunk'}; goals wait for new frames, continuations start "
+                "fresh")
+        else:
+            self.jumps["forward"] += 1
+            self._memory.clock_jumped(backward=False)
+            self._logger.info(f"the clock jumped forward {delta_s:.3f} s: the latency estimate starts over")
+
+    def stop(self) -> None:
+        """Stop the jump callback and the feed (before the node is destroyed)."""
+        self._handle.unregister()
+        self.feed.stop()

@@ -7,8 +7,12 @@ One ``DiagnosticArray`` carries three statuses, named ``"<node>: <task>"`` as di
   ``node_overhead_ms``. ERROR when the engine thread is gone, WARN when the last goal failed inside the engine, or
   when its candidates disagreed more than the calibrated ``uncertainty_threshold`` (``uncertain``).
 - ``<node>: goals``: goals succeeded / aborted / canceled / preempted / rejected, running and waiting.
-- ``<node>: observations``: age of the newest frame per topic, frames received and rejected per cause. WARN when
-  a topic has delivered nothing yet or is older than ``max_observation_age_s``.
+- ``<node>: observations``: age of the newest frame per topic, frames received and rejected per cause, and under
+  ``use_sim_time`` the clock jumps seen (``clock_jumps_backward``, ``clock_jumps_forward``). WARN when a topic has
+  delivered nothing yet (or nothing since the clock jumped back) or is older than ``max_observation_age_s``.
+
+The node publishes them from a timer on the host's steady clock: they report on the node, so a paused simulator
+does not silence them.
 
 :func:`build_diagnostics` is a pure function of a :class:`DiagnosticsInputs`, so levels and keys are unit-tested
 without DDS.
@@ -51,6 +55,8 @@ class DiagnosticsInputs:
         frames_received (`int`): Good frames accepted.
         frames_rejected (`Mapping[str, int]`): Rejected frames per cause.
         image_topics (`tuple[str, ...]`): Which of ``observation_ages`` are image topics (the others are optional).
+        clock_jumps (`Mapping[str, int]`, *optional*): ``backward`` / ``forward`` jumps of the simulated clock
+            (``None`` off ``use_sim_time``).
     """
 
     node_name: str
@@ -69,6 +75,7 @@ class DiagnosticsInputs:
     frames_received: int = 0
     frames_rejected: Mapping[str, int] = field(default_factory=dict)
     image_topics: tuple[str, ...] = ()
+    clock_jumps: Mapping[str, int] | None = None
 
 
 def _kv(key: str, value: Any) -> KeyValue:
@@ -133,6 +140,8 @@ def observations_status(inputs: DiagnosticsInputs) -> DiagnosticStatus:
     values.insert(0, _kv("observation_age_s", max(known) if known and len(known) == len(image_ages) else "never"))
     values.append(_kv("max_observation_age_s", inputs.max_observation_age_s))
     values.append(_kv("frames_received", inputs.frames_received))
+    if inputs.clock_jumps is not None:
+        values += [_kv(f"clock_jumps_{way}", inputs.clock_jumps.get(way, 0)) for way in ("backward", "forward")]
     values += [_kv(f"frames_rejected_{cause}", count) for cause, count in inputs.frames_rejected.items()]
     rejected = sum(inputs.frames_rejected.values())
     message = "; ".join(problems) if problems else "observations fresh"

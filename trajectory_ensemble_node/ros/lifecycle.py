@@ -10,7 +10,8 @@
   :mod:`.startup_checks`, logged on the node.
 - :func:`check_parameter_types`: SetParameters with a value of the wrong type is refused by name (the parameters
   are declared with dynamic typing so YAML ints can fill float parameters, which lets rclpy accept any type);
-  :func:`refuse_clock_change`: ``use_sim_time`` (rclpy's, not ours) is refused like our read-only parameters.
+  :func:`refuse_clock_change`: ``use_sim_time`` (rclpy's, not ours) is refused like our read-only parameters;
+  :func:`set_parameters` is the node's callback applying both.
 - :func:`measure_costs`: two small groups before the node says ready, so the deadline planner never meets a goal
   on a cold engine (``docs/node.md``, "Deadlines").
 """
@@ -28,7 +29,12 @@ import numpy as np
 from rclpy.qos import HistoryPolicy, QoSProfile, ReliabilityPolicy
 
 from . import params as node_params
-from .startup_checks import count_same_name, params_files_from_args, raw_reducer_without_stats, unmatched_params_files
+from .startup_checks import (
+    count_same_name,
+    params_files_from_args,
+    raw_reducer_without_stats,
+    unmatched_params_files,
+)
 
 ACTION_SERVICE_QOS = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=1000, reliability=ReliabilityPolicy.RELIABLE)
 """Goal/cancel/result service queues: deep enough for a burst of hundreds of goals (rclpy's default is 10)."""
@@ -162,6 +168,39 @@ def check_parameter_types(changes: Sequence[Any]) -> str | None:
             return (f"{change.name}: expected a {expected.__name__}, got {value!r} ({type(value).__name__}); "
                     f"nothing was changed")
     return None
+
+
+def set_parameters(changes: Sequence[Any], *, sim_time: bool, faults: Any, logger: Any) -> Any:
+    """The node's SetParameters callback: refusals by type and of ``use_sim_time``, then ``fault_injection``.
+
+    Args:
+        changes (`Sequence[rclpy.parameter.Parameter]`): The requested changes.
+        sim_time (`bool`): The node's ``use_sim_time`` at start-up.
+        faults (`FaultInjector`, *optional*): The test-only fault hook (``None`` outside tests).
+        logger (`RcutilsLogger`): The node's logger.
+
+    Returns:
+        `rcl_interfaces.msg.SetParametersResult`
+    """
+    from rcl_interfaces.msg import SetParametersResult
+
+    from ..errors import ParameterError
+
+    problem = check_parameter_types(changes) or refuse_clock_change(changes, sim_time)
+    if problem is not None:
+        return SetParametersResult(successful=False, reason=problem)
+    for change in changes:
+        if change.name != "fault_injection":
+            continue  # read_only descriptors already refuse the others
+        value = change.value
+        try:
+            node_params.check_fault_injection(value)
+        except ParameterError as error:
+            return SetParametersResult(successful=False, reason=str(error))
+        if faults is not None:
+            faults.arm(value)
+            logger.warning(f"TEST ONLY: fault {value!r} armed for the next group")
+    return SetParametersResult(successful=True)
 
 
 def refuse_clock_change(changes: Sequence[Any], sim_time: bool) -> str | None:

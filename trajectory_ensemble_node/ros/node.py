@@ -57,7 +57,7 @@ from ..errors import (
 from ..models.cosmos3 import Cosmos3ActionModel, RolloutSpec, resolve_device
 from ..safety import load_limits
 from . import params as node_params
-from .clock import ClockFeed, host_clock, watch_jumps
+from .clock import SimulatedTime, host_clock
 from .continuity import (
     CONTINUED,
     FRESH_REASONS,
@@ -78,10 +78,9 @@ from .input_limits import InputLimits, check_image_size, check_instruction, toke
 from .lifecycle import (
     ACTION_SERVICE_QOS,
     DUPLICATE_CHECK_PERIOD_S,
-    check_parameter_types,
     measure_costs,
-    refuse_clock_change,
     report_duplicates,
+    set_parameters,
     warn_raw_reducer,
 )
 from .startup_checks import load_action_stats, load_uncertainty_threshold, toy_settings_mismatch
@@ -164,11 +163,9 @@ class TrajectoryEnsembleNode(Node):
         self.observations = (ObservationBuffer(image_topics, state_topic, clock=self.now_s, stamp_clock=self.now_s)
                              if self.sim_time else ObservationBuffer(image_topics, state_topic, stamp_clock=self.now_s))
         self.memory = ChunkMemory()
-        self.clock_jumps = {"backward": 0, "forward": 0}
-        # /clock on its own thread and node, never on this node's executor (see clock.py: a fast /clock starved it);
-        # a simulator reset or a seek reaches _on_clock_jump.
-        self.clock_feed = ClockFeed(self) if self.sim_time else None
-        self._jumps = watch_jumps(self.get_clock(), self._on_clock_jump) if self.sim_time else None
+        # /clock on its own thread, never on this node's executor (a fast /clock starved it); a simulator reset or a
+        # seek drops what the old time line made meaningless.
+        self.simulated_time = SimulatedTime(self, self.observations, self.memory) if self.sim_time else None
         for topic in image_topics:
             self.create_subscription(Image, topic, lambda msg, t=topic: self._on_image(t, msg),
                                      qos_profile_sensor_data, callback_group=self._cb)
@@ -209,23 +206,7 @@ class TrajectoryEnsembleNode(Node):
         self.get_logger().info(f"[{self.notice}] {message}")
 
     def _on_set_parameters(self, changes: Sequence[Any]) -> Any:
-        from rcl_interfaces.msg import SetParametersResult
-
-        problem = check_parameter_types(changes) or refuse_clock_change(changes, self.sim_time)
-        if problem is not None:
-            return SetParametersResult(successful=False, reason=problem)
-        for change in changes:
-            if change.name != "fault_injection":
-                continue  # read_only descriptors already refuse the others
-            value = change.value
-            try:
-                node_params.check_fault_injection(value)
-            except ParameterError as error:
-                return SetParametersResult(successful=False, reason=str(error))
-            if self.faults is not None:
-                self.faults.arm(value)
-                self.get_logger().warning(f"TEST ONLY: fault {value!r} armed for the next group")
-        return SetParametersResult(successful=True)
+        return set_parameters(changes, sim_time=self.sim_time, faults=self.faults, logger=self.get_logger())
 
     # --- subscriptions ---------------------------------------------------------------------------------------------
 
@@ -257,22 +238,6 @@ class TrajectoryEnsembleNode(Node):
     def now_s(self) -> float:
         """Seconds of the node's ROS clock (simulated time under ``use_sim_time``)."""
         return self.get_clock().now().nanoseconds * 1e-9
-
-    def _on_clock_jump(self, backward: bool, delta_s: float) -> None:
-        # Runs inside rcl on the clock feed's thread: flip state under the owners' locks, log, return.
-        if backward:
-            self.clock_jumps["backward"] += 1
-            why = f"the clock jumped back {-delta_s:.3f} s"
-            frames = self.observations.clear(why)
-            chunk = self.memory.clock_jumped(backward=True)
-            self.get_logger().warning(
-                f"{why} (a simulator reset?): dropped {'the observation buffer' if frames else 'no frames'} and "
-                f"{'the remembered chunk' if chunk else 'no chunk'}; goals wait for new frames, continuations start "
-                "fresh")
-        else:
-            self.clock_jumps["forward"] += 1
-            self.memory.clock_jumped(backward=False)
-            self.get_logger().info(f"the clock jumped forward {delta_s:.3f} s: the latency estimate starts over")
 
     def default_instruction(self) -> str:
         """The latest ``~/instruction``, else the ``instruction`` parameter."""
@@ -569,6 +534,7 @@ class TrajectoryEnsembleNode(Node):
             observation_ages=self.observations.ages(), max_observation_age_s=self.params.max_observation_age_s,
             frames_received=self.observations.received_count(), frames_rejected=self.observations.rejected_counts(),
             image_topics=self.observations.image_topics,
+            clock_jumps=self.simulated_time.jumps if self.simulated_time is not None else None,
         )
         try:
             self.diagnostics_pub.publish(build_diagnostics(inputs, self.get_clock().now().to_msg()))
@@ -578,8 +544,8 @@ class TrajectoryEnsembleNode(Node):
                 self.get_logger().warning(f"/diagnostics not published: {type(error).__name__}: {error}")
 
     def destroy_node(self) -> None:
-        if self.clock_feed is not None:
-            self.clock_feed.stop()
+        if self.simulated_time is not None:
+            self.simulated_time.stop()
         super().destroy_node()
 
     def shutdown(self) -> None:

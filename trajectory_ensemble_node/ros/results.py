@@ -21,7 +21,6 @@ from ..errors import ErrorCode
 from ..safety import REASONS
 from .conversions import metrics_key_values, seconds_to_time
 
-
 NOT_SERVED = "not served"
 """``continuity.status`` of a goal that failed before its continuity was decided (refused, canceled early)."""
 

@@ -68,6 +68,8 @@ MODES: dict[str, Mode] = {
     "fleet": Mode(("--fleet",), "trajectory_ensemble_lab.bench.fleet:run",
                   "K openpi-client processes against the OpenPI server, co-batched vs one request at a time",
                   delegated=False, options="trajectory_ensemble_lab.bench.fleet:add_arguments"),
+    "clock-rate": Mode(("--clock-rate",), "trajectory_ensemble_lab.bench.clock_rate:run",
+                       "engine time under a 1 kHz /clock vs the host clock, idle CPU at 0/100/1000 Hz"),
 }
 """Every ``bench`` mode by name. A new mode is one entry here (and its flag, if it has one, in :data:`MODE_FLAGS`)."""
 
@@ -79,6 +81,8 @@ MODE_FLAGS: dict[str, str] = {
                      "(trajectory_ensemble_lab.toy.closed_loop); with --ros: through the node on sim time",
     "--fleet": "K openpi-client processes against the OpenPI server, co-batched vs serial "
                "(trajectory_ensemble_lab.bench.fleet; --clients, --candidates, --rate, --duration, --json)",
+    "--clock-rate": "the node under a 1 kHz /clock: engine time vs the host clock, idle CPU per /clock rate "
+                    "(trajectory_ensemble_lab.bench.clock_rate)",
 }
 """The flags that select modes, with their help; each is a boolean ``store_true`` flag."""
 

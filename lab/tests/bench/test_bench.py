@@ -40,7 +40,8 @@ def test_defaults_follow_the_spec_and_the_device():
 
 
 @pytest.mark.parametrize("flag, module", [("--quality", "trajectory_ensemble_lab.toy.quality"),
-                                          ("--ros", "trajectory_ensemble_lab.bench.ros_overhead")])
+                                          ("--ros", "trajectory_ensemble_lab.bench.ros_overhead"),
+                                          ("--clock-rate", "trajectory_ensemble_lab.bench.clock_rate")])
 def test_delegated_modes_dispatch_or_say_what_is_missing(monkeypatch, capsys, flag, module):
     args = parse(flag, "--scenes", "3", "--scene-seed", "7", "--json", "q.json")
     monkeypatch.setitem(sys.modules, module, None)  # "not in this checkout yet"

@@ -27,7 +27,7 @@ ROS_BUILD_ENV := AMENT_PREFIX_PATH=$(VENV) CMAKE_PREFIX_PATH=$(VENV):$(VENV)/lib
 # $(call require,COMMAND,APT PACKAGES): stop with one line naming the package when COMMAND is missing.
 require = command -v $(1) >/dev/null 2>&1 || { echo "error: $(1) not found; install it with: sudo apt install $(2)" >&2; exit 1; }
 
-.PHONY: test demo bench soak venv interfaces colcon clean
+.PHONY: test demo bench soak calibrate-bags venv interfaces colcon clean
 
 test: $(VENV)/.stamp-interfaces $(VENV)/.stamp-openpi-client
 	@# pytest exits 5 when it collects nothing; that must fail the build, never pass quietly.
@@ -38,6 +38,16 @@ demo: $(VENV)/.stamp-interfaces
 
 bench: $(VENV)/.stamp-interfaces $(VENV)/.stamp-openpi-client
 	$(VENV)/bin/trajectory-ensemble bench $(BENCH_ARGS)
+
+# docs/replay-tests.md's calibration figure (issue 32): 100 toy demonstrations to calibrate on, 100 held out, the node
+# started for the run (toy policy, N=8). About 10 minutes on 2 cores; writes bench/results/uncertainty-bags.json (.md).
+CALIBRATE_BAGS := out/calibrate-bags
+calibrate-bags: $(VENV)/.stamp-interfaces
+	rm -rf $(CALIBRATE_BAGS)/calibration $(CALIBRATE_BAGS)/heldout
+	$(VENV)/bin/trajectory-ensemble bags make-demo-bag $(CALIBRATE_BAGS)/calibration --reference --scenes 100 --scene-seed 1000
+	$(VENV)/bin/trajectory-ensemble bags make-demo-bag $(CALIBRATE_BAGS)/heldout --reference --scenes 100 --scene-seed 2000
+	$(VENV)/bin/trajectory-ensemble calibrate --bag $(CALIBRATE_BAGS)/calibration --heldout-bag $(CALIBRATE_BAGS)/heldout \
+		--alpha 0.05 --count 8 --start-node --rate 4 --replay-out $(CALIBRATE_BAGS)/replays --json bench/results/uncertainty-bags.json
 
 # The long reliability storms of tests/reliability (issue 20): 500-goal soak with RSS growth, a 200-goal burst per
 # goal policy, cancel storms, killed clients, a frame flood, hostile weight paths, every engine fault, SIGTERM.

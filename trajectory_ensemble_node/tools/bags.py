@@ -353,17 +353,13 @@ def demonstrated_side(scene: Any) -> int:
 def joint_trajectory_msg(names: Sequence[str], positions: np.ndarray, dt: float, stamp_ns: int,
                          frame_id: str = "") -> Any:
     """``trajectory_msgs/JointTrajectory``: row ``k`` of ``positions`` ``[K, len(names)]`` at ``(k + 1) * dt``."""
-    types = typestore().types
-    empty = np.zeros(0, dtype=np.float64)
-    points = []
-    for k, row in enumerate(np.asarray(positions, dtype=np.float64)):
-        ns = int(round((k + 1) * dt * 1e9))
-        points.append(types["trajectory_msgs/msg/JointTrajectoryPoint"](
-            positions=row, velocities=empty, accelerations=empty, effort=empty,
-            time_from_start=types["builtin_interfaces/msg/Duration"](sec=ns // 1_000_000_000,
-                                                                     nanosec=ns % 1_000_000_000)))
-    return types[JOINT_TRAJECTORY_TYPE](header=make_header(stamp_ns, frame_id), joint_names=list(names),
-                                        points=points)
+    types, empty = typestore().types, np.zeros(0, dtype=np.float64)
+    times = [int(round((k + 1) * dt * 1e9)) for k in range(len(positions))]
+    points = [types["trajectory_msgs/msg/JointTrajectoryPoint"](
+        positions=row, velocities=empty, accelerations=empty, effort=empty,
+        time_from_start=types["builtin_interfaces/msg/Duration"](sec=ns // 10**9, nanosec=ns % 10**9))
+        for ns, row in zip(times, np.asarray(positions, dtype=np.float64))]
+    return types[JOINT_TRAJECTORY_TYPE](header=make_header(stamp_ns, frame_id), joint_names=list(names), points=points)
 
 
 def make_demo_bag(
@@ -494,10 +490,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m trajectory_ensemble_node.tools.bags {make-demo-bag OUT | info BAG}`` (= ``trajectory-ensemble
-    bags``)."""
-    parser = argparse.ArgumentParser(prog="python -m trajectory_ensemble_node.tools.bags",
-                                     description=__doc__.splitlines()[0])
+    """``python -m trajectory_ensemble_node.tools.bags ...``, the same as ``trajectory-ensemble bags ...``."""
+    parser = argparse.ArgumentParser(prog="trajectory-ensemble bags", description=__doc__.splitlines()[0])
     add_arguments(parser)
     return run(parser.parse_args(argv))
 

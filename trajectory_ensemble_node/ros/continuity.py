@@ -30,6 +30,7 @@ chunks from goals decided before it are not taken, and a forward jump also reset
 
 from __future__ import annotations
 
+import math
 import threading
 from dataclasses import dataclass
 
@@ -163,14 +164,14 @@ class ChunkMemory:
         """Fold one goal's serving latency (seconds of the node's clock) into the frozen-count estimate.
 
         Args:
-            seconds (`float`): Decision to publication (negative ones are ignored).
+            seconds (`float`): Decision to publication (negative or non-finite ones are ignored).
             epoch (`int`, *optional*): :attr:`epoch` at the goal's decision; a latency across a clock jump is ignored.
 
         Returns:
             `bool`: whether the estimate took it (False also when the estimator's outlier gate refused it).
         """
         with self._lock:
-            if seconds < 0 or (epoch is not None and epoch != self._epoch):
+            if not math.isfinite(seconds) or seconds < 0 or (epoch is not None and epoch != self._epoch):
                 return False
             return self.estimator.observe(seconds)
 

@@ -83,7 +83,14 @@ from .lifecycle import (
     set_parameters,
     warn_raw_reducer,
 )
-from .startup_checks import load_action_stats, load_uncertainty_threshold, toy_settings_mismatch
+from .startup_checks import (
+    alarm_in_force,
+    load_action_stats,
+    load_novelty,
+    load_uncertainty_threshold,
+    toy_settings_mismatch,
+)
+from .uncertainty_window import UncertaintyWindow
 from .observations import Observation, ObservationBuffer, state_positions
 from .weight_updates import serve_update
 
@@ -127,7 +134,11 @@ class TrajectoryEnsembleNode(Node):
             prefix_retain=p.prefix_retain, cfg_mode=p.cfg_mode, step_capture=p.step_capture,
             action_stats=load_action_stats(p), limits=limits, min_valid_candidates=p.min_valid_candidates,
             position_policy=p.position_limit_policy, uncertainty_threshold=load_uncertainty_threshold(p),
+            novelty=load_novelty(p),
         )
+        # The alarm over the last uncertainty_window goals of one episode (a chain of continued chunks).
+        self.uncertainty_window = UncertaintyWindow(
+            p.uncertainty_window, alarm_in_force(self.model.novelty, self.model.uncertainty_threshold))
         self._start_jump = limits is not None and any(c.max_start_jump is not None for c in limits.channels)
         try:
             check_reducer(p.reducer, p.action_dim, valid_reducers=self.model.valid_reducers(), domain_name=p.domain_name)
@@ -426,6 +437,7 @@ class TrajectoryEnsembleNode(Node):
         metrics["observation_age_ms"] = observation.age_s * 1000.0
         decision = record.continuity
         metrics["continuity"] = decision.status if decision is not None else ""
+        self.uncertainty_window.observe(metrics, continued=metrics["continuity"] == CONTINUED)
         if decision is not None and decision.latency_s is not None:
             metrics["frozen_latency_ms"] = decision.latency_s * 1000.0
         self._remember(record, plan, observation, result, metrics)
@@ -544,7 +556,8 @@ class TrajectoryEnsembleNode(Node):
                 self.get_logger().warning(f"/diagnostics not published: {type(error).__name__}: {error}")
 
     def destroy_node(self) -> None:
-        if self.simulated_time is not None:
+        # getattr: rclpy destroys a node whose construction failed (bad parameters) too.
+        if getattr(self, "simulated_time", None) is not None:
             self.simulated_time.stop()
         super().destroy_node()
 

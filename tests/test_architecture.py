@@ -25,8 +25,8 @@ PACKAGE = "trajectory_ensemble_node"
 LAB = "trajectory_ensemble_lab"
 LAB_ROOT = REPO_ROOT / "lab" / LAB
 
-CORE_MODULES = ("__init__", "_rotations", "continuity", "contract", "errors", "metrics", "normalization", "reducers",
-                "safety", "seeding", "stats", "uncertainty")
+CORE_MODULES = ("__init__", "_rotations", "continuity", "contract", "errors", "metrics", "normalization", "novelty",
+                "reducers", "safety", "seeding", "stats", "uncertainty")
 """Top-level modules that form the ROS-free core; every other top-level module or folder is a package of its own."""
 
 RCLPY_ALLOWED = ("ros", "tools")
@@ -51,6 +51,8 @@ ROS_FREE_MODULES = [
     "trajectory_ensemble_node.ros.observations",
     "trajectory_ensemble_node.safety",
     "trajectory_ensemble_node.uncertainty",
+    "trajectory_ensemble_node.novelty",
+    "trajectory_ensemble_node.ros.uncertainty_window",
     "trajectory_ensemble_node.engine.validity",
     "trajectory_ensemble_node.engine.deadline",
     # The OpenPI face: a second face of the service, beside the node, never importing rclpy.

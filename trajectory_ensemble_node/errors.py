@@ -63,6 +63,8 @@ class ErrorCode(enum.IntEnum):
     REDUCED_TRAJECTORY_INVALID = 81
     DEADLINE_UNMEETABLE = 82
     LIMITS_FILE_INVALID = 83
+    # Observation novelty (issue 33).
+    NOVELTY_SCORER_INVALID = 84
 
 
 ERROR_KINDS = ("ok", "refusal", "observation", "engine failure", "lifecycle", "configuration")
@@ -132,6 +134,9 @@ _TABLE: dict[ErrorCode, tuple[str, str]] = {
                                                "run."),
     ErrorCode.LIMITS_FILE_INVALID: ("configuration", "The action limits file is unreadable, malformed or does not fit "
                                                      "the action width."),
+    ErrorCode.NOVELTY_SCORER_INVALID: ("configuration", "The novelty scorer file is not a trajectory-ensemble "
+                                                        "safetensors scorer, or does not fit the model's observation "
+                                                        "embedding."),
 }
 
 
@@ -504,3 +509,12 @@ class ContextUnsupportedError(ExecutionContextError):
     """A context (or a context-only reducer) was asked of a model or request that cannot honour it."""
 
     code = ErrorCode.CONTEXT_UNSUPPORTED
+
+
+# --- observation novelty -------------------------------------------------------------------------------------------
+
+
+class NoveltyScorerError(TrajectoryEnsembleError, ValueError):
+    """A novelty scorer file is unreadable or malformed, or a scorer and an embedding do not fit each other."""
+
+    code = ErrorCode.NOVELTY_SCORER_INVALID

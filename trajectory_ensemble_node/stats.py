@@ -8,7 +8,9 @@ closed-loop bench carry the same interval:
 - :func:`conformal_threshold`: the split-conformal threshold, the ``ceil((1 - alpha)(n + 1))``-th smallest
   calibration score, i.e. the ``(1 - alpha)(1 + 1/n)`` empirical quantile. For a new score exchangeable with the
   ``n`` calibration scores, ``P(score > threshold) <= alpha``;
-- :func:`auroc`: the area under the ROC curve as the Mann-Whitney statistic, ties counted one half.
+- :func:`auroc`: the area under the ROC curve as the Mann-Whitney statistic, ties counted one half;
+- :func:`paired_bootstrap_auroc`: percentile bootstrap intervals of two scores' AUROCs on the same samples and of
+  their difference (resampling samples, so both scores see the same resample).
 
 Plain numpy; nothing here imports torch or rclpy.
 """
@@ -72,3 +74,50 @@ def auroc(negatives: Sequence[float], positives: Sequence[float]) -> float:
     greater = (pos[:, None] > neg[None, :]).sum()
     ties = (pos[:, None] == neg[None, :]).sum()
     return float((greater + 0.5 * ties) / (len(neg) * len(pos)))
+
+
+def _auroc_matrix(labels: np.ndarray, scores: np.ndarray) -> np.ndarray:
+    """AUROC of each row of ``scores`` ``[B, n]`` against the matching row of boolean ``labels`` ``[B, n]``."""
+    order = np.argsort(scores, axis=1, kind="mergesort")
+    ranked = np.take_along_axis(scores, order, axis=1)
+    ranks = np.empty_like(scores)
+    for row in range(scores.shape[0]):
+        # Average ranks over ties (Mann-Whitney counts a tie one half).
+        _, first, counts = np.unique(ranked[row], return_index=True, return_counts=True)
+        ranks[row, order[row]] = np.repeat(first + (counts + 1) / 2.0, counts)
+    pos = labels.sum(axis=1).astype(np.float64)
+    neg = labels.shape[1] - pos
+    rank_sum = np.where(labels, ranks, 0.0).sum(axis=1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return (rank_sum - pos * (pos + 1) / 2.0) / (pos * neg)
+
+
+def paired_bootstrap_auroc(labels: Sequence[bool], scores_a: Sequence[float], scores_b: Sequence[float],
+                           seed: int = 0) -> dict[str, object]:
+    """AUROC of two scores on the same labelled samples, with percentile bootstrap 95 % intervals.
+
+    Args:
+        labels (`Sequence[bool]`): True for a positive sample (e.g. a failed episode).
+        scores_a (`Sequence[float]`), scores_b (`Sequence[float]`): Two scores of the same samples.
+        seed (`int`): Seeds the resampling (:data:`BOOTSTRAP_SAMPLES` resamples of the samples, with replacement;
+            a resample without both classes is left out).
+
+    Returns:
+        `dict`: ``a``, ``b``, ``difference`` (``a - b``) on the data, and ``ci_a``, ``ci_b``, ``ci_difference``.
+    """
+    y = np.asarray(labels, dtype=bool)
+    a, b = np.asarray(scores_a, dtype=np.float64), np.asarray(scores_b, dtype=np.float64)
+    if not (len(y) == len(a) == len(b)):
+        raise ValueError(f"labels and scores must have one entry per sample, got {len(y)}, {len(a)}, {len(b)}")
+    point_a, point_b = auroc(a[~y], a[y]), auroc(b[~y], b[y])
+    index = np.random.default_rng(seed).integers(0, len(y), size=(BOOTSTRAP_SAMPLES, len(y)))
+    ys = y[index]
+    keep = ys.any(axis=1) & (~ys).any(axis=1)
+    ya, yb = _auroc_matrix(ys[keep], a[index][keep]), _auroc_matrix(ys[keep], b[index][keep])
+
+    def ci(values: np.ndarray) -> list[float]:
+        return [float(np.quantile(values, 0.025)), float(np.quantile(values, 0.975))] if len(values) else [
+            math.nan, math.nan]
+
+    return {"a": point_a, "b": point_b, "difference": point_a - point_b, "ci_a": ci(ya), "ci_b": ci(yb),
+            "ci_difference": ci(ya - yb)}

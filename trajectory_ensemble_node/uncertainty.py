@@ -14,16 +14,37 @@ Quantities (candidates ``x_i`` ``[H, D]`` in normalized space, ``rms(a, b) = ||a
 - ``uncertainty_score``: the mean ``rms`` distance from each candidate to its nearest other candidate (a
   nearest-neighbour spread). A bimodal set of tight modes scores low; scattered candidates score high. N = 1 has no
   spread: 0.
+
+Observation novelty (:mod:`.novelty`) is the second score, for the policy that is confidently wrong. With a novelty
+scorer configured, an :class:`AlarmRule` says which of the two scores raise ``uncertain``:
+
+- ``spread``: ``uncertainty_score > spread threshold`` (the only rule without a scorer);
+- ``novelty``: ``novelty_score > novelty threshold``;
+- ``either``: one of them above its threshold (``calibrate`` sets both at alpha / 2, so the rule's false alarms
+  stay at most alpha);
+- ``both``: both above their thresholds (FIPER's rule; each at alpha).
+
+``novel`` is ``novelty_score > novelty threshold`` whatever the rule. The thresholds come from one ``calibrate``
+JSON (:func:`load_calibration`), so the rule and its thresholds are always calibrated together.
 """
 
 from __future__ import annotations
 
+import json
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import torch
 
+from .errors import NoveltyScorerError
+from .novelty import NoveltyScorer, file_sha256, load_scorer
 from .reducers import MODE_DISTANCE_THRESHOLD, mode_clusters
+
+ALARM_RULES = ("spread", "novelty", "either", "both")
+"""Which scores raise ``uncertain`` (module docstring); ``both`` is FIPER's."""
 
 
 @dataclass(frozen=True)
@@ -95,3 +116,169 @@ def estimate_uncertainty(candidates: torch.Tensor, threshold: float = MODE_DISTA
         score=nearest,
         candidates=n,
     )
+
+
+def _threshold(value: Any, name: str) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
+        raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+    return float(value)
+
+
+@dataclass(frozen=True)
+class AlarmRule:
+    """The alarm rule in force and the thresholds it compares the scores with.
+
+    Args:
+        rule (`str`): One of :data:`ALARM_RULES`.
+        spread_threshold (`float`, *optional*): Compared with ``uncertainty_score``; needed by every rule but
+            ``novelty``.
+        novelty_threshold (`float`, *optional*): Compared with ``novelty_score``; needed by every rule but
+            ``spread``, and for ``novel``.
+
+    Raises:
+        ValueError: unknown rule (quoted), a threshold the rule needs is missing, or one is not finite and >= 0.
+    """
+
+    rule: str
+    spread_threshold: float | None = None
+    novelty_threshold: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.rule not in ALARM_RULES:
+            raise ValueError(f"alarm rule must be one of {list(ALARM_RULES)}, got {self.rule!r}")
+        object.__setattr__(self, "spread_threshold", _threshold(self.spread_threshold, "spread_threshold"))
+        object.__setattr__(self, "novelty_threshold", _threshold(self.novelty_threshold, "novelty_threshold"))
+        if self.rule != "novelty" and self.spread_threshold is None:
+            raise ValueError(f"alarm rule {self.rule!r} needs a spread threshold")
+        if self.rule != "spread" and self.novelty_threshold is None:
+            raise ValueError(f"alarm rule {self.rule!r} needs a novelty threshold")
+
+    def decide(self, spread: float, novelty: float | None) -> tuple[bool, bool | None]:
+        """``(uncertain, novel)`` for a spread score and a novelty score (``None``: no scorer; ``novel`` is then
+        ``None``)."""
+        over_spread = self.spread_threshold is not None and spread > self.spread_threshold
+        novel = None if novelty is None or self.novelty_threshold is None else bool(novelty > self.novelty_threshold)
+        if self.rule == "spread":
+            return bool(over_spread), novel
+        if novelty is None:
+            raise ValueError(f"alarm rule {self.rule!r} needs a novelty score")
+        if self.rule == "novelty":
+            return bool(novel), novel
+        if self.rule == "either":
+            return bool(over_spread or novel), novel
+        return bool(over_spread and novel), novel
+
+    def score(self, spread: float, novelty: float | None) -> float:
+        """The rule as one number: each score over its threshold, combined by max (``either``) or min (``both``).
+
+        ``decide`` raises ``uncertain`` exactly when this exceeds 1 (for positive thresholds); ``calibrate`` ranks
+        goals by it for the failure AUROC of each rule.
+        """
+        def ratio(value: float, threshold: float | None) -> float:
+            if threshold is None:
+                return 0.0
+            return value / threshold if threshold > 0 else (math.inf if value > 0 else 0.0)
+
+        s = ratio(spread, self.spread_threshold)
+        n = 0.0 if novelty is None else ratio(novelty, self.novelty_threshold)
+        return {"spread": s, "novelty": n, "either": max(s, n), "both": min(s, n)}[self.rule]
+
+
+@dataclass(frozen=True)
+class NoveltyCheck:
+    """A fitted novelty scorer plus the rule and thresholds calibrated with it (what the engine applies per group).
+
+    Args:
+        scorer (`NoveltyScorer`): Scores the group's observation embedding.
+        alarm (`AlarmRule`): Decides ``uncertain`` and ``novel``.
+    """
+
+    scorer: NoveltyScorer
+    alarm: AlarmRule
+
+    def metrics(self, uncertainty: Uncertainty, embedding: torch.Tensor) -> dict[str, float | int | bool | str]:
+        """The novelty entries and the rule's verdict, to update :meth:`Uncertainty.metrics` with.
+
+        Args:
+            uncertainty (`Uncertainty`): The group's spread.
+            embedding (`torch.Tensor` of shape `[D]`): The group's observation embedding.
+        """
+        novelty = self.scorer.score(embedding)
+        return alarm_metrics(uncertainty.score, novelty, self.alarm)
+
+
+def alarm_metrics(spread: float, novelty: float | None, alarm: AlarmRule) -> dict[str, float | int | bool | str]:
+    """``novelty_score``, ``novelty_threshold``, ``novel``, ``uncertainty_rule``, ``uncertainty_threshold`` (the
+    spread threshold in force; absent under ``novelty``) and ``uncertain``, decided by ``alarm``."""
+    uncertain, novel = alarm.decide(spread, novelty)
+    out: dict[str, float | int | bool | str] = {"uncertainty_rule": alarm.rule, "uncertain": uncertain}
+    if alarm.spread_threshold is not None and alarm.rule != "novelty":
+        out["uncertainty_threshold"] = alarm.spread_threshold
+    if novelty is not None:
+        out["novelty_score"] = float(novelty)
+        if alarm.novelty_threshold is not None:
+            out["novelty_threshold"] = alarm.novelty_threshold
+            out["novel"] = bool(novel)
+    return out
+
+
+def load_calibration(path: str | Path, scorer_path: str | Path, rule: str = "") -> NoveltyCheck:
+    """The novelty check a ``calibrate`` JSON and its scorer file define.
+
+    Args:
+        path (`str` or `Path`): ``calibrate`` JSON with ``observation`` and ``combined`` (``combined.rules[rule]``
+            holds each rule's thresholds).
+        scorer_path (`str` or `Path`): The scorer file; its sha256 must be ``observation.scorer_sha256``.
+        rule (`str`): One of :data:`ALARM_RULES`; ``""`` = the JSON's recommended rule (``combined.rule``).
+
+    Raises:
+        NoveltyScorerError: the scorer is unreadable or is not the one this JSON was calibrated with.
+        ValueError: the JSON has no novelty calibration, or the rule or its thresholds are invalid (quoted).
+    """
+    try:
+        with open(path, encoding="utf-8") as handle:
+            document = json.load(handle)
+        observation, combined = document["observation"], document["combined"]
+        chosen = rule or combined["rule"]
+        entry: Mapping[str, Any] = combined["rules"][chosen]
+        spread_threshold, novelty_threshold = entry["spread_threshold"], entry["novelty_threshold"]
+        expected = observation["scorer_sha256"]
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise ValueError(f"{str(path)!r} is not a trajectory-ensemble calibrate JSON with a novelty calibration for "
+                         f"rule {rule or 'combined.rule'!r} ({type(error).__name__}: {error})") from None
+    scorer = load_scorer(scorer_path)
+    if file_sha256(scorer_path) != expected:
+        raise NoveltyScorerError(f"novelty scorer {str(scorer_path)!r} is not the one {str(path)!r} was calibrated "
+                                 f"with (sha256 differs from observation.scorer_sha256)")
+    return NoveltyCheck(scorer, AlarmRule(chosen, spread_threshold, novelty_threshold))
+
+
+def group_uncertainty_metrics(candidates: torch.Tensor, threshold: float | None, novelty: NoveltyCheck | None = None,
+                              embedding: torch.Tensor | None = None) -> dict[str, float | int | bool | str]:
+    """A finished group's uncertainty entries (what the engine adds to its metrics).
+
+    Without ``novelty`` these are exactly :meth:`Uncertainty.metrics` (the spread and ``uncertain`` against
+    ``threshold``); with it, the spread entries plus the novelty entries and the rule's verdict, against the rule's
+    own thresholds (:func:`alarm_metrics`).
+
+    Args:
+        candidates (`torch.Tensor` of shape `[N, H, D]`): The valid candidates, normalized space.
+        threshold (`float`, *optional*): The spread threshold of a node without a scorer.
+        novelty (`NoveltyCheck`, *optional*): The scorer and its calibrated rule.
+        embedding (`torch.Tensor` of shape `[D]`, *optional*): The group's observation embedding (needed with
+            ``novelty``).
+
+    Raises:
+        NoveltyScorerError: ``novelty`` is set but the model gave no embedding, or one that does not fit the scorer.
+    """
+    uncertainty = estimate_uncertainty(candidates)
+    if novelty is None:
+        return uncertainty.metrics(threshold)
+    if embedding is None:
+        raise NoveltyScorerError("a novelty scorer is configured but the model returned no observation embedding")
+    # The rule's own thresholds replace ``threshold`` (``either`` calibrates the spread at alpha / 2).
+    out = uncertainty.metrics(None)
+    out.update(novelty.metrics(uncertainty, embedding))
+    return out

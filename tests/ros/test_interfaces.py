@@ -83,6 +83,14 @@ UNCERTAINTY_FIELDS = [
     ("mode_share", "float"),
     ("spread", "float"),
     ("step_std", "sequence<float>"),
+    # Observation novelty and the alarm rule (issue 33).
+    ("novelty_score", "float"),
+    ("novelty_threshold", "float"),
+    ("novel", "boolean"),
+    ("rule", "string"),
+    ("window", "uint16"),
+    ("window_score", "float"),
+    ("window_novelty_score", "float"),
 ]
 CANDIDATE_VALIDITY_FIELDS = [
     ("valid", "uint16"),

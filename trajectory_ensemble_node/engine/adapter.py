@@ -80,6 +80,12 @@ class ForwardAborted(Exception):
     """
 
 
+OBSERVATION_EMBEDDING = "observation_embedding"
+"""Key of :attr:`CandidateOutput.extras` under which an adapter asked for one returns the group's observation
+embedding (a flat float32 CPU tensor, computed from features its serving pass already has); the engine scores its
+novelty when the request carries a :class:`~trajectory_ensemble_node.uncertainty.NoveltyCheck`."""
+
+
 @dataclass
 class CandidateOutput:
     """What an adapter hands back when a group finishes.

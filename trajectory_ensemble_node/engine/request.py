@@ -17,6 +17,7 @@ from ..errors import (
 )
 from ..normalization import ActionNormalizer
 from ..reducers import Reducer
+from ..uncertainty import NoveltyCheck
 from .context import ExecutionContext
 from .deadline import check_deadline
 from .validity import ValidityCheck
@@ -84,6 +85,8 @@ class GroupRequest:
             ``uncertain`` when the score exceeds it.
         context (`ExecutionContext`, *optional*): The chunk being executed; continuity-aware reducers score
             candidates against it (see :mod:`.context`).
+        novelty (`NoveltyCheck`, *optional*): Observation novelty scorer and calibrated alarm rule; the adapter
+            must then return the observation embedding (``OBSERVATION_EMBEDDING``). ``None``: metrics as without it.
     """
 
     group: CandidateGroup
@@ -98,9 +101,12 @@ class GroupRequest:
     deadline_s: float | None = None
     uncertainty_threshold: float | None = None
     context: ExecutionContext | None = None
+    novelty: NoveltyCheck | None = None
 
     def __post_init__(self) -> None:
         self.deadline_s = check_deadline(self.deadline_s)
+        if self.novelty is not None and not isinstance(self.novelty, NoveltyCheck):
+            raise InvalidSpecError(f"novelty must be a NoveltyCheck, got {type(self.novelty).__name__}.")
         if self.validity is not None and not isinstance(self.validity, ValidityCheck):
             raise InvalidSpecError(f"validity must be a ValidityCheck, got {type(self.validity).__name__}.")
         threshold = self.uncertainty_threshold

@@ -36,8 +36,8 @@ from ..errors import (
 )
 from ..metrics import now_ms
 from ..seeding import make_generators
-from .adapter import CandidateModelAdapter, ForwardAborted, Slice
-from ..uncertainty import estimate_uncertainty
+from .adapter import OBSERVATION_EMBEDDING, CandidateModelAdapter, ForwardAborted, Slice
+from ..uncertainty import group_uncertainty_metrics
 from .deadline import StepCosts, plan_steps, refuse_unmeetable
 from .reduction import reduce_candidates
 from .request import EngineConfig, GroupHandle, GroupRequest, ProgressEvent
@@ -427,7 +427,8 @@ class GroupEngine:
                 model_action = action if request.normalizer is None else to_model_space(action, request.normalizer)
                 metrics.update(request.context.metrics(model_action))
             # In model (normalized) space, over the candidates that were reduced.
-            metrics.update(estimate_uncertainty(screening.survivors).metrics(request.uncertainty_threshold))
+            metrics.update(group_uncertainty_metrics(screening.survivors, request.uncertainty_threshold,
+                                                     request.novelty, extras.get(OBSERVATION_EMBEDDING)))
             result = EnsembleResult(
                 group=request.group,
                 spec=request.spec,

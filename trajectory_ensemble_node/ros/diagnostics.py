@@ -5,7 +5,8 @@ One ``DiagnosticArray`` carries three statuses, named ``"<node>: <task>"`` as di
 - ``<node>: engine``: the model (name, notice, device, ``weights_version``) and every engine metric of the last
   finished group, keys with their unit (``total_ms``, ``peak_memory_bytes``), plus the node's own ``goal_ms`` and
   ``node_overhead_ms``. ERROR when the engine thread is gone, WARN when the last goal failed inside the engine, or
-  when its candidates disagreed more than the calibrated ``uncertainty_threshold`` (``uncertain``).
+  when the calibrated alarm rule fired for it (``uncertain``: its candidates disagreed more than
+  ``uncertainty_threshold``, or, with a novelty scorer, the rule's scores passed their thresholds).
 - ``<node>: goals``: goals succeeded / aborted / canceled / preempted / rejected, running and waiting.
 - ``<node>: observations``: age of the newest frame per topic, frames received and rejected per cause, and under
   ``use_sim_time`` the clock jumps seen (``clock_jumps_backward``, ``clock_jumps_forward``). WARN when a topic has
@@ -102,12 +103,32 @@ def engine_status(inputs: DiagnosticsInputs) -> DiagnosticStatus:
     elif bool(inputs.last_metrics.get("uncertain", False)):
         # Not a failure: the trajectory was published. The caller decides what uncertainty means for the task.
         level = WARN
-        message = (f"last goal uncertain: score {float(inputs.last_metrics.get('uncertainty_score') or 0):.4g} > "
-                   f"threshold {float(inputs.last_metrics.get('uncertainty_threshold') or 0):.4g} ({inputs.notice})")
+        message = f"last goal uncertain: {uncertain_reason(inputs.last_metrics)} ({inputs.notice})"
     else:
         level, message = OK, f"serving ({inputs.notice})"
     return DiagnosticStatus(level=level, name=f"{inputs.node_name}: engine", message=message,
                             hardware_id=inputs.hardware_id, values=values)
+
+
+def uncertain_reason(metrics: Mapping[str, Any]) -> str:
+    """Why a goal is ``uncertain``, in the words of its rule: the scores against their thresholds (window means when
+    the node aggregates over a window)."""
+    window = metrics.get("uncertainty_window")
+    suffix = f" (mean of {window} goals)" if isinstance(window, int) and window > 1 else ""
+
+    def value(key: str) -> float:
+        return float(metrics.get(f"{key}_window", metrics.get(key)) or 0.0)
+
+    spread = (f"score {value('uncertainty_score'):.4g} vs threshold "
+              f"{float(metrics.get('uncertainty_threshold') or 0):.4g}")
+    rule = str(metrics.get("uncertainty_rule") or "")
+    if not rule:  # no novelty scorer: today's message
+        return (f"score {float(metrics.get('uncertainty_score') or 0):.4g} > threshold "
+                f"{float(metrics.get('uncertainty_threshold') or 0):.4g}")
+    novelty = (f"novelty {value('novelty_score'):.4g} vs threshold "
+               f"{float(metrics.get('novelty_threshold') or 0):.4g}")
+    parts = {"spread": spread, "novelty": novelty}.get(rule, f"{spread}, {novelty}")
+    return f"rule {rule}: {parts}{suffix}"
 
 
 def goals_status(inputs: DiagnosticsInputs) -> DiagnosticStatus:

@@ -21,6 +21,7 @@ from ..engine.context import GUIDANCE_MODES
 from ..errors import InvalidSpecError, ParameterError
 from ..models.cosmos3 import CFG_MODES, RESOLUTION_TIERS, STEP_CAPTURE_MODES, VIEW_POINTS, embodiment_widths
 from ..normalization import NORMALIZATION_METHODS
+from ..uncertainty import ALARM_RULES
 
 _WIDTHS = embodiment_widths()
 
@@ -113,6 +114,15 @@ PARAMETERS: tuple[ParamSpec, ...] = (
               "calibrate): goals above it are marked uncertain and /diagnostics warns; 0 = none", ">= 0"),
     ParamSpec("uncertainty_calibration_file", "", "read the threshold from a trajectory-ensemble calibrate JSON "
               "instead of uncertainty_threshold", "empty or an existing file; not with uncertainty_threshold"),
+    ParamSpec("novelty_scorer_file", "", "observation novelty scorer (.safetensors written by trajectory-ensemble "
+              "calibrate beside its JSON): every goal reports novelty_score and novel, and uncertain follows "
+              "uncertainty_rule; empty = none", "empty or an existing .safetensors file; needs "
+              "uncertainty_calibration_file from the same calibrate run"),
+    ParamSpec("uncertainty_rule", "", "which scores raise uncertain: spread, novelty, either or both (FIPER's); '' = "
+              "the calibration file's recommended rule (combined.rule) with a scorer, spread without",
+              "'' or " + ", ".join(ALARM_RULES) + "; all but spread need novelty_scorer_file"),
+    ParamSpec("uncertainty_window", 1, "goals of one episode (a chain of continued chunks; a reset or a fresh goal "
+              "starts a new one) whose mean scores decide uncertain and novel; 1 = each goal alone", ">= 1"),
     ParamSpec("continue_previous", False, "goals continue the chunk served last (guided toward it, frozen actions "
               "kept) unless they set reset_context; goals can also ask for it themselves"),
     ParamSpec("guidance_mode", "prefix", "guidance of continued goals toward the previous chunk when the goal leaves "
@@ -192,6 +202,9 @@ class NodeParams:
     start_jump_joints: tuple[str, ...]
     uncertainty_threshold: float
     uncertainty_calibration_file: str
+    novelty_scorer_file: str
+    uncertainty_rule: str
+    uncertainty_window: int
     continue_previous: bool
     guidance_mode: str
     continuity_reducer: str
@@ -380,6 +393,16 @@ def validate(raw: Mapping[str, Any], *, env: Mapping[str, str] | None = None) ->
     need(p["uncertainty_threshold"] >= 0, f"uncertainty_threshold: must be >= 0, got {p['uncertainty_threshold']}")
     need(not (p["uncertainty_threshold"] and p["uncertainty_calibration_file"]),
          "uncertainty_threshold: set it or uncertainty_calibration_file, not both")
+    if p["novelty_scorer_file"]:
+        need(os.path.isfile(p["novelty_scorer_file"]) and p["novelty_scorer_file"].endswith(".safetensors"),
+             f"novelty_scorer_file: {p['novelty_scorer_file']!r} is not an existing .safetensors file")
+        need(bool(p["uncertainty_calibration_file"]), "novelty_scorer_file: needs uncertainty_calibration_file (the "
+             "calibrate JSON written with the scorer, which holds its thresholds)")
+    need(p["uncertainty_rule"] in ("", *ALARM_RULES),
+         f"uncertainty_rule: {p['uncertainty_rule']!r} is not one of {['', *ALARM_RULES]}")
+    need(p["uncertainty_rule"] in ("", "spread") or bool(p["novelty_scorer_file"]),
+         f"uncertainty_rule: {p['uncertainty_rule']!r} needs novelty_scorer_file")
+    need(p["uncertainty_window"] >= 1, f"uncertainty_window: must be >= 1, got {p['uncertainty_window']}")
     need(p["guidance_mode"] in GUIDANCE_MODES,
          f"guidance_mode: {p['guidance_mode']!r} is not one of {list(GUIDANCE_MODES)}")
     if domain_ok:

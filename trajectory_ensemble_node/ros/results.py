@@ -36,15 +36,28 @@ def _float(metrics: Mapping[str, Any], key: str, default: float = 0.0) -> float:
 
 
 def uncertainty_msg(metrics: Mapping[str, Any]) -> Uncertainty:
-    """``Uncertainty`` from the ``uncertainty_*`` metrics (zeros when absent, e.g. a failed group)."""
+    """``Uncertainty`` from the ``uncertainty_*`` and ``novelty_*`` metrics (zeros when absent, e.g. a failed group).
+
+    ``window`` is 1 for a scored goal without an aggregation window (its own scores are the window's), 0 for a goal
+    that scored nothing.
+    """
     step_std = metrics.get("uncertainty_step_std") or ""
+    scored = "uncertainty_score" in metrics
+    score, novelty = _float(metrics, "uncertainty_score"), _float(metrics, "novelty_score")
     return Uncertainty(
-        score=_float(metrics, "uncertainty_score"),
+        score=score,
         threshold=_float(metrics, "uncertainty_threshold"),
         modes=_int(metrics, "uncertainty_modes"),
         mode_share=_float(metrics, "uncertainty_mode_share"),
         spread=_float(metrics, "uncertainty_spread"),
         step_std=[float(v) for v in str(step_std).split(",") if v],
+        novelty_score=novelty,
+        novelty_threshold=_float(metrics, "novelty_threshold"),
+        novel=bool(metrics.get("novel", False)),
+        rule=str(metrics.get("uncertainty_rule") or ""),
+        window=_int(metrics, "uncertainty_window") or (1 if scored else 0),
+        window_score=_float(metrics, "uncertainty_score_window", score),
+        window_novelty_score=_float(metrics, "novelty_score_window", novelty),
     )
 
 

@@ -25,10 +25,11 @@ from typing import Any
 
 import yaml
 
-from ..errors import ParameterError
+from ..errors import NoveltyScorerError, ParameterError
 from ..normalization import ActionNormalizer
 
 from ..reducers import available_reducers, get_reducer
+from ..uncertainty import AlarmRule, NoveltyCheck, load_calibration
 
 
 def count_same_name(names_and_namespaces: Iterable[tuple[str, str]], name: str, namespace: str) -> int:
@@ -188,3 +189,29 @@ def load_uncertainty_threshold(params: Any) -> float | None:
         raise ParameterError(f"invalid parameters:\n  uncertainty_calibration_file: {path!r} has threshold "
                              f"{value!r}; expected a finite number >= 0")
     return float(value)
+
+
+def load_novelty(params: Any) -> NoveltyCheck | None:
+    """The novelty scorer and its calibrated rule (``novelty_scorer_file`` with ``uncertainty_calibration_file`` and
+    ``uncertainty_rule``); ``None`` without a scorer.
+
+    Raises:
+        ParameterError: the calibration file holds no novelty calibration for the rule.
+        NoveltyScorerError: the scorer is unreadable, or not the one the calibration file was written with.
+    """
+    if not params.novelty_scorer_file:
+        return None
+    try:
+        return load_calibration(params.uncertainty_calibration_file, params.novelty_scorer_file,
+                                params.uncertainty_rule)
+    except NoveltyScorerError:
+        raise
+    except ValueError as error:
+        raise ParameterError(f"invalid parameters:\n  uncertainty_calibration_file: {error}") from None
+
+
+def alarm_in_force(novelty: NoveltyCheck | None, threshold: float | None) -> AlarmRule | None:
+    """The rule the node decides ``uncertain`` by: the scorer's, else ``spread`` on the threshold, else none."""
+    if novelty is not None:
+        return novelty.alarm
+    return AlarmRule("spread", threshold) if threshold is not None else None

@@ -15,6 +15,7 @@ from .adapter import CFG_MODES, Cosmos3Adapter, Cosmos3Request
 from .attention import install_fanout
 from .capture import STEP_CAPTURE_MODES, StepCaptureError, check_step_capture
 from .conditioning import GroupConditioning, encode_conditioning
+from .embedding import DEFAULT_EMBEDDING_GRID, EMBEDDING_NAME, embedding_dim
 from .embodiments import RESOLUTION_TIERS, VIEW_POINTS, embodiment_widths
 from .loading import PICKLE_SUFFIXES, load_pipeline, resolve_device, resolve_dtype
 from .model import Cosmos3ActionModel, WeightUpdateReport
@@ -33,6 +34,8 @@ from .tiny import CONFIGS, UNTRAINED_NOTICE, TinyCosmos3Config, build_pipeline, 
 __all__ = [
     "CFG_MODES",
     "CONFIGS",
+    "DEFAULT_EMBEDDING_GRID",
+    "EMBEDDING_NAME",
     "PICKLE_SUFFIXES",
     "RESOLUTION_TIERS",
     "SIGMA_ONE_ATOL",
@@ -54,6 +57,7 @@ __all__ = [
     "build_pipeline",
     "build_tokenizer",
     "check_step_capture",
+    "embedding_dim",
     "embodiment_widths",
     "encode_conditioning",
     "forward_items",

@@ -17,11 +17,12 @@ import torch
 from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import Cosmos3OmniPipeline, CosmosActionCondition
 
 from ...contract import allowed_reducers
-from ...engine.adapter import AdapterCapabilities, CandidateOutput, Slice
+from ...engine.adapter import OBSERVATION_EMBEDDING, AdapterCapabilities, CandidateOutput, Slice
 from ...errors import ContextUnsupportedError, InvalidSpecError, UnsupportedModeError
 from .attention import PrefixKVCache, install_fanout
 from .capture import StepCapture, check_step_capture
 from .conditioning import GroupConditioning, draw_initial_latents, encode_conditioning
+from .embedding import observation_embedding
 from .guidance import GroupGuidance, condition_frozen_prefix, vjp_velocity
 from .layers import default_row_block_rows, install_row_blocks
 from .packing import PackItem, pack_forward, split_predictions
@@ -54,6 +55,8 @@ class Cosmos3Request:
     conditioning: GroupConditioning | None = field(default=None, repr=False)
     # The chunk being executed (``engine.context.ExecutionContext``); None serves exactly as before.
     context: Any = None
+    # Novelty: return the observation embedding pooled to this grid (``embedding.py``); None computes nothing.
+    embedding_grid: int | None = None
 
 
 @dataclass
@@ -418,6 +421,8 @@ class Cosmos3Adapter:
     def finish(self, state: Cosmos3GroupState) -> CandidateOutput:
         candidates = state.action[:, :, : state.conditioning.raw_action_dim].detach().to("cpu", torch.float32)
         extras: dict[str, Any] = {"num_inference_steps": state.num_steps}
+        if state.request.embedding_grid is not None:
+            extras[OBSERVATION_EMBEDDING] = observation_embedding(state.conditioning, state.request.embedding_grid)
         if state.steps_requested is not None:
             extras["steps_requested"] = state.steps_requested
             extras["steps_used"] = state.num_steps

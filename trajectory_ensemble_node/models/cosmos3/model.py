@@ -17,10 +17,12 @@ from ...normalization import ActionNormalizer
 from ...reducers import get_reducer
 from ...safety import ActionLimits, load_limits
 from ...seeding import candidate_seeds, fresh_base_seed
+from ...uncertainty import NoveltyCheck
 from ...service import EnsembleService
 from .adapter import Cosmos3Adapter, Cosmos3Request
 from .capture import check_step_capture
-from .conditioning import check_action_request
+from .conditioning import check_action_request, encode_conditioning
+from .embedding import DEFAULT_EMBEDDING_GRID, check_novelty_scorer, observation_embedding
 from .guidance import check_context
 from .rollout import RolloutSpec
 from .weights import apply_update, fuse_qkv_projections, load_update_source, plan_update
@@ -86,6 +88,11 @@ class Cosmos3ActionModel(EnsembleService):
         position_policy (`str`): ``"drop"`` (default) or ``"clamp"`` candidates outside the ``min``/``max`` limits.
         uncertainty_threshold (`float`, *optional*): Calibrated threshold (``trajectory-ensemble calibrate``); results
             whose ``uncertainty_score`` exceeds it carry ``uncertain=True`` in their metrics.
+        novelty (`NoveltyCheck`, *optional*): Observation novelty scorer and its calibrated alarm rule
+            (:func:`~trajectory_ensemble_node.uncertainty.load_calibration`): every group then returns its
+            observation embedding (``embedding.py``), and its metrics carry ``novelty_score``, ``novel`` and
+            ``uncertain`` by the rule. ``None`` (default): nothing of it runs. The attribute may be swapped between
+            groups (``calibrate`` times groups with and without it).
     """
 
     def __init__(
@@ -108,6 +115,7 @@ class Cosmos3ActionModel(EnsembleService):
         min_valid_candidates: int = 1,
         position_policy: str = "drop",
         uncertainty_threshold: float | None = None,
+        novelty: NoveltyCheck | None = None,
     ) -> None:
         self.pipe = pipe
         if isinstance(limits, (str, Path)):
@@ -115,6 +123,9 @@ class Cosmos3ActionModel(EnsembleService):
         self.validity = ValidityPolicy(limits=limits, min_valid_candidates=min_valid_candidates,
                                        position_policy=position_policy)
         self.uncertainty_threshold = uncertainty_threshold
+        if novelty is not None:
+            check_novelty_scorer(pipe, novelty.scorer)
+        self.novelty = novelty
         if fuse_qkv:
             fuse_qkv_projections(pipe.transformer)
         adapter = Cosmos3Adapter(pipe, cfg_mode=cfg_mode, prefix_cache=prefix_cache, prefix_retain=prefix_retain,
@@ -207,6 +218,7 @@ class Cosmos3ActionModel(EnsembleService):
             candidate_ids=group.candidate_ids,
             step_capture=step_capture,
             context=context,
+            embedding_grid=None if self.novelty is None else self.novelty.scorer.embedding.grid,
         )
         return GroupRequest(
             group=group,
@@ -220,7 +232,26 @@ class Cosmos3ActionModel(EnsembleService):
             deadline_s=deadline_s,
             uncertainty_threshold=self.uncertainty_threshold,
             context=context,
+            novelty=self.novelty,
         )
+
+    def observation_embedding(self, *, prompt: str, action: CosmosActionCondition, fps: float,
+                              guidance_scale: float = 1.0, negative_prompt: str | None = None,
+                              grid: int = DEFAULT_EMBEDDING_GRID) -> torch.Tensor:
+        """The observation embedding a group on this observation returns when novelty is on, without serving it.
+
+        Encodes the conditioning exactly as a group does (same function, same arguments), so the value is the one
+        the engine scores; ``calibrate`` fits scorers on it.
+
+        Returns:
+            `torch.Tensor` of shape `[z_dim * grid * grid]`, float32 CPU.
+        """
+        check_action_request(self.pipe, action)
+        with torch.no_grad():
+            conditioning = encode_conditioning(self.pipe, prompt=prompt, negative_prompt=negative_prompt,
+                                               action=action, fps=float(fps), guidance_scale=float(guidance_scale),
+                                               device=self.device)
+        return observation_embedding(conditioning, grid)
 
     def _validity_check(self, width: int, fps: float, current_state) -> ValidityCheck | None:
         # None keeps the engine's default (NaN/Inf only, one survivor), so plain requests build nothing new.

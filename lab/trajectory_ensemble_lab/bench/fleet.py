@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -238,6 +239,13 @@ def measure(clients: tuple[int, ...], candidates: tuple[int, ...], rate: float, 
     return results
 
 
+def method_text() -> str:
+    """The method paragraph of this module's docstring, in markdown (for the results files)."""
+    text = " ".join(__doc__.split("Method. ")[1].split("\n\n")[0].split())
+    text = re.sub(r":\w+:`~?(?:[\w.]+\.)?(\w+)`", r"`\1`", text)
+    return "Method: " + text.replace("``", "`")
+
+
 def render_markdown(document: dict[str, Any]) -> str:
     header = (f"{document['date']}, commit `{document['commit']}`, {document['machine']['cpu_model']} "
               f"({document['machine']['usable_cores']} cores), torch threads {document['threads']}, "
@@ -304,8 +312,7 @@ def run(args: argparse.Namespace) -> int:
                                 "machine": machine_info(torch.device("cpu")), "threads": torch.get_num_threads(),
                                 "load_average_start": load_average(), "clients": list(args.clients),
                                 "candidates": list(args.candidates), "rate_hz": args.rate,
-                                "duration_s": args.duration, "method": " ".join(__doc__.split("Method. ")[1]
-                                                                              .split("\n\n")[0].split())}
+                                "duration_s": args.duration, "method": method_text()}
     started = time.monotonic()
     quiet = getattr(args, "quiet", False)
     reps = max(1, int(getattr(args, "reps", 1) or 1))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from trajectory_ensemble_node.continuity import coherence_scores
 from trajectory_ensemble_node.contract import CandidateTrajectorySpec
 from trajectory_ensemble_node.engine import reduce_candidates
 from trajectory_ensemble_node.engine.context import ExecutionContext
@@ -83,3 +84,20 @@ def test_the_engine_hands_the_context_to_continuity_reducers_only():
     mean, _ = reduce_candidates(candidates, mean_spec, get_reducer("mean"), None, reduce_before_denormalize=True,
                                 context=context)
     assert torch.equal(mean, candidates.mean(0))
+
+
+def test_the_score_is_the_weighted_mean_of_squared_distances_so_one_seam_outweighs_a_small_offset():
+    # docs/closed-loop.md ("The BID score"): squared, unlike the reference BID's unsquared L2 norm per action.
+    previous = torch.zeros(H, 2)
+    reference = ContinuityReference(previous.clone(), torch.tensor([1.0, 1.0, 1.0, 1.0, 0, 0, 0, 0]))
+    offset = torch.zeros(H, 2)
+    offset[:4] = 0.1 / 2**0.5  # 0.1 away on every overlapping action: a smooth, slightly shifted plan
+    seam = torch.zeros(H, 2)
+    seam[2] = 0.3 / 2**0.5  # exact, but for one action 0.3 away: a jump there and back
+    candidates = torch.stack([seam, offset])
+    scores = coherence_scores(candidates, reference)
+    assert scores.tolist() == pytest.approx([0.3**2 / 4, 0.1**2])
+    assert torch.equal(get_reducer("backward_coherence")(candidates, reference), offset)
+    # The reference BID's unsquared mean would have kept the jump (0.075 < 0.1).
+    unsquared = [float(c[:4].norm(dim=-1).mean()) for c in candidates]
+    assert unsquared == pytest.approx([0.075, 0.1])

@@ -6,6 +6,12 @@ coherence (Liu et al. 2024): the weighted squared distance to the previous chunk
 actions, a decaying ramp, then 0). Scores are in float64 on CPU so ties are device-independent; ties go to the
 lowest candidate position.
 
+Squared, where the reference BID code averages the unsquared L2 norm per action: it is the objective the guidance
+pulls every candidate toward (the weighted squared gap), and it weighs one large deviation (a seam the controller
+feels as a jump) above the same total spread over several actions, which the unsquared mean would prefer. On the
+toy closed loop the two pick differently in 9 of 30 episodes and change nothing measurable (``docs/closed-loop.md``,
+"The BID score").
+
 - ``backward_coherence``: the candidate with the lowest score (an exact copy: a trajectory the model produced).
 - ``mode_continuity``: cluster like ``mode`` (complete linkage, RMS threshold 0.2); keep the cluster with the lowest
   mean member score, i.e. the mode the committed prefix is on as a whole, and return its member with the lowest

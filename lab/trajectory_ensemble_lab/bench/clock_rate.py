@@ -40,6 +40,8 @@ SETTLE_S = 2.0
 """After the /clock rate changes, before the idle window: the node's clock feed and executor reach steady state."""
 TARGET_RATIO = 1.5
 DEFAULT_JSON = Path("bench/results/clock_rate-toy.json")
+LOG_DIR = Path("out/bench")
+"""The two nodes' logs (not results: kept out of ``bench/results``)."""
 GOAL_TIMEOUT_S = 300.0
 NS_PER_S = 1_000_000_000
 NODES = {"sim": "/clock_sim", "host": "/clock_host"}
@@ -194,7 +196,7 @@ def run(args: argparse.Namespace) -> int:
     json_path.parent.mkdir(parents=True, exist_ok=True)
     params = {"model": "toy", "device": "cpu", "candidate_count": CANDIDATES, "max_observation_age_s": 5.0}
     nodes = {name: NodeProcess({**params, "use_sim_time": name == "sim"}, ros_env(domain_id), namespace=ns,
-                               log_path=json_path.parent / f"clock_rate-{name}.node.log")
+                               log_path=LOG_DIR / f"clock_rate-{name}.node.log")
              for name, ns in NODES.items()}
     client = None
     started = time.monotonic()

@@ -465,3 +465,67 @@ class Stamps:
     def __call__(self) -> int:
         self._next += 1
         return self._next
+
+
+@dataclass(frozen=True)
+class NoveltyCalibration:
+    """A small novelty calibration of the toy policy (:func:`toy_novelty_calibration`), and two frames to test it on.
+
+    Args:
+        scorer_file (`Path`), calibration_file (`Path`): What ``novelty_scorer_file`` and
+            ``uncertainty_calibration_file`` load; the JSON recommends the ``novelty`` rule.
+        threshold (`float`): The novelty threshold.
+        normal (`tuple[np.ndarray, float]`), shifted (`tuple[np.ndarray, float]`): An in-distribution frame well below
+            the threshold and a two-obstacle frame well above it, each with its novelty score computed here.
+    """
+
+    scorer_file: Path
+    calibration_file: Path
+    threshold: float
+    normal: tuple[np.ndarray, float]
+    shifted: tuple[np.ndarray, float]
+
+
+def toy_novelty_calibration(tmp: Path, grid: int = 2) -> NoveltyCalibration:
+    """Calibrate novelty as ``calibrate`` does, only smaller, in this process (node and OpenPI tests load it).
+
+    Observation embeddings of 40 in-distribution toy scenes (``Cosmos3ActionModel.observation_embedding``, the value a
+    serving group scores), a k-NN scorer fitted on 20, its split-conformal threshold (alpha 0.1) from the other 20.
+    """
+    import json
+
+    import torch
+
+    from trajectory_ensemble_node.models.cosmos3 import EMBEDDING_NAME, Cosmos3ActionModel, embedding_dim
+    from trajectory_ensemble_node.novelty import EmbeddingSpec, fit_scorer
+    from trajectory_ensemble_node.stats import conformal_threshold
+    from trajectory_ensemble_node.toy import INSTRUCTION, load_toy_pipeline, request_kwargs, task
+    from trajectory_ensemble_node.toy.shifted import render_shifted, shifted_scenes
+    from trajectory_ensemble_node.uncertainty import ALARM_RULES
+
+    model = Cosmos3ActionModel(load_toy_pipeline())
+
+    def embed(image: np.ndarray) -> torch.Tensor:
+        return model.observation_embedding(prompt=INSTRUCTION, action=request_kwargs(image)["action"], fps=task.FPS,
+                                           guidance_scale=task.GUIDANCE_SCALE, grid=grid)
+
+    scenes = task.heldout_scenes(60, seed=5000)
+    embeddings = torch.stack([embed(task.render(s)) for s in scenes[:40]])
+    spec = EmbeddingSpec(EMBEDDING_NAME, grid, embedding_dim(int(model.pipe.vae.config.z_dim), grid))
+    scorer = fit_scorer("knn", embeddings[:20], spec)
+    threshold = conformal_threshold([float(v) for v in scorer.scores(embeddings[20:])], 0.1)
+    scorer_file = tmp / "toy.novelty.safetensors"
+    digest = scorer.save(scorer_file)
+    rules = {rule: {"spread_threshold": 1.0, "novelty_threshold": threshold} for rule in ALARM_RULES}
+    calibration_file = tmp / "toy.json"
+    calibration_file.write_text(json.dumps({
+        "uncertainty": {"threshold": 1.0},
+        "observation": {"threshold": threshold, "scorer_sha256": digest},
+        "combined": {"rule": "novelty", "rules": rules},
+    }))
+    # Margins on both sides of the threshold, so float32 transport cannot flip a verdict.
+    normal = next((image, score) for image in (task.render(s) for s in scenes[40:])
+                  if (score := scorer.score(embed(image))) < 0.8 * threshold)
+    shifted = next((image, score) for image in (render_shifted(s) for s in shifted_scenes(30, seed=5000))
+                   if (score := scorer.score(embed(image))) > 1.2 * threshold)
+    return NoveltyCalibration(scorer_file, calibration_file, threshold, normal, shifted)

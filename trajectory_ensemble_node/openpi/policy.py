@@ -15,8 +15,9 @@ result is the same bits. The build thread is then the only thread of the process
 
 The reply holds ``actions`` ``[H, D]`` float32 in the units the node publishes (robot units with
 ``action_stats_file``, else the model's normalized units), the same array as ``action``, and ours: ``base_seed``,
-``seeds``, ``metrics``, ``uncertain``, ``steps_used``, ``continuity``, and ``candidates`` ``[N, H, D]`` with ``valid``
-``[N]`` when asked (``return_candidates``).
+``seeds``, ``metrics``, ``uncertain``, ``novelty_score``, ``novel``, ``uncertainty_rule`` (``None`` without a novelty
+scorer), ``steps_used``, ``continuity``, and ``candidates`` ``[N, H, D]`` with ``valid`` ``[N]`` when asked
+(``return_candidates``).
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ from ..ros.continuity import ContinuityDecision
 from ..ros.faults import FaultInjector
 from ..ros.goals import GoalPlan
 from ..ros.input_limits import InputLimits, TokenCounter, check_instruction, token_counter
-from ..ros.startup_checks import load_action_stats, load_uncertainty_threshold
+from ..ros.startup_checks import load_action_stats, load_novelty, load_uncertainty_threshold
 from ..safety import load_limits
 from .extras import EXTRA_KEYS, RequestExtras, parse_extras, plan_request
 from .schemas import ObservationSchema, ParsedObservation, get_schema
@@ -94,6 +95,7 @@ def build_model(params: node_params.NodeParams) -> tuple[Cosmos3ActionModel, str
         prefix_retain=p.prefix_retain, cfg_mode=p.cfg_mode, step_capture=p.step_capture,
         action_stats=load_action_stats(p), limits=limits, min_valid_candidates=p.min_valid_candidates,
         position_policy=p.position_limit_policy, uncertainty_threshold=load_uncertainty_threshold(p),
+        novelty=load_novelty(p),
     )
     try:
         check_reducer(p.reducer, p.action_dim, valid_reducers=model.valid_reducers(), domain_name=p.domain_name)
@@ -268,6 +270,10 @@ class OpenPIPolicy:
             "seeds": [int(s) for s in result.seeds],
             "metrics": metrics,
             "uncertain": metrics.get("uncertain"),
+            # Observation novelty (novelty_scorer_file), as the node's result.uncertainty carries it; None without.
+            "novelty_score": metrics.get("novelty_score"),
+            "novel": metrics.get("novel"),
+            "uncertainty_rule": metrics.get("uncertainty_rule"),
             "steps_used": metrics.get("steps_used"),
             "continuity": status,
             "session_id": job.extras.session_id,

@@ -15,7 +15,7 @@ from .adapter import CFG_MODES, Cosmos3Adapter, Cosmos3Request
 from .attention import install_fanout
 from .capture import STEP_CAPTURE_MODES, StepCaptureError, check_step_capture
 from .conditioning import GroupConditioning, encode_conditioning
-from .embedding import DEFAULT_EMBEDDING_GRID, EMBEDDING_NAME, embedding_dim
+from .embedding import DEFAULT_EMBEDDING_GRID, EMBEDDING_NAME, embedding_dim, observation_embedding
 from .embodiments import RESOLUTION_TIERS, VIEW_POINTS, embodiment_widths
 from .loading import PICKLE_SUFFIXES, load_pipeline, resolve_device, resolve_dtype
 from .model import Cosmos3ActionModel, WeightUpdateReport
@@ -64,6 +64,7 @@ __all__ = [
     "gaussian_log_prob",
     "install_fanout",
     "load_pipeline",
+    "observation_embedding",
     "randomize_zero_initialized",
     "read_record",
     "resolve_device",

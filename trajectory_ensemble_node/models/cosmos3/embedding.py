@@ -1,15 +1,16 @@
 """The observation embedding tap: what a novelty scorer reads, taken from features the serving pass already has.
 
-Which features, chosen by measurement (``python -m trajectory_ensemble_lab.toy.novelty_probe``, toy policy, 150
-calibration scenes, k-NN and RND on each candidate): the conditioning frame's VAE latent, average-pooled to a
-``grid x grid`` map per latent channel. Against the transformer's hidden states over the conditioning tokens at the
-first step (its input, or after any of its layers), the pooled latent separated ``two_obstacles`` scenes from
-held-out ones better (AUROC 0.94 at grid 2 against 0.90-0.93 for the hidden states; 0.99 against 0.6-0.7 on
-``recolored`` scenes), and it is the cheaper and simpler tap:
+Which features, chosen by measurement (``python -m trajectory_ensemble_lab.toy.novelty_probe``, results in
+``bench/results/novelty_embeddings-toy.md``: toy policy, 150 calibration scenes, k-NN and RND on each candidate
+embedding): the conditioning frame's VAE latent, average-pooled to a ``grid x grid`` map per latent channel. Against
+the transformer's hidden states over the conditioning tokens at the first step (the stack's input, or after any
+layer; per token or averaged), the pooled latent (grid 1-3) separated ``two_obstacles`` scenes from held-out ones at
+least as well (AUROC 0.92-0.95 against 0.86-0.93) and was the only one good on every shifted family (``recolored``
+0.94-1.00 against 0.60-0.98), and it is the cheaper and simpler tap:
 
 - it costs nothing: the latent is encoded once per group for the denoiser anyway; pooling a ``[C, h, w]`` map is
   microseconds, done once when the group finishes;
-- it is one number per observation: no dependence on the candidates' noise, on N, or on the step capture mode (a
+- it is one vector per observation: no dependence on the candidates' noise, on N, or on the step capture mode (a
   replayed CUDA graph runs no Python hooks; the hidden states would need one);
 - its width is ``z_dim x grid x grid`` whatever the camera resolution (48 x 4 = 192 for Cosmos3-Nano at grid 2).
 

@@ -5,7 +5,8 @@
 wake: every subscription, service, timer, the action server and one QoS-event handler per publisher and
 subscription. Profiled under a 1 kHz ``/clock`` (Gazebo's default), the idle node rebuilt its wait set about 4,400
 times a second (5 without ``/clock``) at 105 % CPU, and its executor thread held the GIL the engine thread needs
-between torch calls: a 4-candidate goal ran 7 to 10 times slower. rclcpp avoids this with a dedicated clock thread
+between torch calls: 4-candidate goals took 2.6 to 20 times (median 7) their time without sim time. rclcpp avoids
+this with a dedicated clock thread
 (``use_clock_thread``); rclpy has none, so :class:`ClockFeed` is one: the ``/clock`` subscription moves to a lean
 hidden node spun by its own single-threaded executor on a daemon thread, which sets the node's ROS clock.
 

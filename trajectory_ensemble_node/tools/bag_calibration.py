@@ -68,13 +68,16 @@ def add_bag_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _scores(args: argparse.Namespace, bag_list: Sequence[Path], role: str, seed0: int) -> tuple[list[float],
-                                                                                               list[dict[str, Any]]]:
-    """Replay each bag; the succeeded goals' scores and one record per bag."""
+                                                                                               list[dict[str, Any]],
+                                                                                               list[Any]]:
+    """Replay each bag; the succeeded goals' scores, one record per bag, and each scored goal's frame (RGB, or None
+    for an encoding the replay cannot convert), which the novelty scorer is fitted on."""
     from .playback import ReplayOptions
     from .replay import replay
 
     scores: list[float] = []
     records: list[dict[str, Any]] = []
+    frames: list[Any] = []
     seed = seed0
     for i, bag in enumerate(bag_list):
         opts = ReplayOptions(bag=bag, rate=args.rate, goal_every_s=args.goal_every, goal_offset_s=args.goal_offset,
@@ -87,12 +90,13 @@ def _scores(args: argparse.Namespace, bag_list: Sequence[Path], role: str, seed0
         failed = [f"goal {g.index}: {g.status} {g.error_message}".strip() for g in report.goals
                   if g.status != "SUCCEEDED"]
         scores += mine
+        frames += [g.image for g in report.goals if g.status == "SUCCEEDED" and g.uncertainty_score is not None]
         seed += len(report.goals)
         records.append({"bag": str(bag), "goals": len(report.goals), "scored": len(mine), "failed": failed,
                         "scores": mine})
         print(f"calibrate: {role} {bag}: {len(mine)} of {len(report.goals)} goals scored"
               + (f" ({len(failed)} failed: {failed[0]})" if failed else ""), flush=True)
-    return scores, records
+    return scores, records, frames
 
 
 def _rate(flags: Sequence[bool]) -> dict[str, Any]:
@@ -109,14 +113,14 @@ def calibrate_from_bags(args: argparse.Namespace) -> dict[str, Any]:
         NodeUnreachableError: The node does not answer.
     """
     commit = git_commit()
-    cal_scores, cal_records = _scores(args, args.bag, "calibration", args.base_seed)
+    cal_scores, cal_records, cal_frames = _scores(args, args.bag, "calibration", args.base_seed)
     threshold = conformal_threshold(cal_scores, args.alpha) if cal_scores else math.inf
     if not math.isfinite(threshold):
         need = math.ceil((1 - args.alpha) / args.alpha)
         raise ValueError(f"{len(cal_scores)} scored calibration goals give no finite threshold at alpha "
                          f"{args.alpha:g} (the rank ceil((1 - alpha)(n + 1)) exceeds n); record more successful "
                          f"episodes: at least {need} goals")
-    held_scores, held_records = _scores(args, args.heldout_bag, "heldout", args.base_seed + 1_000_000)
+    held_scores, held_records, held_frames = _scores(args, args.heldout_bag, "heldout", args.base_seed + 1_000_000)
     uncertainty: dict[str, Any] = {
         "threshold": threshold,
         "alpha": args.alpha,
@@ -130,8 +134,10 @@ def calibrate_from_bags(args: argparse.Namespace) -> dict[str, Any]:
         false_alarms = _rate([s > threshold for s in held_scores])
         uncertainty.update(false_alarm_rate=false_alarms["rate"], false_alarms=false_alarms,
                            acceptance_met=false_alarms["rate"] <= args.alpha + 0.05)
+    novelty = _novelty(args, cal_scores, cal_frames, held_scores, held_frames)
     return {
         "uncertainty": uncertainty,
+        **novelty,
         "settings": {
             "date": utc_now(), "commit": commit, "bags": [str(b) for b in args.bag],
             "heldout_bags": [str(b) for b in args.heldout_bag], "count": args.count, "reducer": args.reducer,
@@ -143,6 +149,30 @@ def calibrate_from_bags(args: argparse.Namespace) -> dict[str, Any]:
         "scores": {"calibration": cal_scores, "heldout": held_scores},
         "episodes": {"calibration": cal_records, "heldout": held_records},
     }
+
+
+def _novelty(args: argparse.Namespace, cal_scores: list[float], cal_frames: list[Any], held_scores: list[float],
+             held_frames: list[Any]) -> dict[str, Any]:
+    """The novelty scorer fitted on the same goals (issue 33, :func:`.novelty_calibration.from_episodes`): the
+    ``observation`` and ``combined`` sections, or nothing when the model or a frame is unknown here."""
+    from . import novelty_calibration
+
+    if not args.start_node:
+        print("calibrate: novelty not calibrated: it needs --start-node, so this run knows the model the frames are "
+              "embedded with", flush=True)
+        return {}
+    if any(frame is None for frame in cal_frames + held_frames):
+        print("calibrate: novelty not calibrated: some frames have an encoding the replay cannot convert to RGB",
+              flush=True)
+        return {}
+    from ..ros.params import validate
+
+    scorer_path = getattr(args, "scorer_out", None) or args.json.with_suffix(".novelty.safetensors")
+    observation, combined = novelty_calibration.from_episodes(
+        validate(_node_params(args)), cal_scores, cal_frames, held_scores, held_frames, args.alpha,
+        scorer_path=scorer_path, kind=getattr(args, "scorer", "rnd"),
+        fit_share=getattr(args, "fit_share", novelty_calibration.DEFAULT_FIT_SHARE), seed=args.base_seed)
+    return {"observation": observation, "combined": combined}
 
 
 def markdown(result: dict[str, Any]) -> str:
@@ -159,6 +189,14 @@ def markdown(result: dict[str, Any]) -> str:
                   f"[{100 * low:.0f}, {100 * high:.0f}] ({fa['count']}/{fa['of']}) |", "",
                   f"Acceptance (false alarms <= alpha + 0.05 = {u['acceptance_false_alarm_at_most']:.2f}): "
                   f"{'met' if u['acceptance_met'] else 'NOT met'}. Interval: Wilson 95%."]
+    if "observation" in result:
+        o, c = result["observation"], result["combined"]
+        lines += ["", f"Novelty: {o['scorer']} scorer on {o['embedding']} ({o['embedding_dim']} values) fitted on "
+                  f"{o['fit_goals']} goals, threshold {o['threshold']:.4g} from the other {o['threshold_goals']}; "
+                  f"scorer `{o['scorer_file']}` (the node's novelty_scorer_file). Rule `{c['rule']}` "
+                  f"({c['recommendation']}).", "", "| rule | false alarms, held-out goals |", "|---|---|"]
+        lines += [f"| `{name}` | " + ("-" if f["false_alarm_rate"] is None else f"{100 * f['false_alarm_rate']:.0f}%")
+                  + " |" for name, f in c["rules"].items()]
     return "\n".join(lines + [""])
 
 

@@ -211,3 +211,83 @@ def other_scorers(kept: str, embeddings: torch.Tensor, fit: NoveltyFit, embeddin
             "kept": kind == kept,
         }
     return out
+
+
+def embed_frames(params: Any, images: Sequence[np.ndarray], grid: int | None = None) -> tuple[EmbeddingSpec,
+                                                                                               torch.Tensor]:
+    """Observation embeddings of recorded frames, as the node serving ``params`` computes them for its goals.
+
+    The embedding reads the conditioning frame's latent only (``models/cosmos3/embedding.py``), so the model and the
+    camera settings of ``params`` decide it; the instruction does not.
+
+    Args:
+        params (`NodeParams`): The node's parameters (model, device, dtype, domain, chunk, tier, view point, fps).
+        images (`Sequence[np.ndarray]`): The frames, ``[H, W, 3]`` uint8 RGB, as the goals were served from.
+        grid (`int`, *optional*): Pooling grid (default: the model's).
+    """
+    from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import CosmosActionCondition
+
+    from ..catalog import load_model
+    from ..models.cosmos3 import DEFAULT_EMBEDDING_GRID, EMBEDDING_NAME, Cosmos3ActionModel, embedding_dim
+
+    grid = grid or DEFAULT_EMBEDDING_GRID
+    pipe, _ = load_model(params.model, params.device, params.dtype, allow_pickle=params.allow_pickle_weights,
+                         seed=params.seed)
+    model = Cosmos3ActionModel(pipe)
+    rows = []
+    for image in images:
+        action = CosmosActionCondition(mode="policy", chunk_size=params.chunk_size, domain_name=params.domain_name,
+                                       resolution_tier=params.resolution_tier, image=image,
+                                       view_point=params.view_point)
+        rows.append(model.observation_embedding(prompt=params.instruction, action=action, fps=params.fps,
+                                                guidance_scale=params.guidance_scale, grid=grid))
+    spec = EmbeddingSpec(EMBEDDING_NAME, grid, embedding_dim(int(pipe.vae.config.z_dim), grid))
+    return spec, torch.stack(rows)
+
+
+def from_episodes(params: Any, spread: Sequence[float], images: Sequence[np.ndarray],
+                  held_spread: Sequence[float], held_images: Sequence[np.ndarray], alpha: float, *,
+                  scorer_path: Any, kind: str = "rnd", fit_share: float = DEFAULT_FIT_SHARE,
+                  seed: int = 0) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The ``observation`` and ``combined`` sections from recorded successful episodes (``calibrate --bag``).
+
+    The same fit and thresholds as the toy scenes (:func:`fit_thresholds`); the scorer is written to
+    ``scorer_path``. Successful episodes hold neither shifted scenes nor failures, so only false alarms on the
+    held-out goals are reported, and the recommended rule is FIPER's ``both`` (the rule that does not alarm on benign
+    novelty alone); compare rules on failures of your own before choosing another.
+    """
+    embedding, embeddings = embed_frames(params, images)
+    fit = fit_thresholds(spread, embeddings, embedding, alpha, kind=kind, fit_share=fit_share, seed=seed)
+    digest = fit.scorer.save(scorer_path)
+    held_novelty: list[float] = []
+    if len(held_images):
+        _, held_embeddings = embed_frames(params, held_images, embedding.grid)
+        held_novelty = [float(v) for v in fit.scorer.scores(held_embeddings)]
+    rules: dict[str, dict[str, Any]] = {}
+    for name, rule in fit.rules.items():
+        entry: dict[str, Any] = {"rule": name, "spread_threshold": rule.spread_threshold,
+                                 "novelty_threshold": rule.novelty_threshold, "false_alarm_rate": None,
+                                 "detection_rate": None, "failure_auroc": None}
+        if held_novelty:
+            alarms = rate([rule.decide(s, n)[0] for s, n in zip(held_spread, held_novelty)])
+            entry.update(false_alarm_rate=alarms["rate"], false_alarms=alarms,
+                         false_alarm_ok=alarms["rate"] <= alpha + FALSE_ALARM_MARGIN)
+        rules[name] = entry
+    novelty_rule = rules["novelty"]
+    observation = {
+        "threshold": fit.rules["novelty"].novelty_threshold, "alpha": alpha,
+        "false_alarm_rate": novelty_rule["false_alarm_rate"], "detection_rate": None, "auroc": None,
+        "scorer": kind, "scorer_file": str(scorer_path), "scorer_sha256": digest, "embedding": embedding.name,
+        "embedding_grid": embedding.grid, "embedding_dim": embedding.dim, "fit_goals": fit.fit_count,
+        "threshold_goals": fit.threshold_count,
+    }
+    chosen = rules["both"]
+    combined = {
+        "rule": "both", "false_alarm_rate": chosen["false_alarm_rate"], "detection_rate": None,
+        "failure_auroc": None, "spread_threshold": chosen["spread_threshold"],
+        "novelty_threshold": chosen["novelty_threshold"],
+        "recommendation": "successful episodes hold no shifted scenes or failures to compare the rules on: FIPER's "
+                          "both, which does not alarm on benign novelty alone",
+        "rules": rules,
+    }
+    return observation, combined

@@ -90,7 +90,7 @@ def test_200_connect_request_disconnect_cycles_cancel_their_groups_and_do_not_gr
             before = stats(server.port)["groups"].get("canceled", 0)
             ws = connect(server.port)
             ws.send(msgpack_numpy.packb(REQUEST))
-            wait_until(lambda: stats(server.port)["running"] == 1, what="the request in the engine")
+            wait_until(lambda: stats(server.port)["in_engine"] == 1, what="the request's group in the engine")
             ws.close()
             wait_until(lambda: stats(server.port)["groups"].get("canceled", 0) == before + 1,
                        what="its group canceled")

@@ -199,6 +199,7 @@ class OpenPIServer:
         self._connections: set[ServerConnection] = set()
         self._ids = itertools.count(1)
         self._inflight = 0
+        self._in_engine = 0  # groups submitted whose handle has not ended yet
         self._stopping = False
         self._shutting_down: asyncio.Future | None = None
         # One thread: the tokenizer and the VAE are used by one thread at a time, in arrival order.
@@ -206,9 +207,14 @@ class OpenPIServer:
         self._metadata = wire.pack(policy.metadata(asdict(limits)))
 
     def stats(self) -> dict[str, Any]:
-        """Counts of the server (connections, requests, replies, error frames, refusals) and of the engine's groups."""
+        """Counts of the server (connections, requests, replies, error frames, refusals) and of the engine's groups.
+
+        ``running``: requests holding a slot (being built or in the engine); ``in_engine``: their groups submitted
+        and not ended; ``waiting``: requests queued for a slot.
+        """
         return {"server": dict(self.counts), "groups": self.policy.model.outcome_counts(),
-                "connections": len(self._connections), "running": self.gate.active, "waiting": self.gate.waiting}
+                "connections": len(self._connections), "running": self.gate.active, "in_engine": self._in_engine,
+                "waiting": self.gate.waiting}
 
     async def run(self, stop: asyncio.Event, on_ready: Callable[[int], None] | None = None) -> None:
         """Serve until ``stop`` is set, then shut down (every request still open gets a ``SHUTDOWN`` error frame).
@@ -377,7 +383,10 @@ class OpenPIServer:
         loop = asyncio.get_running_loop()
         future = loop.create_future()
 
+        self._in_engine += 1
+
         def on_loop() -> None:
+            self._in_engine -= 1
             self.gate.release()
             if not future.done():
                 future.set_result(None)

@@ -31,7 +31,8 @@ CORE_MODULES = ("__init__", "_rotations", "continuity", "contract", "errors", "m
 
 RCLPY_ALLOWED = ("ros", "tools")
 """Where rclpy may be imported in the product: the node and the tools (relative to the package)."""
-LAB_RCLPY_ALLOWED = ("bench.ros_floor", "bench.ros_overhead", "bench.closed_loop_ros", "grpo.ros")
+LAB_RCLPY_ALLOWED = ("bench.ros_floor", "bench.ros_overhead", "bench.closed_loop_ros", "bench.clock_rate",
+                     "grpo.ros")
 """Where rclpy may be imported in the lab: its measurements and training through the node."""
 
 # The ROS-free modules, imported at run time with rclpy blocked.
@@ -145,7 +146,7 @@ def file_cycles(graph: Mapping[str, set[str]]) -> list[list[str]]:
 def package_of(module: str) -> str:
     """The architectural package of a module: ``core``, or the first name under the package (``engine``, ...)."""
     parts = module.split(".")[1:] or ["__init__"]
-    return "core" if len(parts) == 1 and parts[0] in CORE_MODULES else parts[0]
+    return "core" if parts[0] in CORE_MODULES else parts[0]
 
 
 def _within(module: str, *prefixes: str) -> bool:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from trajectory_ensemble_node.continuity import coherence_scores
+from trajectory_ensemble_node.reducers import coherence_scores
 from trajectory_ensemble_node.contract import CandidateTrajectorySpec
 from trajectory_ensemble_node.engine import reduce_candidates
 from trajectory_ensemble_node.engine.context import ExecutionContext

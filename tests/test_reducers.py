@@ -89,9 +89,9 @@ def test_register_refuses_duplicates_unless_replace():
         register_reducer(replacement, replace=True)
         assert get_reducer("first_candidate_test") is replacement
     finally:
-        from trajectory_ensemble_node import reducers
+        from trajectory_ensemble_node.reducers import registry
 
-        reducers._REGISTRY.pop("first_candidate_test", None)
+        registry._REGISTRY.pop("first_candidate_test", None)
 
 
 @pytest.mark.parametrize(

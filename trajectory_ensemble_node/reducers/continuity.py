@@ -1,6 +1,6 @@
 """Continuity-aware selection: which candidate (or mode) continues the chunk being executed.
 
-Both reducers here are ``uses_context`` reducers (see :mod:`.reducers`). They score candidates by BID's backward
+Both reducers here are ``uses_context`` reducers (see :mod:`trajectory_ensemble_node.reducers`). They score candidates by BID's backward
 coherence (Liu et al. 2024): the weighted squared distance to the previous chunk over the overlap,
 ``score_i = sum_k w_k * ||c_i[k] - y[k]||^2 / sum_k w_k``, with the execution context's weights (1 on the frozen
 actions, a decaying ramp, then 0). Scores are in float64 on CPU so ties are device-independent; ties go to the
@@ -27,15 +27,8 @@ from __future__ import annotations
 
 import torch
 
-from .reducers import (
-    MODE_DISTANCE_THRESHOLD,
-    ContinuityReference,
-    Reducer,
-    medoid_reduce,
-    mode_clusters,
-    mode_reduce,
-    register_reducer,
-)
+from .basic import MODE_DISTANCE_THRESHOLD, medoid_reduce, mode_clusters, mode_reduce
+from .types import ContinuityReference, Reducer
 
 
 def coherence_scores(candidates: torch.Tensor, reference: ContinuityReference) -> torch.Tensor:
@@ -103,7 +96,7 @@ def mode_continuity_reduce(
     return candidates[best].clone()
 
 
-for _reducer in (
+BUILTIN: tuple[Reducer, ...] = (
     Reducer(
         "backward_coherence",
         backward_coherence_reduce,
@@ -120,6 +113,5 @@ for _reducer in (
         description="in the cluster nearest the previous chunk over the overlap, its nearest member; mode without one",
         uses_context=True,
     ),
-):
-    register_reducer(_reducer)
-del _reducer
+)
+"""The continuity-aware reducers, in the registry's order."""

@@ -1,0 +1,77 @@
+"""Candidate reducers: pure functions ``[N, H, D] -> [H, D]`` that turn N candidate trajectories into one.
+
+This docstring and the reducers' own docstrings are the reference for what each reducer computes.
+
+Every reducer is a :class:`Reducer`: a pure function plus declared properties the runtime checks before any model
+work is spent.
+
+* ``streaming``: it could fold candidates one at a time (mean). ``False`` means it needs all N at once.
+* ``space``: where the result is meaningful.
+  ``"any"``: it commutes with per-channel affine maps ``a * x + b`` (any nonzero ``a``, including negative), so
+  reducing before or after denormalization gives the same trajectory.
+  ``"normalized"``: it compares channels with one distance, so channels must be on a common scale.
+  ``"raw"``: it needs physical units (e.g. rotation matrices).
+* ``block_width``: the action width must be a positive multiple of it (``pose_gripper``: 10). Requests are held to
+  it by :func:`~trajectory_ensemble_node.contract.check_request` (through :meth:`Reducer.check_layout`), so a bad
+  layout is rejected before the model runs.
+
+Calling a reducer validates its input (a floating tensor ``[N, H, D]``, ``N >= 1``) and refuses NaN/Inf with
+:class:`~trajectory_ensemble_node.errors.NonFiniteCandidatesError`: a non-finite candidate is never averaged away
+silently. Half-precision inputs are reduced in float32 and returned in their own dtype.
+
+| name | rule | streaming | space | block |
+| --- | --- | --- | --- | --- |
+| ``mean`` | elementwise mean | yes | any | - |
+| ``median`` | elementwise median; even N: mean of the two middle values | no | any | - |
+| ``trimmed_mean`` | elementwise mean after dropping ``k = floor(0.2 N)`` lowest and highest | no | any | - |
+| ``medoid`` | the candidate with least summed Frobenius distance to the others | no | normalized | - |
+| ``mode`` | mean of the largest complete-linkage cluster (RMS threshold 0.2) | no | normalized | - |
+| ``pose_gripper`` | per 10-wide block: mean translation, chordal-mean rotation, median gripper | no | raw | 10 |
+| ``backward_coherence`` | the candidate nearest the previous chunk over the overlap (BID) | no | normalized | - |
+| ``mode_continuity`` | in the cluster nearest the previous chunk over the overlap, its nearest member | no | normalized | - |
+
+The last two (:mod:`.continuity`) are continuity-aware (``uses_context``): they also receive a
+:class:`ContinuityReference`, the previous chunk at the new chunk's times with per-action weights, when a request
+carries an execution context, and fall back to ``medoid`` / ``mode`` when it does not (an episode's first chunk).
+
+``"none"`` is not a reducer: it is the spec's name for "count is 1, return the single candidate".
+"""
+
+from .basic import (
+    MODE_DISTANCE_THRESHOLD,
+    POSE_GRIPPER_BLOCK,
+    TRIM_FRACTION,
+    mean_reduce,
+    median_reduce,
+    medoid_reduce,
+    mode_clusters,
+    mode_reduce,
+    pose_gripper_reduce,
+    trimmed_mean_reduce,
+)
+from .continuity import backward_coherence_reduce, coherence_scores, mode_continuity_reduce
+from .registry import available_reducers, get_reducer, register_reducer
+from .types import REDUCER_SPACES, ContinuityReference, Reducer, check_finite
+
+__all__ = [
+    "MODE_DISTANCE_THRESHOLD",
+    "POSE_GRIPPER_BLOCK",
+    "REDUCER_SPACES",
+    "TRIM_FRACTION",
+    "ContinuityReference",
+    "Reducer",
+    "available_reducers",
+    "backward_coherence_reduce",
+    "check_finite",
+    "coherence_scores",
+    "get_reducer",
+    "mean_reduce",
+    "median_reduce",
+    "medoid_reduce",
+    "mode_clusters",
+    "mode_continuity_reduce",
+    "mode_reduce",
+    "pose_gripper_reduce",
+    "register_reducer",
+    "trimmed_mean_reduce",
+]

@@ -1,0 +1,243 @@
+"""The built-in reducers that need nothing but the candidates: elementwise, medoid, mode and pose blocks."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .._rotations import project_to_so3, rotation_from_6d, rotation_to_6d
+from ..errors import InvalidSpecError
+from .types import Reducer
+
+# Kept as an integer denominator so the trim count is exact integer arithmetic, never a rounded float product.
+_TRIM_DENOMINATOR = 5
+TRIM_FRACTION = 1 / _TRIM_DENOMINATOR
+"""``trimmed_mean`` drops ``floor(TRIM_FRACTION * N)`` values from each end of every element's sorted candidates."""
+
+MODE_DISTANCE_THRESHOLD = 0.2
+"""``mode`` merges clusters while their complete-linkage RMS distance is at most this (normalized action units)."""
+
+POSE_GRIPPER_BLOCK = 10
+"""``pose_gripper`` block: 3 translation + 6 rotation (first two matrix columns) + 1 gripper."""
+
+# float64 sums of up to a few hundred distances differ by ~1e-14 relative with summation order; totals closer than
+# this are a mathematical tie and go to the lowest index.
+_TIE_RTOL = 1e-12
+
+
+
+def mean_reduce(candidates: torch.Tensor) -> torch.Tensor:
+    """``mean``: the elementwise mean over candidates. Commutes with per-channel affine maps.
+
+    Args:
+        candidates (`torch.Tensor` of shape `[N, H, D]`): Finite candidates.
+
+    Returns:
+        `torch.Tensor` of shape `[H, D]`.
+    """
+    return candidates.mean(dim=0)
+
+
+def median_reduce(candidates: torch.Tensor) -> torch.Tensor:
+    """``median``: the elementwise median; for even N the mean of the two middle values (like
+    ``torch.quantile(x, 0.5)``, unlike ``torch.median``, which returns the lower one).
+
+    Averaging the two middle values makes the median commute with every per-channel affine map, including negative
+    scales: a negative scale reverses the sort order, which would turn a lower median into an upper one.
+
+    Args:
+        candidates (`torch.Tensor` of shape `[N, H, D]`): Finite candidates.
+
+    Returns:
+        `torch.Tensor` of shape `[H, D]`.
+    """
+    ordered = candidates.sort(dim=0).values
+    n = ordered.shape[0]
+    if n % 2 == 1:
+        return ordered[n // 2]
+    return (ordered[n // 2 - 1] + ordered[n // 2]) * 0.5
+
+
+def trimmed_mean_reduce(candidates: torch.Tensor) -> torch.Tensor:
+    """``trimmed_mean``: per element, sort the N candidate values, drop ``k = floor(0.2 * N)`` (``= N // 5``) from
+    each end and average the rest.
+
+    ``k == 0`` for ``N < 5``, where this is exactly ``mean``. The trim is symmetric, so a negative scale (which
+    reverses the order) keeps the same values: it commutes with per-channel affine maps.
+
+    Args:
+        candidates (`torch.Tensor` of shape `[N, H, D]`): Finite candidates.
+
+    Returns:
+        `torch.Tensor` of shape `[H, D]`.
+    """
+    n = candidates.shape[0]
+    k = n // _TRIM_DENOMINATOR
+    if k == 0:
+        return candidates.mean(dim=0)
+    return candidates.sort(dim=0).values[k : n - k].mean(dim=0)
+
+
+def _pairwise_distances(candidates: torch.Tensor) -> torch.Tensor:
+    """Frobenius distances between candidates, float64 on CPU so ties and merge order are device-independent.
+
+    Args:
+        candidates (`torch.Tensor` of shape `[N, H, D]`).
+
+    Returns:
+        `torch.Tensor` of shape `[N, N]`, float64, exactly symmetric with a zero diagonal.
+    """
+    flat = candidates.detach().reshape(candidates.shape[0], -1).to(device="cpu", dtype=torch.float64)
+    # The matmul shortcut loses the exact symmetry and zero diagonal that tie-breaking relies on.
+    return torch.cdist(flat, flat, compute_mode="donot_use_mm_for_euclid_dist")
+
+
+def medoid_reduce(candidates: torch.Tensor) -> torch.Tensor:
+    """``medoid``: the candidate with the least summed Frobenius distance (over ``[H, D]``) to all others.
+
+    The result is an exact copy of one input candidate, so it is always a trajectory the model actually produced:
+    safe for multimodal candidates, where a mean can land between modes. Distances are computed in float64; totals
+    within a relative ``1e-12`` of the minimum are ties (float64 summation noise), and ties go to the lowest
+    candidate position.
+
+    Args:
+        candidates (`torch.Tensor` of shape `[N, H, D]`): Finite candidates.
+
+    Returns:
+        `torch.Tensor` of shape `[H, D]`: A copy of ``candidates[i]`` for the chosen ``i``.
+    """
+    totals = _pairwise_distances(candidates).sum(dim=1)
+    tied = totals <= totals.min() * (1.0 + _TIE_RTOL)
+    index = int(tied.nonzero()[0])
+    return candidates[index].clone()
+
+
+def mode_clusters(
+    candidates: torch.Tensor, threshold: float = MODE_DISTANCE_THRESHOLD
+) -> tuple[tuple[int, ...], ...]:
+    """Cluster candidates deterministically by complete-linkage agglomeration, cut at ``threshold``.
+
+    Distance between two candidates is their RMS elementwise difference, ``||x_i - x_j||_F / sqrt(H * D)``: in
+    action units, independent of horizon and width. Start with singletons; repeatedly merge the two clusters whose
+    complete-linkage distance (the largest pairwise distance between their members) is smallest, as long as it is
+    ``<= threshold``. Equal distances go to the pair whose lowest members are lexicographically smallest. Every
+    cluster therefore has diameter ``<= threshold``.
+
+    Args:
+        candidates (`torch.Tensor` of shape `[N, H, D]`): Finite candidates.
+        threshold (`float`, defaults to `MODE_DISTANCE_THRESHOLD`): Largest RMS distance inside one cluster, ``>= 0``.
+
+    Returns:
+        `tuple[tuple[int, ...], ...]`: Clusters as ascending candidate positions, ordered by their lowest position.
+    """
+    if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not 0 <= threshold < math.inf:
+        raise InvalidSpecError(f"mode threshold must be a finite number >= 0, got {threshold!r}")
+    n = candidates.shape[0]
+    elements = candidates[0].numel()
+    linkage = _pairwise_distances(candidates) / math.sqrt(elements)
+    linkage.fill_diagonal_(math.inf)
+    # Each cluster is indexed by its lowest member: a merge keeps the lower index.
+    members: dict[int, list[int]] = {i: [i] for i in range(n)}
+    while len(members) > 1:
+        # argmin returns the first minimum in row-major order; the matrix is symmetric, so that is the pair (i, j)
+        # with i < j and the smallest lowest members.
+        i, j = divmod(int(torch.argmin(linkage)), n)
+        if float(linkage[i, j]) > threshold:
+            break
+        merged = torch.maximum(linkage[i], linkage[j])
+        linkage[i], linkage[:, i] = merged, merged
+        linkage[i, i] = math.inf
+        linkage[j], linkage[:, j] = math.inf, math.inf
+        members[i].extend(members.pop(j))
+    return tuple(tuple(sorted(members[key])) for key in sorted(members))
+
+
+def mode_reduce(candidates: torch.Tensor, threshold: float = MODE_DISTANCE_THRESHOLD) -> torch.Tensor:
+    """``mode``: the mean of the largest cluster of :func:`mode_clusters`, so a bimodal set yields one of its modes,
+    never the midpoint between them.
+
+    Rule: cluster with complete linkage at ``threshold`` (default 0.2 RMS, i.e. 10% of a [-1, 1] normalized range);
+    keep the cluster with the most members; if several are equally large, keep the one holding the lowest candidate
+    position; return the elementwise mean of its members. Consequences: ``N = 1`` returns that candidate; identical
+    candidates form one cluster (the mean of all); if every pair is farther apart than ``threshold`` all clusters are
+    singletons and the result is candidate 0. The threshold is in the units of the candidates, which is why this
+    reducer is declared for normalized space. For another threshold, register a variant, e.g.
+    ``Reducer("mode_wide", functools.partial(mode_reduce, threshold=0.4), streaming=False, space="normalized")``.
+
+    Args:
+        candidates (`torch.Tensor` of shape `[N, H, D]`): Finite candidates.
+        threshold (`float`, defaults to `MODE_DISTANCE_THRESHOLD`): See :func:`mode_clusters`.
+
+    Returns:
+        `torch.Tensor` of shape `[H, D]`.
+    """
+    clusters = mode_clusters(candidates, threshold)
+    # max() keeps the first of equal keys, and clusters are ordered by lowest position.
+    largest = max(clusters, key=len)
+    index = torch.tensor(largest, device=candidates.device)
+    return candidates.index_select(0, index).mean(dim=0)
+
+
+def pose_gripper_reduce(candidates: torch.Tensor) -> torch.Tensor:
+    """``pose_gripper``: reduce end-effector poses block by block, respecting rotation geometry.
+
+    The width is a multiple of 10; each 10-wide block is ``[tx, ty, tz, r1 (3), r2 (3), gripper]`` where ``r1, r2``
+    are the first two columns of a rotation matrix (Zhou et al. 2019; e.g. ``droid_lerobot`` = 1 block,
+    ``robomind-franka-dual`` = 2). Per block and timestep:
+
+    * translation: the mean;
+    * rotation: the chordal L2 mean. Each candidate's matrix is rebuilt from its 6D by Gram-Schmidt, the matrices are
+      averaged, the average is projected onto SO(3) by SVD with the determinant fixed to +1, and the result is
+      re-encoded as its first two columns. Computed in float64;
+    * gripper: the elementwise median as in ``median`` (even N: mean of the two middle values). For a two-valued
+      gripper this is the majority vote whenever one state has a strict majority (always, for odd N); an exact tie
+      (even N, half open, half closed) gives the midpoint of the two states. Non-binary values get their median.
+
+    Inputs must be raw (denormalized) poses: per-channel scaling would distort the rotation columns.
+
+    Args:
+        candidates (`torch.Tensor` of shape `[N, H, D]`): Finite candidates, ``D = 10 * blocks``.
+
+    Returns:
+        `torch.Tensor` of shape `[H, D]`.
+    """
+    n, horizon, width = candidates.shape
+    blocks = candidates.reshape(n, horizon, width // POSE_GRIPPER_BLOCK, POSE_GRIPPER_BLOCK)
+    translation = blocks[..., 0:3].mean(dim=0)
+    rotations = rotation_from_6d(blocks[..., 3:9].to(torch.float64))
+    rotation = rotation_to_6d(project_to_so3(rotations.mean(dim=0))).to(candidates.dtype)
+    gripper = median_reduce(blocks[..., 9:10])
+    return torch.cat((translation, rotation, gripper), dim=-1).reshape(horizon, width)
+
+
+BUILTIN: tuple[Reducer, ...] = (
+    Reducer("mean", mean_reduce, streaming=True, space="any", description="elementwise mean"),
+    Reducer("median", median_reduce, streaming=False, space="any", description="elementwise median (even N: mid)"),
+    Reducer(
+        "trimmed_mean",
+        trimmed_mean_reduce,
+        streaming=False,
+        space="any",
+        description="elementwise mean without the floor(0.2 N) lowest and highest values",
+    ),
+    Reducer(
+        "medoid", medoid_reduce, streaming=False, space="normalized", description="candidate nearest all others"
+    ),
+    Reducer(
+        "mode",
+        mode_reduce,
+        streaming=False,
+        space="normalized",
+        description="mean of the largest complete-linkage cluster (RMS threshold 0.2)",
+    ),
+    Reducer(
+        "pose_gripper",
+        pose_gripper_reduce,
+        streaming=False,
+        space="raw",
+        block_width=POSE_GRIPPER_BLOCK,
+        description="per 10-wide block: mean translation, chordal-mean rotation, median gripper",
+    ),
+)
+"""The elementwise and mode reducers, in the registry's order."""

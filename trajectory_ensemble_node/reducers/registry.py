@@ -1,0 +1,60 @@
+"""The reducer registry: the built-in tables of :mod:`.basic` and :mod:`.continuity`, and what callers register.
+
+The built-in reducers are listed in their modules' ``BUILTIN`` tables and collected here; no module registers itself
+as a side effect of being imported.
+"""
+
+from __future__ import annotations
+
+from ..errors import InvalidSpecError, UnknownReducerError
+from . import basic, continuity
+from .types import Reducer
+
+_REGISTRY: dict[str, Reducer] = {r.name: r for r in (*basic.BUILTIN, *continuity.BUILTIN)}
+"""Built in from the two tables, in this order; :func:`register_reducer` adds more."""
+
+
+def register_reducer(reducer: Reducer, *, replace: bool = False) -> Reducer:
+    """Add a reducer to the registry so requests can name it.
+
+    Args:
+        reducer (`Reducer`): The reducer to add.
+        replace (`bool`, defaults to `False`): Allow replacing a reducer of the same name.
+
+    Returns:
+        `Reducer`: ``reducer``, so this can be used inline.
+
+    Raises:
+        InvalidSpecError: If ``reducer`` is not a :class:`Reducer`, or the name is taken and ``replace`` is False.
+    """
+    if not isinstance(reducer, Reducer):
+        raise InvalidSpecError(f"register_reducer expects a Reducer, got {reducer!r}")
+    if reducer.name in _REGISTRY and not replace:
+        raise InvalidSpecError(f"reducer {reducer.name!r} is already registered; pass replace=True to replace it")
+    _REGISTRY[reducer.name] = reducer
+    return reducer
+
+
+def get_reducer(name: str) -> Reducer:
+    """Look a reducer up by name.
+
+    Args:
+        name (`str`): A registered name.
+
+    Returns:
+        `Reducer`: The registered reducer.
+
+    Raises:
+        UnknownReducerError: If ``name`` is not registered; the message lists the known names.
+    """
+    try:
+        return _REGISTRY[name]
+    except (KeyError, TypeError):
+        raise UnknownReducerError(
+            f"unknown reducer {name!r}; registered reducers: {', '.join(available_reducers())}"
+        ) from None
+
+
+def available_reducers() -> tuple[str, ...]:
+    """Names of all registered reducers, sorted."""
+    return tuple(sorted(_REGISTRY))

@@ -127,16 +127,21 @@ class EnsembleService:
         """
         self.engine.check(request, refuse_cold=refuse_cold)
 
-    def measured_costs(self, *, forget: bool = False) -> tuple[float | None, float | None, float | None]:
+    def measured_costs(self, *, forget: bool = False,
+                       provisional: bool = False) -> tuple[float | None, float | None, float | None]:
         """The engine's running cost estimates in ms: encode, one step, post-processing (``None`` = not measured).
 
         Args:
             forget (`bool`): Then start them over (after a group that paid one-time costs: first kernels, caches).
+            provisional (`bool`): Then let the next real measurement of each replace it, not blend with it (after a
+                measurement on a stand-in frame).
         """
         costs = self.engine.costs
         measured = costs.encode_ms, costs.step_ms, costs.post_ms
         if forget:
             costs.encode_ms = costs.step_ms = costs.post_ms = None
+        if provisional:
+            costs.provisional = {"encode_ms", "step_ms", "post_ms"}
         return measured
 
     def run_until_idle(self) -> None:

@@ -179,3 +179,14 @@ def test_unmeetable_deadline_is_refused_up_front(pipe):
         model.submit(**kwargs(deadline_s=1.0))
     assert info.value.code == ErrorCode.DEADLINE_UNMEETABLE == 82
     assert model.engine.num_queued == 0
+
+
+def test_provisional_costs_are_replaced_by_the_first_real_measurement_then_blended():
+    # The node's start-up measurement (a stand-in frame at the full tier) must not linger in the running averages.
+    costs = StepCosts(encode_ms=600.0, step_ms=400.0, post_ms=1.0, provisional={"encode_ms", "step_ms", "post_ms"})
+    assert costs.minimum_ms() == pytest.approx(1.1 * 1001.0)
+    costs.observe("encode_ms", 50.0)
+    costs.observe("step_ms", 10.0)
+    assert (costs.encode_ms, costs.step_ms, costs.post_ms) == (50.0, 10.0, 1.0) and costs.provisional == {"post_ms"}
+    costs.observe("step_ms", 20.0)
+    assert costs.step_ms == pytest.approx(0.7 * 10.0 + 0.3 * 20.0)

@@ -23,7 +23,7 @@ bit-identical to an engine without this module.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from ..errors import DeadlineUnmeetableError, InvalidSpecError
@@ -67,17 +67,26 @@ def check_deadline(deadline_s: float | None) -> float | None:
 
 @dataclass
 class StepCosts:
-    """Running estimates (milliseconds) of what a group costs on this engine; ``None`` until measured."""
+    """Running estimates (milliseconds) of what a group costs on this engine; ``None`` until measured.
+
+    ``provisional`` names estimates that only stand in until real work measures its own (a start-up measurement on
+    a stand-in frame): the next measurement of each replaces it instead of being blended in.
+    """
 
     encode_ms: float | None = None
     step_ms: float | None = None
     post_ms: float | None = None
+    provisional: set[str] = field(default_factory=set)
 
     @staticmethod
     def _blend(old: float | None, new: float) -> float:
         return new if old is None else (1 - EMA_WEIGHT) * old + EMA_WEIGHT * new
 
     def observe(self, name: str, ms: float) -> None:
+        if name in self.provisional:
+            self.provisional.discard(name)
+            setattr(self, name, float(ms))
+            return
         setattr(self, name, self._blend(getattr(self, name), float(ms)))
 
     def minimum_ms(self) -> float | None:

@@ -255,6 +255,8 @@ def measure_costs(model: Any, params: node_params.NodeParams, instruction: str) 
     except TrajectoryEnsembleError as error:
         return (f"start-up cost measurement failed ({type(error).__name__}: {error}); goals with a deadline are "
                 "refused until a goal without one has measured a step")
-    encode, step, post = model.measured_costs()
-    return (f"measured costs for deadlines: encode {encode or 0:.0f} ms, step {step or 0:.0f} ms, "
-            f"post-processing {post or 0:.0f} ms ({p.candidate_count} candidates)")
+    # A black frame at the full tier is as expensive as a frame gets (larger ones are resized to the tier): an upper
+    # bound that stands in until the first goal measures its own frame's costs, which replace it.
+    encode, step, post = model.measured_costs(provisional=True)
+    return (f"measured costs for deadlines (until the first goal measures its own): encode {encode or 0:.0f} ms, "
+            f"step {step or 0:.0f} ms, post-processing {post or 0:.0f} ms ({p.candidate_count} candidates)")

@@ -222,7 +222,8 @@ def refuse_clock_change(changes: Sequence[Any], sim_time: bool) -> str | None:
 
 def measure_costs(model: Any, params: node_params.NodeParams, instruction: str) -> str:
     """Run two small groups (a black frame, :data:`COST_MEASUREMENT_STEPS` steps, the configured candidate count)
-    so the engine's deadline planner has measured costs before the first goal; the second one's are kept.
+    so the engine's deadline planner has measured costs before the first goal; the second one's are kept, until the
+    first goal's own replace them.
 
     Args:
         model (`Cosmos3ActionModel`): The started model.
@@ -255,8 +256,8 @@ def measure_costs(model: Any, params: node_params.NodeParams, instruction: str) 
     except TrajectoryEnsembleError as error:
         return (f"start-up cost measurement failed ({type(error).__name__}: {error}); goals with a deadline are "
                 "refused until a goal without one has measured a step")
-    # A black frame at the full tier is as expensive as a frame gets (larger ones are resized to the tier): an upper
-    # bound that stands in until the first goal measures its own frame's costs, which replace it.
+    # The black frame fills its tier; camera frames are scaled down, never up, into a bin of about the tier's area:
+    # about the most a frame costs, standing in until the first goal measures its own, which replace it.
     encode, step, post = model.measured_costs(provisional=True)
     return (f"measured costs for deadlines (until the first goal measures its own): encode {encode or 0:.0f} ms, "
             f"step {step or 0:.0f} ms, post-processing {post or 0:.0f} ms ({p.candidate_count} candidates)")

@@ -170,7 +170,7 @@ def _novelty(args: argparse.Namespace, cal_scores: list[float], cal_frames: list
     scorer_path = getattr(args, "scorer_out", None) or args.json.with_suffix(".novelty.safetensors")
     observation, combined = novelty_calibration.from_episodes(
         validate(_node_params(args)), cal_scores, cal_frames, held_scores, held_frames, args.alpha,
-        scorer_path=scorer_path, kind=getattr(args, "scorer", "rnd"),
+        scorer_path=scorer_path, kind=getattr(args, "scorer", novelty_calibration.DEFAULT_SCORER),
         fit_share=getattr(args, "fit_share", novelty_calibration.DEFAULT_FIT_SHARE), seed=args.base_seed)
     return {"observation": observation, "combined": combined}
 
@@ -202,7 +202,7 @@ def markdown(result: dict[str, Any]) -> str:
 
 def _node_params(args: argparse.Namespace) -> dict[str, Any]:
     if args.params_file is not None:
-        from ..ros.params import read_params_file
+        from ..ros.params_file import read_params_file
 
         return read_params_file(str(args.params_file), args.node_namespace)
     from .demo import default_model, node_params

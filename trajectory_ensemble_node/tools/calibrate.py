@@ -71,7 +71,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--pipeline", type=Path, default=None, help="pipeline dir (default: the shipped toy)")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     parser.add_argument("--scene-batch", type=int, default=4, help="scenes submitted together (throughput only)")
-    parser.add_argument("--scorer", choices=SCORER_KINDS, default="rnd", help="novelty scorer kept (both are reported)")
+    parser.add_argument("--scorer", choices=SCORER_KINDS, default=novelty_calibration.DEFAULT_SCORER,
+                        help="novelty scorer kept (both are reported)")
     parser.add_argument("--scorer-out", type=Path, default=None,
                         help="novelty scorer file (default: beside the JSON, <json>.novelty.safetensors)")
     parser.add_argument("--fit-share", type=float, default=novelty_calibration.DEFAULT_FIT_SHARE,

@@ -79,7 +79,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="share of the calibration scenes that fit the scorer; the rest set its thresholds")
     parser.add_argument("--embedding-grid", type=int, default=None,
                         help="pooling grid of the observation embedding (default: the model's)")
-    parser.add_argument("--cost-groups", type=int, default=7,
+    parser.add_argument("--cost-groups", type=int, default=15,
                         help="groups timed with the novelty scorer on, and as many off (alternating; >= 5)")
     bag_calibration.add_bag_arguments(parser)
 

@@ -4,7 +4,6 @@ shared helpers (``_node_harness``, ``_cosmos3``, ``_reliability_harness``)."""
 
 from __future__ import annotations
 
-import importlib
 import os
 import sys
 from collections.abc import Iterator
@@ -14,12 +13,10 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "tests"))
 
+from _launch_testing import LAUNCH_TESTING_SKIP_REASON, launch_testing_available
+
 from trajectory_ensemble_node.tools.launcher import pick_domain_id
 from trajectory_ensemble_node.tools.launcher import ros_env as ros_env_for
-
-LAUNCH_TESTING_SKIP_REASON = (
-    "launch_testing is not installable from PyPI; runs inside the Docker image / a ROS 2 install"
-)
 
 @pytest.fixture(scope="session")
 def ros_domain_id() -> Iterator[int]:
@@ -45,15 +42,6 @@ def ros_domain_id() -> Iterator[int]:
 def ros_env(ros_domain_id: int) -> dict[str, str]:
     """The environment for a ROS 2 child process of this test session (the tools' launcher builds it)."""
     return ros_env_for(ros_domain_id)
-
-
-def launch_testing_available() -> bool:
-    """True when ``import launch_testing`` works (a real ROS 2 install, or the Docker image)."""
-    try:
-        importlib.import_module("launch_testing")
-    except Exception:  # noqa: BLE001 - a broken install counts as missing, whatever it raises
-        return False
-    return True
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

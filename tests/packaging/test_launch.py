@@ -17,7 +17,7 @@ import uuid
 import pytest
 import yaml
 
-from conftest import launch_testing_available
+from _launch_testing import launch_testing_available
 
 from trajectory_ensemble_node.tools.launcher import pick_domain_id
 

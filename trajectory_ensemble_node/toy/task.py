@@ -400,12 +400,15 @@ def training_examples(seed: int, mid_probability: float = 0.35, closed_loop_stat
             position = expert_curve(scene, side_sign, np.array([progress / HORIZON]))[0]
             position = position + rng.normal(0.0, CLOSED_LOOP_JITTER, size=2)
             examples.append((scene.with_robot(position), [expert_continuation(scene, side_sign, progress)]))
-    recovery_rng = np.random.default_rng([int(seed), 0x5EC0])
-    for _ in range(recovery_states):
-        state = recovery_state(scene, recovery_rng)
-        if state is not None:
-            examples.append((state[0], [state[1]]))
-    return examples
+    return examples + recovery_examples(seed, recovery_states)
+
+
+def recovery_examples(seed: int, count: int) -> list[tuple[Scene, list[np.ndarray]]]:
+    """Up to ``count`` :func:`recovery_state` s of one training seed, each with its one chunk (its own stream)."""
+    scene = make_scene(TRAIN_SEED_BASE + seed)
+    rng = np.random.default_rng([int(seed), 0x5EC0])
+    states = [recovery_state(scene, rng) for _ in range(count)]
+    return [(state, [label]) for state, label in (s for s in states if s is not None)]
 
 
 # --- rendering ------------------------------------------------------------------------------------------------------

@@ -143,19 +143,57 @@ def build_dataset(
         batch (`int`): Clips per VAE call.
         log (`Callable[[str], None]`): Progress output.
     """
-    cache = None
-    if cache_dir is not None:
-        key = _cache_key(num_seeds, mid_probability, pipe, closed_loop_states, recovery_states)
-        cache = Path(cache_dir) / f"toy_data_{key}.pt"
-        if cache.exists():
-            saved = torch.load(cache, weights_only=False)
-            log(f"loaded encoded dataset {cache} ({len(saved['options'])} states)")
-            if saved.get("starts") is None:
-                # Caches written before starts were kept: the states are a pure function of the settings (no
-                # rendering or encoding needed), so recompute them rather than re-encode.
-                saved["starts"] = _starts(_labelled(num_seeds, mid_probability, closed_loop_states, recovery_states))
-            return ToyDataset(**saved)
+    if recovery_states:
+        # Recovery states are encoded (and cached) as a part of their own, so adding them to a dataset whose other
+        # states are cached already costs only their own encoding.
+        main = build_dataset(pipe, num_seeds, mid_probability=mid_probability,
+                             closed_loop_states=closed_loop_states, cache_dir=cache_dir, batch=batch, log=log)
+        labelled = [example for seed in range(num_seeds) for example in task.recovery_examples(seed, recovery_states)]
+        key = _cache_key(num_seeds, 0.0, pipe, 0, recovery_states) + "_recovery"
+        return concat_datasets([main, _encode_cached(pipe, labelled, cache_dir, key, batch, log)])
+    key = _cache_key(num_seeds, mid_probability, pipe, closed_loop_states)
+    return _encode_cached(pipe, lambda: _labelled(num_seeds, mid_probability, closed_loop_states, 0), cache_dir, key,
+                          batch, log)
 
+
+def _encode_cached(pipe: Cosmos3OmniPipeline, labelled, cache_dir: Path | None, key: str, batch: int,
+                   log) -> ToyDataset:
+    # ``labelled``: the (state, chunks) list, or a function making it (only called when the states must be known).
+    make = labelled if callable(labelled) else (lambda: labelled)
+    cache = None if cache_dir is None else Path(cache_dir) / f"toy_data_{key}.pt"
+    if cache is not None and cache.exists():
+        saved = torch.load(cache, weights_only=False)
+        log(f"loaded encoded dataset {cache} ({len(saved['options'])} states)")
+        if saved.get("starts") is None:
+            # Caches written before starts were kept: the states are a pure function of the settings (no
+            # rendering or encoding needed), so recompute them rather than re-encode.
+            saved["starts"] = _starts(make())
+        return ToyDataset(**saved)
+    dataset = encode_labelled(pipe, make(), batch=batch, log=log)
+    if cache is not None:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        torch.save(dataset.__dict__, cache)
+    return dataset
+
+
+def encode_labelled(
+    pipe: Cosmos3OmniPipeline,
+    labelled: list[tuple[task.Scene, list[np.ndarray]]],
+    *,
+    batch: int = 8,
+    log=print,
+) -> ToyDataset:
+    """Encode labelled states: per state its conditioning latent, per expert chunk of it the chunk and its clip.
+
+    Args:
+        pipe (`Cosmos3OmniPipeline`): The pipeline being trained (its tokenizer and VAE are used).
+        labelled (`list`): ``(state, chunks)`` pairs, each chunk ``[H, 2]`` planned from ``state.robot`` (1 or 2
+            per state: a state with two chunks is a bimodal one).
+        batch (`int`): Clips per VAE call.
+        log (`Callable[[str], None]`): Progress output.
+    """
+    if not labelled:
+        raise ValueError("encode_labelled needs at least one labelled state, got none")
     device = torch.device("cpu")
     branch: Branch | None = None
     conditions: list[torch.Tensor] = []
@@ -165,7 +203,6 @@ def build_dataset(
     pending: list[list[np.ndarray]] = []
     clips: list[torch.Tensor] = []
     started = time.perf_counter()
-    labelled = _labelled(num_seeds, mid_probability, closed_loop_states, recovery_states)
     states = [state for state, _ in labelled]
     for index, (state, chunks) in enumerate(labelled):
         image = task.render(state)
@@ -213,7 +250,35 @@ def build_dataset(
         starts=_starts(labelled),
     )
     log(f"encoded {len(states)} states, {len(actions)} examples in {time.perf_counter() - started:.0f} s")
-    if cache is not None:
-        cache.parent.mkdir(parents=True, exist_ok=True)
-        torch.save(dataset.__dict__, cache)
     return dataset
+
+
+def concat_datasets(datasets: list[ToyDataset]) -> ToyDataset:
+    """One dataset holding every state and example of ``datasets``, in order (DAgger's aggregation).
+
+    Every part must share the same prefix (prompt), which one packed forward serves for all examples.
+    """
+    if not datasets:
+        raise ValueError("concat_datasets needs at least one dataset, got none")
+    first = datasets[0]
+    for part in datasets[1:]:
+        if not torch.equal(part.branch.prefix.input_ids, first.branch.prefix.input_ids):
+            raise ValueError("datasets to concatenate must share one prompt prefix")
+    if any(part.starts is None for part in datasets):
+        raise ValueError("datasets to concatenate must all keep their start positions (starts)")
+    state_offset, example_offset = 0, 0
+    state_of, options = [], []
+    for part in datasets:
+        state_of.append(part.state_of + state_offset)
+        options.extend([[example + example_offset for example in option] for option in part.options])
+        state_offset += part.num_states
+        example_offset += len(part.actions)
+    return ToyDataset(
+        branch=first.branch,
+        condition=torch.cat([part.condition for part in datasets]),
+        clips=torch.cat([part.clips for part in datasets]),
+        actions=torch.cat([part.actions for part in datasets]),
+        state_of=torch.cat(state_of),
+        options=options,
+        starts=torch.cat([part.starts for part in datasets]),
+    )

@@ -11,6 +11,11 @@ around that time, which is what a trajectory controller executing it holds the r
 Per-action weights over the new chunk (Real-Time Chunking, Black et al. 2025, "exp" schedule): 1 for the ``d``
 frozen actions, then an exponentially decaying ramp to 0 across the rest of the overlap, then 0 where the previous
 chunk has no action at that time. Guidance and continuity-aware selection both use these weights.
+
+Continuity has four homes, one per layer; the others are :mod:`trajectory_ensemble_node.reducers.continuity`
+(continuity-aware selection); :mod:`trajectory_ensemble_node.models.cosmos3.guidance` (guided denoising in the
+adapter); :mod:`trajectory_ensemble_node.ros.continuity` (the node's memory of its last chunk, the rules to continue
+it).
 """
 
 from __future__ import annotations

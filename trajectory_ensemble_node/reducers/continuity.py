@@ -21,6 +21,11 @@ toy closed loop the two pick differently in 9 of 30 episodes and change nothing 
   target in 17 of 50 episodes, the member in none (``docs/closed-loop.md``).
 
 Without a reference (an episode's first chunk) they fall back to ``medoid`` and ``mode``.
+
+Continuity has four homes, one per layer; the others are :mod:`trajectory_ensemble_node.engine.context` (the value
+type and the alignment math); :mod:`trajectory_ensemble_node.models.cosmos3.guidance` (guided denoising in the
+adapter); :mod:`trajectory_ensemble_node.ros.continuity` (the node's memory of its last chunk, the rules to continue
+it).
 """
 
 from __future__ import annotations

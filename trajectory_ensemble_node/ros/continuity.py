@@ -26,6 +26,10 @@ rows will have executed by the time it is published, counted from the observatio
 observation's age at the decision) is known; ``estimate`` is the :class:`LatencyEstimator`'s serving latency
 (decision to publication, measured on every served goal). A clock jump starts a new *epoch*: measurements and
 chunks from goals decided before it are not taken, and a forward jump also resets the estimate.
+
+Continuity has four homes, one per layer; the others are :mod:`trajectory_ensemble_node.engine.context` (the value
+type and the alignment math); :mod:`trajectory_ensemble_node.reducers.continuity` (continuity-aware selection);
+:mod:`trajectory_ensemble_node.models.cosmos3.guidance` (guided denoising in the adapter).
 """
 
 from __future__ import annotations

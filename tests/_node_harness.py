@@ -29,6 +29,8 @@ NODE = "trajectory_ensemble"
 NS = f"/{NODE}"
 STARTUP_TIMEOUT_S = 180.0
 GOAL_TIMEOUT_S = 120.0
+PUBLISH_RETRY_S = 3.0
+"""A publish the node has not reported after this long is sent again (the observation topics are best effort)."""
 
 # The small configuration the node tests share (overridden per module).
 BASE_PARAMS: dict[str, Any] = {
@@ -85,11 +87,11 @@ class NodeProcess:
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
 
-    def wait_ready(self, timeout: float = STARTUP_TIMEOUT_S) -> None:
-        """Wait for the node's ``ready`` log line (the action server exists from then on)."""
+    def wait_ready(self, timeout: float = STARTUP_TIMEOUT_S, marker: str = "] ready: ") -> None:
+        """Wait for the node's ``ready`` log line (the action server exists from then on), or another ``marker``."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if "] ready: " in self.log():
+            if marker in self.log():
                 return
             if self.proc.poll() is not None:
                 raise RuntimeError(f"node exited with {self.proc.returncode}:\n{self.log()}")
@@ -118,9 +120,9 @@ def run_node_until_exit(params_file: Path, env: Mapping[str, str], timeout: floa
     )
 
 
-def image_msg(stamp_sec: int, *, seed: int = 0, height: int = 48, width: int = 64, encoding: str = "rgb8",
+def image_msg(stamp_sec: float, *, seed: int = 0, height: int = 48, width: int = 64, encoding: str = "rgb8",
               step: int | None = None, data: bytes | None = None, frame_id: str = "camera") -> Any:
-    """A ``sensor_msgs/Image`` of random pixels (or the given bytes), stamped ``stamp_sec`` seconds."""
+    """A ``sensor_msgs/Image`` of random pixels (or the given bytes), stamped ``stamp_sec`` seconds (to the ns)."""
     from sensor_msgs.msg import Image
 
     from trajectory_ensemble_node.ros.observations import BYTES_PER_PIXEL
@@ -131,7 +133,8 @@ def image_msg(stamp_sec: int, *, seed: int = 0, height: int = 48, width: int = 6
     if data is None:
         data = np.random.default_rng(seed).integers(0, 256, step * height, dtype=np.uint8).tobytes()
     msg = Image(height=height, width=width, encoding=encoding, step=step)
-    msg.header.stamp.sec = int(stamp_sec)
+    total = int(round(stamp_sec * 1e9))
+    msg.header.stamp.sec, msg.header.stamp.nanosec = total // 1_000_000_000, total % 1_000_000_000
     msg.header.frame_id = frame_id
     msg.data = data
     return msg
@@ -156,9 +159,11 @@ class RosClient:
     Args:
         image_topics (`Iterable[str]`): Topics to publish images on.
         domain_id (`int`): The session's ROS_DOMAIN_ID.
+        use_sim_time (`bool`): The node runs on ``/clock`` (how the node reports a frame then, see the publishes).
     """
 
-    def __init__(self, image_topics: Iterable[str] = (f"{NS}/observation/image",), *, domain_id: int) -> None:
+    def __init__(self, image_topics: Iterable[str] = (f"{NS}/observation/image",), *, domain_id: int,
+                 use_sim_time: bool = False) -> None:
         import rclpy
         from diagnostic_msgs.msg import DiagnosticArray
         from rclpy.action import ActionClient
@@ -172,6 +177,7 @@ class RosClient:
         from trajectory_ensemble_msgs.msg import ActionTrajectory, CandidateArray
         from trajectory_ensemble_msgs.srv import UpdateWeights
         from trajectory_msgs.msg import JointTrajectory
+        from visualization_msgs.msg import MarkerArray
 
         self.context = Context()
         rclpy.init(context=self.context, domain_id=domain_id)
@@ -183,13 +189,14 @@ class RosClient:
         self.state_pub = self.node.create_publisher(JointState, f"{NS}/observation/state", qos)
         self.instruction_pub = self.node.create_publisher(String, f"{NS}/instruction", qos)
         self.received: dict[str, list[Any]] = {"trajectory": [], "candidates": [], "joint_trajectory": [],
-                                               "diagnostics": []}
+                                               "diagnostics": [], "markers": []}
         self._lock = threading.Lock()
         for name, msg_type, topic in (
             ("trajectory", ActionTrajectory, f"{NS}/trajectory"),
             ("candidates", CandidateArray, f"{NS}/candidates"),
             ("joint_trajectory", JointTrajectory, f"{NS}/joint_trajectory"),
             ("diagnostics", DiagnosticArray, "/diagnostics"),
+            ("markers", MarkerArray, f"{NS}/markers"),
         ):
             self.node.create_subscription(msg_type, topic, lambda msg, n=name: self._record(n, msg), qos)
         self.Goal = GenerateTrajectory.Goal
@@ -200,6 +207,7 @@ class RosClient:
         self.weights = self.node.create_client(UpdateWeights, f"{NS}/update_weights")
         self.UpdateWeights = UpdateWeights
         self.params = AsyncParameterClient(self.node, NS)
+        self.use_sim_time = use_sim_time
         self._thread = threading.Thread(target=self._spin, daemon=True)
         self._running = True
         self._thread.start()
@@ -265,22 +273,98 @@ class RosClient:
             self.wait(lambda p=pub: p.get_subscription_count() > 0, timeout, f"a subscriber on {topic}")
         self.wait(lambda: self.state_pub.get_subscription_count() > 0, timeout, "a subscriber on the state topic")
         # Our writers have matched the node's readers; the node's readers match our writers on their own discovery
-        # message, a moment later, and until then they drop best-effort samples (images, state) unseen.
+        # message, a moment later, and until then they drop best-effort samples (images, state) unseen. Nothing on
+        # this side tells when: the publish_* helpers below wait for the node's report and publish again, but a test
+        # that publishes on its own (a frame a goal then names) relies on this one settle after discovery.
         time.sleep(DISCOVERY_SETTLE_S)
 
-    # --- observations ----------------------------------------------------------------------------------------------
+    # --- observations ---------------------------------------------------------------------------------------------
+    #
+    # Every publish waits until the node reports the sample in /diagnostics and publishes again what it has not
+    # reported within PUBLISH_RETRY_S: the observation topics are best effort, so a sample can be lost, and a goal
+    # sent afterwards must find what was published, on any machine. The node reports a good message by the age of
+    # its topic's newest one (``age_s <topic>``, in arrays stamped on its clock), a refused frame by a counter
+    # (``frames_rejected_<cause>``), and a good frame by ``frames_received`` too, which is what tells under
+    # ``use_sim_time``, where ages and stamps are on a clock the test holds still.
 
-    def publish_image(self, stamp_sec: int, topics: Iterable[str] | None = None, settle_s: float = 0.3,
-                      **kwargs: Any) -> None:
-        """Publish one frame (a few times, same stamp, so a lost sample cannot matter) on each topic."""
-        for topic in topics or self.image_pubs:
-            msg = image_msg(stamp_sec, **kwargs)
-            for _ in range(3):
-                self.image_pubs[topic].publish(msg)
-        time.sleep(settle_s)
+    def observation_values(self) -> dict[str, str] | None:
+        """The values of the newest ``<node>: observations`` status on ``/diagnostics`` (``None`` before the first)."""
+        return next((values for _, values in self._observation_reports()), None)
 
-    def publish_rgb(self, rgb: np.ndarray, stamp_sec: float, settle_s: float = 0.3) -> None:
-        """Publish an RGB ``uint8`` array ``[H, W, 3]`` (e.g. a rendered toy scene) on every image topic."""
+    def _observation_reports(self) -> Iterable[tuple[Any, dict[str, str]]]:
+        # Newest first: (the DiagnosticArray, its observations values).
+        for array in reversed(self.messages("diagnostics")):
+            for status in array.status:
+                if status.name == f"{NODE}: observations":
+                    yield array, {kv.key: kv.value for kv in status.values}
+
+    def _publish_until(self, publishers: Mapping[str, Callable[[], None]], reported: Callable[[str], bool],
+                       timeout: float) -> int:
+        """Call each of ``publishers`` (name -> publish one sample) until ``reported(name)``, publishing again what is
+        still unreported every PUBLISH_RETRY_S; returns the rounds published. TimeoutError after ``timeout`` s."""
+        deadline = time.monotonic() + timeout
+        rounds = 0
+        while True:
+            pending = [name for name in publishers if not reported(name)]
+            if not pending:
+                return rounds
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"the node did not report {pending} within {timeout} s ({rounds} rounds)")
+            for name in pending:
+                publishers[name]()
+            rounds += 1
+            retry_at = min(time.monotonic() + PUBLISH_RETRY_S, deadline)
+            while time.monotonic() < retry_at and not all(reported(name) for name in pending):
+                time.sleep(0.02)
+
+    def _publish_arrived(self, publishers: Mapping[str, Callable[[], None]], timeout: float) -> None:
+        """Publish on each topic of ``publishers`` until the node's newest report dates a message on it after this
+        call began: that report's stamp minus the topic's age (``age_s <topic>``) is when its newest message arrived.
+        On the host's clock (the node's ROS clock off ``use_sim_time``; its ages are on the monotonic clock)."""
+        assert not self.use_sim_time, "under use_sim_time the node's ages and stamps are on the test's clock"
+        began = time.time()
+
+        def arrived(topic: str) -> bool:
+            for array, values in self._observation_reports():
+                age = values.get(f"age_s {topic}", "never")
+                return age not in ("never", "") and _stamp_ns(array.header.stamp) * 1e-9 - float(age) > began
+            return False
+
+        self._publish_until(publishers, arrived, timeout)
+
+    def _publish_counted(self, publishers: Mapping[str, Callable[[], None]], timeout: float) -> None:
+        """Publish each of ``publishers`` (observations counter -> publish one sample that raises it) until the node's
+        reports show every counter above its value in the last report before."""
+        values = self.wait(self.observation_values, 30.0, "the node's first /diagnostics")
+        before = {counter: int(values.get(counter, "0")) for counter in publishers}
+
+        def counted(counter: str) -> bool:
+            return int((self.observation_values() or {}).get(counter, "0")) > before[counter]
+
+        if self._publish_until(publishers, counted, timeout) > 1:
+            # An earlier sample was slow, not lost, and may be counted after the report that ended this wait: the
+            # next report includes it, so the next publish's baseline does too.
+            seen = len(self.messages("diagnostics"))
+            self.wait(lambda: len(self.messages("diagnostics")) > seen, 30.0, "the next /diagnostics")
+
+    def publish_image(self, stamp_sec: float, topics: Iterable[str] | None = None, *,
+                      counted: str = "frames_received", timeout: float = 60.0, **kwargs: Any) -> None:
+        """Publish one frame on each topic until the node reports it.
+
+        Args:
+            stamp_sec (`float`): The frame's stamp (seconds).
+            topics (`Iterable[str]`, *optional*): Image topics (default: all of the client's).
+            counted (`str`): For a frame the node refuses, the observations counter it raises
+                (``frames_rejected_<cause>``); the default is a good frame, reported by its topic's age (by
+                ``frames_received`` under ``use_sim_time``, one topic after the other).
+            timeout (`float`): Fail (TimeoutError) when the node has not reported it after this long.
+            **kwargs: Passed to :func:`image_msg` (seed, size, encoding...).
+        """
+        self._publish_frame(image_msg(stamp_sec, **kwargs), list(topics or self.image_pubs), counted, timeout)
+
+    def publish_rgb(self, rgb: np.ndarray, stamp_sec: float, timeout: float = 60.0) -> None:
+        """Publish an RGB ``uint8`` array ``[H, W, 3]`` (e.g. a rendered toy scene) on every image topic, until the
+        node reports it."""
         from sensor_msgs.msg import Image
 
         rgb = np.ascontiguousarray(rgb, dtype=np.uint8)
@@ -289,10 +373,20 @@ class RosClient:
         msg.header.stamp.sec, msg.header.stamp.nanosec = total // 1_000_000_000, total % 1_000_000_000
         msg.header.frame_id = "camera"
         msg.data = rgb.tobytes()
-        for topic in self.image_pubs:
-            for _ in range(3):
-                self.image_pubs[topic].publish(msg)
-        time.sleep(settle_s)
+        self._publish_frame(msg, list(self.image_pubs), "frames_received", timeout)
+
+    def _publish_frame(self, msg: Any, topics: list[str], counted: str, timeout: float) -> None:
+        if counted == "frames_received" and not self.use_sim_time:
+            self._publish_arrived({t: lambda t=t: self.image_pubs[t].publish(msg) for t in topics}, timeout)
+            return
+        for topic in topics:  # one counter for every topic: one topic at a time
+            self._publish_counted({counted: lambda t=topic: self.image_pubs[t].publish(msg)}, timeout)
+
+    def publish_frames(self, topic: str, frames: Mapping[str, Any], timeout: float = 60.0) -> None:
+        """Publish frames the node refuses, each until it counts it: ``frames`` maps the observations counter each
+        raises (``frames_rejected_<cause>``, distinct) to its ``sensor_msgs/Image``."""
+        self._publish_counted({c: lambda m=msg: self.image_pubs[topic].publish(m) for c, msg in frames.items()},
+                              timeout)
 
     def clock_out(self) -> Any:
         """The client's ``/clock`` publisher (``tools.clock_publisher.ClockPublisher``, for a node running with
@@ -309,20 +403,38 @@ class RosClient:
             time.sleep(DISCOVERY_SETTLE_S)
         return self._clock_out
 
-    def publish_clock(self, seconds: float, settle_s: float = 0.2) -> None:
-        """Publish ``/clock`` at ``seconds`` (a few times: a lost best-effort sample must not matter)."""
+    def publish_clock(self, seconds: float, timeout: float = 60.0) -> None:
+        """Publish ``/clock`` at ``seconds`` until the node's clock reads it: a ``/diagnostics`` array stamped
+        ``seconds`` (the node stamps them on its ROS clock, which under ``use_sim_time`` is ``/clock``)."""
         out = self.clock_out()
-        for _ in range(3):
-            out.publish(int(round(seconds * 1e9)))
-        time.sleep(settle_s)
+        ns = int(round(seconds * 1e9))
+        seen = len(self.messages("diagnostics"))
+        self._publish_until(
+            {"/clock": lambda: out.publish(ns)},
+            lambda _: any(_stamp_ns(a.header.stamp) == ns for a in self.messages("diagnostics")[seen:]), timeout)
 
-    def publish_state(self, positions: list[float], names: list[str] | None = None, settle_s: float = 0.3) -> None:
+    def publish_state(self, positions: list[float], names: list[str] | None = None, timeout: float = 60.0) -> None:
+        """Publish a joint state of ``positions`` (joints ``names``, default ``j0..``) until the node reports it."""
         from sensor_msgs.msg import JointState
 
-        msg = JointState(name=names or [f"j{i}" for i in range(len(positions))], position=positions)
-        for _ in range(3):
-            self.state_pub.publish(msg)
-        time.sleep(settle_s)
+        self.publish_joint_state(JointState(name=names or [f"j{i}" for i in range(len(positions))],
+                                            position=positions), timeout)
+
+    def publish_joint_state(self, msg: Any, timeout: float = 60.0) -> None:
+        """Publish the ``sensor_msgs/JointState`` ``msg`` until the node reports it (by the state topic's age)."""
+        self._publish_arrived({f"{NS}/observation/state": lambda: self.state_pub.publish(msg)}, timeout)
+
+    def publish_observation(self, stamp_sec: int, positions: list[float], timeout: float = 60.0) -> None:
+        """A frame stamped ``stamp_sec`` on every image topic and a joint state of ``positions``, published together
+        until the node reports each (off ``use_sim_time``)."""
+        from sensor_msgs.msg import JointState
+
+        frame = image_msg(stamp_sec)
+        state = JointState(name=[f"j{i}" for i in range(len(positions))], position=positions)
+        publishers: dict[str, Callable[[], None]] = {t: lambda t=t: self.image_pubs[t].publish(frame)
+                                                     for t in self.image_pubs}
+        publishers[f"{NS}/observation/state"] = lambda: self.state_pub.publish(state)
+        self._publish_arrived(publishers, timeout)
 
     # --- goals ---------------------------------------------------------------------------------------------------------
 
@@ -354,10 +466,45 @@ class RosClient:
         assert outcome.accepted, "goal was rejected"
         return self.result(outcome, timeout)
 
+    def wait_executing(self, outcome: GoalOutcome, timeout: float = GOAL_TIMEOUT_S) -> None:
+        """Wait until the node reports ``outcome``'s goal executing (or past it) on the action's status topic: its
+        execute callback has begun, so what the test does next comes after the node started on the goal."""
+        from action_msgs.msg import GoalStatus
+
+        self.wait(lambda: outcome.handle.status >= GoalStatus.STATUS_EXECUTING, timeout,
+                  f"goal {outcome.goal_id} executing")
+
     def cancel(self, outcome: GoalOutcome, timeout: float = 30.0) -> Any:
         return self.wait_future(outcome.handle.cancel_goal_async(), timeout, "the cancel response")
 
     # --- services and parameters -----------------------------------------------------------------------------------
+
+    def _lifecycle_clients(self) -> tuple[Any, Any]:
+        if getattr(self, "_lifecycle", None) is None:
+            from lifecycle_msgs.srv import ChangeState, GetState
+
+            self._lifecycle = (self.node.create_client(ChangeState, f"{NS}/change_state"),
+                               self.node.create_client(GetState, f"{NS}/get_state"))
+        return self._lifecycle
+
+    def lifecycle_state(self, timeout: float = 30.0) -> str:
+        """The node's lifecycle state label, from its standard ``~/get_state`` service."""
+        from lifecycle_msgs.srv import GetState
+
+        _, get = self._lifecycle_clients()
+        assert get.wait_for_service(timeout_sec=timeout), "get_state service not found"
+        return self.wait_future(get.call_async(GetState.Request()), timeout, "get_state").current_state.label
+
+    def change_state(self, label: str, timeout: float = STARTUP_TIMEOUT_S) -> bool:
+        """Ask for the lifecycle transition ``label`` (``configure``, ``activate``, ...) through ``~/change_state``."""
+        from lifecycle_msgs.srv import ChangeState
+
+        change, _ = self._lifecycle_clients()
+        assert change.wait_for_service(timeout_sec=30.0), "change_state service not found"
+        request = ChangeState.Request()
+        request.transition.label = label
+        return bool(self.wait_future(change.call_async(request), timeout, f"change_state {label}").success)
+
 
     def update_weights(self, path: str, strict: bool = True, timeout: float = 60.0) -> Any:
         return self.wait_future(self.weights.call_async(self.UpdateWeights.Request(path=path, strict=strict)),
@@ -372,6 +519,13 @@ class RosClient:
         return response.results[0]
 
     # --- diagnostics ---------------------------------------------------------------------------------------------------
+
+    def wait_diagnostics(self, count: int, timeout: float = 60.0) -> None:
+        """Wait until ``count`` more ``/diagnostics`` arrays have arrived. The node publishes one a second from a timer
+        on the host's steady clock (and one after each goal), so with no goal running, ``count`` arrays are the node's
+        own report that at least ``count - 1`` seconds of host time have passed."""
+        seen = len(self.messages("diagnostics"))
+        self.wait(lambda: len(self.messages("diagnostics")) >= seen + count, timeout, f"{count} more /diagnostics")
 
     def latest_status(self, suffix: str, after: float = 0.0, timeout: float = 30.0,
                       predicate: Callable[[dict[str, str]], bool] | None = None) -> tuple[Any, dict[str, str]]:
@@ -411,6 +565,21 @@ def stamp_sec(msg: Any) -> int:
     return int(msg.header.stamp.sec)
 
 
+def published_through(client: RosClient, name: str, stamp: int, timeout: float = 30.0) -> list[Any]:
+    """Every message received on ``~/<name>`` once the one stamped ``stamp`` seconds has landed.
+
+    One publisher's messages reach a subscriber in order, so with ``stamp`` the frame of a goal sent after the one
+    under test, the list holds everything the node published before: a claim that a goal published nothing is
+    checked on it, without sleeping.
+    """
+    return client.wait(lambda: (msgs := client.messages(name)) and any(stamp_sec(m) == stamp for m in msgs) and msgs,
+                       timeout, f"~/{name} stamped {stamp}")
+
+
+def _stamp_ns(stamp: Any) -> int:
+    return int(stamp.sec) * 1_000_000_000 + int(stamp.nanosec)
+
+
 def env_without(env: Mapping[str, str], *names: str) -> dict[str, str]:
     return {k: v for k, v in env.items() if k not in names}
 
@@ -439,7 +608,7 @@ def serve_node(tmp: Path, domain_id: int, overrides: Mapping[str, Any],
     client: RosClient | None = None
     try:
         node.wait_ready()
-        client = RosClient(image_topics, domain_id=domain_id)
+        client = RosClient(image_topics, domain_id=domain_id, use_sim_time=bool(overrides.get("use_sim_time")))
         client.wait_for_node()
         yield node, client
     finally:

@@ -53,12 +53,12 @@ def burst_action_client(client: RosClient) -> Any:
 
     A burst needs deep queues at *both* ends: with rclpy's default (KEEP_LAST 10) the client's own request writer
     overwrites requests DDS has not delivered yet, before the server could see them. The node's side is
-    :data:`~trajectory_ensemble_node.ros.lifecycle.ACTION_SERVICE_QOS`; a client that bursts uses the same.
+    :data:`~trajectory_ensemble_node.ros.guards.ACTION_SERVICE_QOS`; a client that bursts uses the same.
     """
     from rclpy.action import ActionClient
     from trajectory_ensemble_msgs.action import GenerateTrajectory
 
-    from trajectory_ensemble_node.ros.lifecycle import ACTION_SERVICE_QOS
+    from trajectory_ensemble_node.ros.guards import ACTION_SERVICE_QOS
 
     import rclpy
 
@@ -159,8 +159,8 @@ def pid_alive(pid: int) -> bool:
 
 def publish_until_received(client: RosClient, stamp: int, timeout_s: float = 30.0, *,
                            counted: str = "frames_received", **image_fields: Any) -> None:
-    """Publish a frame until the node's ``/diagnostics`` count it (the image subscription is best effort, and a
-    loaded host drops samples), so a goal's outcome never hangs on a lost frame.
+    """Publish a frame until the node's ``/diagnostics`` count it (:meth:`RosClient.publish_image`, which every
+    publish of the harness goes through), so a goal's outcome never hangs on a lost frame.
 
     Args:
         client (`RosClient`): A connected client.
@@ -170,20 +170,4 @@ def publish_until_received(client: RosClient, stamp: int, timeout_s: float = 30.
             ``frames_rejected_<cause>`` for one the node refuses.
         **image_fields: Passed to ``image_msg`` (size, encoding...).
     """
-    def received() -> int:
-        for array in reversed(client.messages("diagnostics")):
-            for status in array.status:
-                if status.name.endswith(": observations"):
-                    return int({kv.key: kv.value for kv in status.values}.get(counted, "0"))
-        return 0
-
-    before = received()
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        client.publish_image(stamp, settle_s=0.0, **image_fields)
-        wait_until = time.monotonic() + 1.5  # diagnostics come at 1 Hz
-        while time.monotonic() < wait_until:
-            if received() > before:
-                return
-            time.sleep(0.05)
-    raise TimeoutError(f"no frame counted by the node in {counted} within {timeout_s} s")
+    client.publish_image(stamp, counted=counted, timeout=timeout_s, **image_fields)

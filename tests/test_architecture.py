@@ -32,7 +32,7 @@ CORE_MODULES = ("__init__", "_rotations", "continuity", "contract", "errors", "m
 RCLPY_ALLOWED = ("ros", "tools")
 """Where rclpy may be imported in the product: the node and the tools (relative to the package)."""
 LAB_RCLPY_ALLOWED = ("bench.ros_floor", "bench.ros_overhead", "bench.closed_loop_ros", "bench.clock_rate",
-                     "grpo.ros")
+                     "grpo.ros", "toy.markers_figure")
 """Where rclpy may be imported in the lab: its measurements and training through the node."""
 
 # The ROS-free modules, imported at run time with rclpy blocked.
@@ -144,8 +144,13 @@ def file_cycles(graph: Mapping[str, set[str]]) -> list[list[str]]:
 
 
 def package_of(module: str) -> str:
-    """The architectural package of a module: ``core``, or the first name under the package (``engine``, ...)."""
-    parts = module.split(".")[1:] or ["__init__"]
+    """The architectural package of a module: ``core``, the first name under the package (``engine``, ...), or
+    ``lab.<folder>`` for a lab module."""
+    top, *parts = module.split(".")
+    parts = parts or ["__init__"]
+    if top == LAB:
+        # The lab's folders are packages of their own: lab.toy is not the product's toy.
+        return f"lab.{parts[0]}"
     return "core" if parts[0] in CORE_MODULES else parts[0]
 
 

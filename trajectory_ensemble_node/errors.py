@@ -45,6 +45,7 @@ class ErrorCode(enum.IntEnum):
     CANCELED = 40
     PREEMPTED = 41
     SHUTDOWN = 42
+    NOT_ACTIVE = 43
     # Configuration and weights.
     STATS_FILE_INVALID = 50
     WEIGHTS_REJECTED = 51
@@ -109,6 +110,9 @@ _TABLE: dict[ErrorCode, tuple[str, str]] = {
     ErrorCode.CANCELED: ("lifecycle", "The client canceled the goal."),
     ErrorCode.PREEMPTED: ("lifecycle", "A newer goal took this goal's place (goal_policy preempt)."),
     ErrorCode.SHUTDOWN: ("lifecycle", "The node shut down before the goal finished."),
+    ErrorCode.NOT_ACTIVE: ("lifecycle", "The node is not active (not configured yet, or deactivated by its lifecycle "
+                                        "manager): the goal was not served, or was ended when the node was "
+                                        "deactivated; nothing was published."),
     ErrorCode.STATS_FILE_INVALID: ("configuration", "The action statistics file is missing, unreadable or has the "
                                                     "wrong width."),
     ErrorCode.WEIGHTS_REJECTED: ("configuration", "A weight update was refused; the weights serving did not change."),
@@ -159,6 +163,7 @@ class AbortReason(str, enum.Enum):
     PREEMPTED = "preempted"
     FAILED = "failed"
     SHUTDOWN = "shutdown"
+    DEACTIVATED = "deactivated"
 
 
 class TrajectoryEnsembleError(Exception):
@@ -275,6 +280,13 @@ class EngineShutdownError(GroupAbortedError):
 
     code = ErrorCode.SHUTDOWN
     reason = AbortReason.SHUTDOWN
+
+
+class NotActiveError(GroupAbortedError):
+    """The node was not active when the goal came, or was deactivated (or cleaned up) before it finished."""
+
+    code = ErrorCode.NOT_ACTIVE
+    reason = AbortReason.DEACTIVATED
 
 
 class WeightUpdateError(TrajectoryEnsembleError, ValueError):

@@ -46,7 +46,7 @@ def test_node_package_xml() -> None:
     assert _tags(root, "name") == ["trajectory_ensemble"]
     assert set(_tags(root, "depend")) == {
         "rclpy", "std_msgs", "sensor_msgs", "diagnostic_msgs", "trajectory_msgs", "action_msgs",
-        "unique_identifier_msgs", "trajectory_ensemble_msgs",
+        "unique_identifier_msgs", "trajectory_ensemble_msgs", "lifecycle_msgs", "visualization_msgs",
     }  # fmt: skip
     assert _tags(root, "exec_depend") == ["launch_ros"]
     assert set(_tags(root, "test_depend")) == {"launch_testing", "launch_testing_ros"}
@@ -122,19 +122,21 @@ def _const(node: ast.AST) -> Any:
 
 
 def test_launch_file_declares_arguments_and_node() -> None:
-    """serve.launch.py parses, declares params_file/namespace/device and starts the node executable."""
+    """serve.launch.py parses, declares params_file/namespace/device/autostart and starts the managed node."""
     tree = ast.parse(LAUNCH_FILE.read_text(), filename=str(LAUNCH_FILE))
     functions = {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
     assert "generate_launch_description" in functions
     calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call)]
 
     declared = {_const(c.args[0]): c for c in calls if _call_name(c) == "DeclareLaunchArgument"}
-    assert set(declared) == {"params_file", "namespace", "device"}
+    assert set(declared) == {"params_file", "namespace", "device", "autostart"}
     defaults = {name: {k.arg: k.value for k in call.keywords}.get("default_value") for name, call in declared.items()}
     assert _const(defaults["namespace"]) == ""
     assert _const(defaults["device"]) == "auto"
+    assert _const(defaults["autostart"]) == "true"
 
-    nodes = [c for c in calls if _call_name(c) == "Node"]
+    # launch_ros's LifecycleNode action: a managed node that a lifecycle manager (or autostart) drives.
+    nodes = [c for c in calls if _call_name(c) == "LifecycleNode"]
     assert len(nodes) == 1
     kwargs = {k.arg: k.value for k in nodes[0].keywords}
     assert _const(kwargs["package"]) == "trajectory_ensemble"

@@ -66,7 +66,7 @@ def goal_code(outcome: Any) -> int:
 def ensure_observation(client: Any, stamp: int, tries: int = 5) -> bool:
     """Publish a frame until a goal succeeds on it (the image subscription is best effort: a loaded host drops)."""
     for attempt in range(tries):
-        client.publish_image(stamp + attempt, settle_s=0.5)
+        client.publish_image(stamp + attempt)
         if client.run_goal(timeout=60.0).status == SUCCEEDED:
             return True
     return False
@@ -83,7 +83,7 @@ def soak_goals(node: Any, client: Any, goals: int, warmup: int, check: Checks) -
     started = time.monotonic()
     for i in range(1, goals + 1):
         if i % 50 == 0:
-            client.publish_image(100 + i, settle_s=0.0)
+            client.publish_image(100 + i)
         outcome = client.run_goal(timeout=60.0)
         codes[goal_code(outcome)] = codes.get(goal_code(outcome), 0) + 1
         if i >= warmup and (i % RSS_EVERY == 0 or i == goals):
@@ -163,7 +163,7 @@ def frame_flood(node: Any, client: Any, frames: int, check: Checks) -> dict[str,
         pub.publish((good, bad, big)[i % 3])
     seconds = time.monotonic() - started
     time.sleep(1.0)
-    client.publish_image(9, settle_s=0.3)
+    client.publish_image(9)
     after = client.run_goal(timeout=60.0)
     growth_mb = (rss_bytes(node.proc.pid) - before) / 2**20
     check("frame flood: the node serves after", after.status == SUCCEEDED, after.result.error_message)
@@ -284,7 +284,7 @@ def write_doc(path: Path, figures: dict[str, Any]) -> None:
            "; failed: " + ", ".join(k for k, v in figures["checks"].items() if not v)) + ".",
         "",
         "A burst needs deep queues at both ends: the node's goal/cancel/result queues are "
-        "`ros/lifecycle.py:ACTION_SERVICE_QOS` (KEEP_LAST 1000); a client that fires hundreds of goals at once "
+        "`ros/guards.py:ACTION_SERVICE_QOS` (KEEP_LAST 1000); a client that fires hundreds of goals at once "
         "must give its own `ActionClient` the same, because with rclpy's default (KEEP_LAST 10) its own request "
         "writer drops requests before the node can see them.",
         "",

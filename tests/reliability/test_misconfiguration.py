@@ -42,10 +42,8 @@ def served(tmp_path_factory, ros_domain_id):
 
 
 def publish_state(client, **fields) -> None:
-    msg = JointState(name=[f"j{i}" for i in range(len(fields.get("position", [])))], **fields)
-    for _ in range(3):
-        client.state_pub.publish(msg)
-    time.sleep(0.3)
+    """A joint state of these fields, until the node reports it (a goal sent next is decided on it)."""
+    client.publish_joint_state(JointState(name=[f"j{i}" for i in range(len(fields.get("position", [])))], **fields))
 
 
 def test_frames_refused_for_their_encoding_are_the_root_cause_in_the_goal_error(served):

@@ -146,25 +146,64 @@ def test_queue_policy_waits_for_a_slot_and_reject_policy_refuses():
     assert "shutting down" in closing.should_reject()
 
 
-def test_try_admit_runs_or_preempts_at_once_and_never_queues_a_goal():
-    # The accept callback starts a goal with try_admit: it must never block the executor thread.
-    preempting = goals.GoalTracker("preempt", 1)
-    first, second = preempting.register("A"), preempting.register("B")
-    assert preempting.try_admit(first) is True
+def test_a_goals_state_follows_admission_the_queue_and_its_end_and_is_counted_once():
+    from trajectory_ensemble_node.errors import ErrorCode
+    from trajectory_ensemble_node.ros.goal_state import GoalState
+
+    tracker = goals.GoalTracker("queue", 1)
+    first, second = tracker.register("A"), tracker.register("B")
+    assert first.state is GoalState.ACCEPTED
+    tracker.admit(first)
+    assert first.state is GoalState.RUNNING
+    thread = threading.Thread(target=tracker.admit, args=(second,))
+    thread.start()
+    wait_until(lambda: second.state is GoalState.QUEUED)
+    assert first.claim_success() is None and first.state is GoalState.SUCCEEDED
+    tracker.release(first)
+    thread.join(5)
+    assert second.state is GoalState.RUNNING
+    assert second.finish(ErrorCode.TOO_FEW_VALID_CANDIDATES) is GoalState.FAILED
+    tracker.release(second)
+    assert tracker.snapshot()["succeeded"] == 1 and tracker.snapshot()["aborted"] == 1
+    tracker.release(second)  # released twice: counted once
+    assert tracker.snapshot()["aborted"] == 1
+
+
+def test_a_stop_that_came_first_names_the_end_and_a_later_one_is_refused():
+    from trajectory_ensemble_node.errors import ErrorCode, NotActiveError
+    from trajectory_ensemble_node.ros.goal_state import GoalState
+
+    tracker = goals.GoalTracker("preempt", 2)
+    record = tracker.register("A")
+    tracker.admit(record)
     handle = FakeHandle()
-    first.attach(handle)
-    assert preempting.try_admit(second) is True
-    assert handle.cancels == [("preempted", "preempted by B")] and preempting.num_running == 1
-    queueing = goals.GoalTracker("queue", 1)
-    running, later = queueing.register("A"), queueing.register("B")
-    assert queueing.try_admit(running) is True
-    assert queueing.try_admit(later) is False
-    assert queueing.num_waiting == 0 and queueing.num_running == 1  # not queued by the attempt
-    rejecting = goals.GoalTracker("reject", 1)
-    assert rejecting.try_admit(rejecting.register("A")) is True
-    with pytest.raises(goals.GoalRejectedError, match="goal_policy is reject"):
-        rejecting.try_admit(rejecting.register("B"))
-    canceled = goals.GoalTracker("preempt", 1).register("C")
-    canceled.request_cancel()
-    with pytest.raises(GroupCanceledError):
-        goals.GoalTracker("preempt", 1).try_admit(canceled)
+    record.attach(handle)
+    assert tracker.stop_all(GoalState.INACTIVE, "the node was deactivated") == 1
+    assert handle.cancels == [("deactivated", "the node was deactivated")]
+    assert isinstance(record.stop_error(), NotActiveError) and record.stop_error().code == ErrorCode.NOT_ACTIVE
+    assert record.request_cancel() is False  # too late: it already ended
+    assert record.finish(ErrorCode.ENGINE_FAILURE) is GoalState.INACTIVE  # the engine's error does not rename it
+    assert isinstance(record.claim_success(), NotActiveError)
+    with pytest.raises(ValueError, match="is stopped as one of"):
+        tracker.register("B").stop(GoalState.SUCCEEDED, "no")
+
+
+def test_a_stop_wakes_a_goal_waiting_in_the_queue():
+    stopped = []
+    tracker = goals.GoalTracker("queue", 1, on_stop=stopped.append)
+    running, waiting = tracker.register("A"), tracker.register("B")
+    tracker.admit(running)
+    errors: list[BaseException] = []
+
+    def admit() -> None:
+        try:
+            tracker.admit(waiting)
+        except GroupCanceledError as error:
+            errors.append(error)
+
+    thread = threading.Thread(target=admit)
+    thread.start()
+    wait_until(lambda: tracker.num_waiting == 1)
+    assert waiting.request_cancel()
+    thread.join(5)  # woken by the stop itself: the wait has no timeout
+    assert not thread.is_alive() and isinstance(errors[0], GroupCanceledError) and stopped == [waiting]

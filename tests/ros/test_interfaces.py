@@ -185,26 +185,50 @@ def test_message_round_trips_through_serialization() -> None:
 
 
 # A GenerateTrajectory action server, run in its own process. It answers one goal with feedback for
-# three steps and a result derived from the goal, so the client can check both directions.
+# three steps and a result derived from the goal, so the client can check both directions. rclpy's ActionClient
+# drops feedback that lands after the result, and feedback and result travel on different DDS channels: the server
+# succeeds only once the client has said (on <action>/test_feedback_seen) that the last feedback reached it.
 _SERVER_SCRIPT = r"""
 import sys
+import threading
 import time
 
 import rclpy
 from rclpy.action import ActionServer
-from rclpy.executors import SingleThreadedExecutor
+from rclpy.callback_groups import ReentrantCallbackGroup
+from rclpy.executors import MultiThreadedExecutor
 from diagnostic_msgs.msg import KeyValue
+from std_msgs.msg import UInt32
 from trajectory_ensemble_msgs.action import GenerateTrajectory
 
 action_name = sys.argv[1]
 feedback_topic = action_name + "/_action/feedback"
 rclpy.init()
 node = rclpy.create_node("te_test_action_server")
+group = ReentrantCallbackGroup()
+seen = []
+seen_cond = threading.Condition()
+
+
+def on_seen(msg):
+    with seen_cond:
+        seen.append(msg.data)
+        seen_cond.notify_all()
+
+
+node.create_subscription(UInt32, action_name + "/test_feedback_seen", on_seen, 10, callback_group=group)
+
+
+def wait_for(predicate, timeout_s, what):
+    # Bounded, for a client that never comes: the test then fails on what is missing.
+    with seen_cond:
+        if not seen_cond.wait_for(predicate, timeout=timeout_s):
+            print("TIMEOUT " + what, flush=True)
 
 
 def execute(goal_handle):
     goal = goal_handle.request
-    # Feedback is fire-and-forget: wait until the client's feedback subscription is discovered.
+    # Feedback is reliable: once the client's feedback subscription is matched, it reaches the client.
     deadline = time.monotonic() + 10.0
     while node.count_subscribers(feedback_topic) < 1 and time.monotonic() < deadline:
         time.sleep(0.02)
@@ -213,9 +237,7 @@ def execute(goal_handle):
         goal_handle.publish_feedback(
             GenerateTrajectory.Feedback(step=step, total_steps=total, stage="denoising")
         )
-        time.sleep(0.05)
-    # rclpy's ActionClient drops feedback that lands after the result: give the last one a wide lead.
-    time.sleep(0.3)
+    wait_for(lambda: total in seen, 30.0, "the client's word that the last feedback arrived")
     goal_handle.succeed()
     result = GenerateTrajectory.Result()
     result.error_code = 0
@@ -234,8 +256,8 @@ def execute(goal_handle):
     return result
 
 
-server = ActionServer(node, GenerateTrajectory, action_name, execute_callback=execute)
-executor = SingleThreadedExecutor()
+server = ActionServer(node, GenerateTrajectory, action_name, execute_callback=execute, callback_group=group)
+executor = MultiThreadedExecutor(num_threads=2)
 executor.add_node(node)
 print("READY", flush=True)
 # Bounded life: the test terminates this process, but never leave a DDS participant behind.
@@ -271,6 +293,7 @@ def test_action_round_trip_over_dds(ros_env: dict[str, str]) -> None:
     from action_msgs.msg import GoalStatus
     from rclpy.action import ActionClient
     from rclpy.executors import SingleThreadedExecutor
+    from std_msgs.msg import UInt32
     from trajectory_ensemble_msgs.action import GenerateTrajectory
 
     action_name = f"/te_test_{os.getpid()}/generate_trajectory"
@@ -291,8 +314,19 @@ def test_action_round_trip_over_dds(ros_env: dict[str, str]) -> None:
         executor.add_node(node)
         client = ActionClient(node, GenerateTrajectory, action_name)
         assert client.wait_for_server(timeout_sec=30.0), "action server not discovered"
+        # Reliable, so once the server's subscription is matched, what is published here reaches it.
+        seen = node.create_publisher(UInt32, action_name + "/test_feedback_seen", 10)
+        deadline = time.monotonic() + 30.0
+        while seen.get_subscription_count() < 1 and time.monotonic() < deadline:
+            executor.spin_once(timeout_sec=0.05)
+        assert seen.get_subscription_count() >= 1, "the server's feedback_seen subscription not discovered"
 
         feedback: list[Any] = []
+
+        def on_feedback(msg: Any) -> None:
+            feedback.append(msg.feedback)
+            seen.publish(UInt32(data=int(msg.feedback.step)))
+
         goal = GenerateTrajectory.Goal(
             instruction="pick up the cup",
             candidate_count=4,
@@ -302,7 +336,7 @@ def test_action_round_trip_over_dds(ros_env: dict[str, str]) -> None:
             seed=2**63 + 5,
             rollout=False,
         )
-        send_future = client.send_goal_async(goal, feedback_callback=lambda msg: feedback.append(msg.feedback))
+        send_future = client.send_goal_async(goal, feedback_callback=on_feedback)
         executor.spin_until_future_complete(send_future, timeout_sec=30.0)
         assert send_future.done(), "goal response never arrived"
         goal_handle = send_future.result()
@@ -313,7 +347,7 @@ def test_action_round_trip_over_dds(ros_env: dict[str, str]) -> None:
         assert result_future.done(), "result never arrived"
         response = result_future.result()
         # rclpy's ActionClient drops a goal's feedback callback once the result arrives, so feedback landing later
-        # is lost; the server waits after its last feedback so that it leads the result by far more than DDS jitter.
+        # is lost; the server answers only after this side has reported the last feedback.
 
         assert response.status == GoalStatus.STATUS_SUCCEEDED
         result = response.result

@@ -8,15 +8,22 @@ published yet.
 
 from __future__ import annotations
 
-import time
-
 import pytest
 import torch
 
 pytest.importorskip("rclpy")
 pytest.importorskip("trajectory_ensemble_msgs")
 
-from _node_harness import NS, Stamps, image_msg, metrics_dict, serve_node, stamp_sec  # noqa: E402
+from _node_harness import (  # noqa: E402
+    NS,
+    Stamps,
+    image_msg,
+    metrics_dict,
+    published_through,
+    serve_node,
+    stamp_sec,
+    wait_until_stale,
+)
 from action_msgs.msg import GoalStatus  # noqa: E402
 from safetensors.torch import save_file  # noqa: E402
 
@@ -49,8 +56,7 @@ def client(served):
 
 def fresh_observation(client, stamp: int | None = None) -> int:
     stamp = stamps() if stamp is None else stamp
-    client.publish_image(stamp)
-    client.publish_state([0.1] * 7)
+    client.publish_observation(stamp, [0.1] * 7)
     return stamp
 
 
@@ -73,16 +79,17 @@ def test_the_joint_state_is_required_and_nan_in_it_aborts(client):
     client.publish_state([0.0, float("nan"), 0.0], names=["a", "b", "c"])
     client.clear("trajectory")
     assert_aborted(client.run_goal(), ErrorCode.NON_FINITE_STATE, "NaN", "joints b")
-    fresh_observation(client)
+    good = fresh_observation(client)
     outcome = client.run_goal(candidate_count=2)
     assert outcome.status == GoalStatus.STATUS_SUCCEEDED, outcome.result.error_message
     assert (outcome.result.trajectory.horizon, outcome.result.trajectory.action_dim) == (8, 10)
-    assert len(client.messages("trajectory")) == 1  # only the good goal published
+    # Only the good goal published: its trajectory is the first to land.
+    assert len(published_through(client, "trajectory", good)) == 1
 
 
 def test_a_stale_observation_names_the_topic_and_its_age(client):
     fresh_observation(client)
-    time.sleep(MAX_AGE_S + 1.0)
+    wait_until_stale(client, MAX_AGE_S)
     outcome = client.run_goal()
     assert_aborted(outcome, ErrorCode.STALE_OBSERVATION, CAMERA_A, "s old", f"max_observation_age_s={MAX_AGE_S:g}")
 
@@ -94,11 +101,8 @@ def test_bad_frames_are_rejected_counted_logged_once_and_the_last_good_frame_sta
         "step": image_msg(stamps(), step=10),
         "data_length": image_msg(stamps(), data=bytes(100)),
     }
-    for msg in bad.values():
-        for _ in range(3):
-            client.image_pubs[CAMERA_A].publish(msg)
-        # Sensor-data QoS keeps only the last 5 samples: let each burst be taken before the next one.
-        time.sleep(0.5)
+    # Each until the node counts it under its cause.
+    client.publish_frames(CAMERA_A, {f"frames_rejected_{cause}": msg for cause, msg in bad.items()})
     outcome = client.run_goal(candidate_count=2)
     assert outcome.status == GoalStatus.STATUS_SUCCEEDED, outcome.result.error_message
     assert stamp_sec(outcome.result.trajectory) == good
@@ -133,11 +137,11 @@ def test_an_engine_failure_aborts_that_goal_only_and_publishes_nothing(client, f
     assert_aborted(failed, code)
     engine, values = client.latest_status("engine", predicate=lambda v: "last_error" in v)
     assert engine.level == b"\x01" and ErrorCode(code).name in values["last_error"]
-    time.sleep(0.3)
-    assert client.messages("trajectory") == []
-    fresh_observation(client)
+    later = fresh_observation(client)
     recovered = client.run_goal(candidate_count=2)
     assert recovered.status == GoalStatus.STATUS_SUCCEEDED, recovered.result.error_message
+    # The failed goal published nothing: the recovered goal's trajectory is the first to land.
+    assert [stamp_sec(m) for m in published_through(client, "trajectory", later)] == [later]
     # Nothing is left behind: no goal and no engine group still holds a slot.
     _, engine = client.latest_status("engine", predicate=lambda v: "last_error" not in v)
     assert engine["groups_running"] == engine["groups_queued"] == "0"

@@ -7,7 +7,6 @@ One node process (the random tiny model, no action statistics so published actio
 from __future__ import annotations
 
 import math
-import time
 
 import numpy as np
 import pytest
@@ -15,7 +14,7 @@ import pytest
 pytest.importorskip("rclpy")
 pytest.importorskip("trajectory_ensemble_msgs")
 
-from _node_harness import image_msg, metrics_dict, serve_node, succeeded  # noqa: E402
+from _node_harness import metrics_dict, serve_node, succeeded  # noqa: E402
 from action_msgs.msg import GoalStatus  # noqa: E402
 
 from trajectory_ensemble_node.errors import ErrorCode  # noqa: E402
@@ -42,15 +41,11 @@ def client(served):
 
 
 def observe(client, t: float, *, clock: bool = True) -> None:
-    """The simulated clock at ``t`` (unless ``clock`` is false) and a frame stamped ``t``."""
+    """The simulated clock at ``t`` (unless ``clock`` is false), then a frame stamped ``t``: each published until the
+    node reports it (its diagnostics stamped ``t``, the frame counted)."""
     if clock:
-        client.publish_clock(t, settle_s=0.05)
-    msg = image_msg(int(t))
-    msg.header.stamp.nanosec = int(round((t - int(t)) * 1e9))
-    for publisher in client.image_pubs.values():
-        for _ in range(3):
-            publisher.publish(msg)
-    time.sleep(0.3)
+        client.publish_clock(t)
+    client.publish_image(t)
 
 
 def rows(msg) -> np.ndarray:
@@ -132,7 +127,8 @@ def test_a_rollout_cannot_continue_a_chunk(client):
 
 def test_staleness_and_the_latency_estimate_follow_the_simulated_clock(client):
     observe(client, 600.0)
-    time.sleep(MAX_AGE_S + 1.0)  # wall time passes, simulated time does not
+    # More than MAX_AGE_S of host time passes, by the node's own 1 Hz diagnostics timer; simulated time does not.
+    client.wait_diagnostics(int(MAX_AGE_S) + 3)
     result = succeeded(client.run_goal())
     metrics = metrics_dict(result)
     assert float(metrics["goal_ms"]) > 0 and float(metrics["latency_estimate_ms"]) == 0.0

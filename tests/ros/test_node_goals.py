@@ -94,11 +94,13 @@ def test_published_trajectory_and_joint_trajectory_carry_the_observation_stamp_a
 def test_a_goal_that_names_its_frame_waits_for_it_and_is_served_from_it(client):
     client.publish_image(stamps())
     wanted = stamps()
-    # The goal overtakes its frame (a client that publishes a frame, then asks for a plan from it).
+    # The goal overtakes its frame (a client that publishes a frame, then asks for a plan from it): the frame is
+    # published only once the node executes the goal.
     pending = client.send_goal(candidate_count=2, min_observation_stamp=Time(sec=wanted))
     assert pending.accepted
-    time.sleep(0.5)
-    client.publish_image(wanted, settle_s=0.0)
+    client.wait_executing(pending)
+    assert not pending.result_future.done()
+    client.publish_image(wanted)
     outcome = client.result(pending)
     assert outcome.status == GoalStatus.STATUS_SUCCEEDED, outcome.result.error_message
     assert stamp_sec(outcome.result.trajectory) == wanted
@@ -118,17 +120,20 @@ def test_a_goal_whose_frame_never_comes_ends_with_its_own_code_and_a_cancel_ends
     assert outcome.result.error_code == ErrorCode.OBSERVATION_NOT_RECEIVED
     assert f"{missing}.000000000" in outcome.result.error_message and "observation_wait_s=4" in \
         outcome.result.error_message
+    # Not refused at once: it waited out observation_wait_s. A lower bound on a wait the node enforces, which a loaded
+    # host can only lengthen (while it waits for its frame a goal is neither running nor queued, so /diagnostics
+    # have no event to show it by).
     assert time.monotonic() - started >= OBSERVATION_WAIT_S - 0.1
     assert not [f for f in outcome.feedback if f.stage == "denoising"]
 
     pending = client.send_goal(candidate_count=2, min_observation_stamp=Time(sec=missing))
-    time.sleep(0.3)
-    started = time.monotonic()
+    client.wait_executing(pending)
     client.cancel(pending)
     canceled = client.result(pending)
+    # The cancel ended the wait: had the wait run out first, the goal would have ended OBSERVATION_NOT_RECEIVED.
     assert canceled.status == GoalStatus.STATUS_CANCELED
     assert canceled.result.error_code == ErrorCode.CANCELED
-    assert time.monotonic() - started < OBSERVATION_WAIT_S / 2
+    assert not [f for f in canceled.feedback if f.stage == "denoising"]
     # The node keeps serving.
     client.publish_image(stamps())
     succeeded(client.run_goal(candidate_count=2))

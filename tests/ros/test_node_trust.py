@@ -2,13 +2,13 @@
 
 One node process (the random tiny model, 8 candidates, 20 steps, a joint trajectory, a tiny calibrated threshold so
 that disagreeing candidates are marked uncertain) serves the module; the test-only ``fault_injection`` hook corrupts
-chosen candidates inside the real engine. Tests run in file order.
+chosen candidates inside the real engine. Tests run in file order. A deadline that fits fewer steps is tested in
+``test_node_deadlines`` (on a node whose steps are paced, so the step count does not depend on the host's speed).
 """
 
 from __future__ import annotations
 
 import math
-import time
 
 import numpy as np
 import pytest
@@ -16,7 +16,7 @@ import pytest
 pytest.importorskip("rclpy")
 pytest.importorskip("trajectory_ensemble_msgs")
 
-from _node_harness import Stamps, metrics_dict, serve_node, succeeded  # noqa: E402
+from _node_harness import Stamps, metrics_dict, published_through, serve_node, stamp_sec, succeeded  # noqa: E402
 from action_msgs.msg import GoalStatus  # noqa: E402
 from builtin_interfaces.msg import Duration  # noqa: E402
 
@@ -83,12 +83,12 @@ def test_all_candidates_invalid_aborts_publishes_nothing_and_the_next_goal_succe
     assert "0 of 8 candidates valid" in outcome.result.error_message
     assert (outcome.result.validity.valid, outcome.result.validity.dropped) == (0, COUNT)
     assert len(outcome.result.trajectory.data) == 0
-    time.sleep(0.5)
-    assert client.messages("trajectory") == [] and client.messages("joint_trajectory") == []
-    client.publish_image(stamps())
+    # The next goal's trajectories have landed, so anything the aborted goal published has too: nothing did.
+    marker = stamps()
+    client.publish_image(marker)
     succeeded(client.run_goal())
-    client.wait(lambda: client.messages("trajectory") and client.messages("joint_trajectory"), 10.0,
-                "the next goal's trajectories")
+    for topic in ("trajectory", "joint_trajectory"):
+        assert [stamp_sec(m) for m in published_through(client, topic, marker)] == [marker], topic
 
 
 def test_disagreeing_candidates_are_marked_uncertain_and_diagnostics_warn_without_aborting(client):
@@ -105,26 +105,6 @@ def test_disagreeing_candidates_are_marked_uncertain_and_diagnostics_warn_withou
     assert not succeeded(client.run_goal(candidate_count=1)).uncertain
     status, _ = client.latest_status("engine", predicate=lambda v: v.get("uncertain") == "false")
     assert status.level == b"\x00"
-
-
-def test_a_deadline_of_half_the_goal_time_is_met_with_fewer_steps(client):
-    normal = []
-    for _ in range(5):
-        client.publish_image(stamps(), settle_s=0.05)
-        result = succeeded(client.run_goal())
-        assert result.steps_planned == result.steps_fitted == result.steps_used == STEPS
-        normal.append(float(metrics_dict(result)["goal_ms"]))
-    deadline_s = float(np.median(normal)) / 2000.0
-    nanos = int(deadline_s * 1e9)
-    times, used = [], []
-    for _ in range(12):
-        client.publish_image(stamps(), settle_s=0.05)
-        result = succeeded(client.run_goal(deadline=Duration(sec=0, nanosec=nanos)))
-        assert result.steps_planned == STEPS and result.steps_used < result.steps_planned
-        times.append(float(metrics_dict(result)["goal_ms"]))
-        used.append(result.steps_used)
-    p95 = float(np.percentile(times, 95))
-    assert p95 <= deadline_s * 1000.0 + 20.0, (deadline_s, times, used)
 
 
 def test_a_deadline_not_even_one_step_can_meet_is_refused_with_its_code(client):

@@ -94,7 +94,7 @@ def test_parameter_types_are_checked_by_name():
     pytest.importorskip("rclpy")
     from rclpy.parameter import Parameter
 
-    from trajectory_ensemble_node.ros.lifecycle import check_parameter_types
+    from trajectory_ensemble_node.ros.guards import check_parameter_types
 
     assert "fault_injection: expected a str, got 5" in check_parameter_types([Parameter("fault_injection", value=5)])
     assert check_parameter_types([Parameter("fault_injection", value="")]) is None

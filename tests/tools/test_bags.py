@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -172,14 +171,33 @@ def test_resolve_inputs_and_goal_times(tmp_path: Path) -> None:
         ReplayOptions(bag=info.path, node_namespace="te")
 
 
-def test_playback_clock_pauses() -> None:
+class _WallClock:
+    """Stands in for the ``time`` module inside ``tools.playback``: wall time that passes only when slept through, so
+    the playback clock's arithmetic is checked exactly, whatever the host's load."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def test_playback_clock_pauses(monkeypatch: pytest.MonkeyPatch) -> None:
     """Bag time scales with the rate and stands still while paused."""
+    from trajectory_ensemble_node.tools import playback
+
+    wall = _WallClock()
+    monkeypatch.setattr(playback, "time", wall)
     clock = PlaybackClock(start_ns=5_000_000_000, rate=2.0)
     clock.start()
     clock.wait_until(5_000_000_000 + 100_000_000)  # 0.1 bag s = 0.05 wall s at rate 2
+    assert wall.now == pytest.approx(0.05)
     clock.pause()
     frozen = clock.now_ns()
-    time.sleep(0.1)
+    wall.sleep(0.1)
     assert clock.now_ns() == frozen
     clock.resume()
     assert 0 <= clock.now_ns() - frozen < 60_000_000

@@ -65,12 +65,13 @@ class _Running:
         for line in self.proc.stdout:
             self.lines.append(line.rstrip("\n"))
 
-    def wait_line(self, predicate, timeout: float, what: str) -> str:
+    def wait_line(self, predicate, timeout: float, what: str, count: int = 1) -> str:
+        """The ``count``-th line that satisfies ``predicate``, once printed (AssertionError on exit or timeout)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            found = next((line for line in list(self.lines) if predicate(line)), None)
-            if found is not None:
-                return found
+            found = [line for line in list(self.lines) if predicate(line)]
+            if len(found) >= count:
+                return found[count - 1]
             if self.proc.poll() is not None and not self._reader.is_alive():
                 break
             time.sleep(0.05)
@@ -183,9 +184,7 @@ def test_diagnostics_once_prints_this_nodes_statuses_and_follows_until_ctrl_c(se
     follow = _Running(env, "diagnostics")
     running.append(follow)
     # The node publishes at 1 Hz: a second update shows it keeps following.
-    deadline = time.monotonic() + 60
-    while sum(f"{NODE}: engine" in line for line in list(follow.lines)) < 2 and time.monotonic() < deadline:
-        time.sleep(0.1)
+    follow.wait_line(lambda line: f"{NODE}: engine" in line, 60, "a second engine status", count=2)
     follow.proc.send_signal(signal.SIGINT)
     code, out = follow.finish(30)
     assert code == 0 and sum(f"{NODE}: engine" in line for line in out.splitlines()) >= 2, out

@@ -27,6 +27,7 @@ import time
 
 from ..errors import ParameterError, TrajectoryEnsembleError
 from ..ros import params as node_params
+from ..ros.params_file import read_params_file
 from ..ros.startup_checks import toy_settings_mismatch
 from .policy import OpenPIPolicy
 from .server import ROUTES, OpenPIServer, ServerLimits
@@ -81,7 +82,7 @@ def load_params(params_file: str | None) -> node_params.NodeParams:
     Raises:
         ParameterError: the file or a value in it is invalid (every problem named).
     """
-    raw = node_params.read_params_file(params_file) if params_file else {}
+    raw = read_params_file(params_file) if params_file else {}
     return node_params.validate(raw)
 
 

@@ -143,7 +143,10 @@ def watch_jumps(clock: Clock, on_jump: Callable[[bool, float], None],
 
 
 class SimulatedTime:
-    """A node under ``use_sim_time``: its :class:`ClockFeed`, and what a time jump does to its state.
+    """A node under ``use_sim_time``: its :class:`ClockFeed`, and what a time jump does to its serving state.
+
+    The feed runs from the node's construction (an unconfigured node under a fast ``/clock`` must not starve
+    either); a configured node :meth:`bind` s its observation buffer and chunk memory, which a jump then acts on:
 
     - back (a simulator reset): ``observations.clear(why)`` and ``memory.clock_jumped(backward=True)``: frames and the
       remembered chunk belong to the old time line; goals are refused ``NO_OBSERVATION`` (with the reason) until new
@@ -155,35 +158,53 @@ class SimulatedTime:
 
     Args:
         node (`rclpy.node.Node`): The serving node (its clock and logger).
-        observations (`ObservationBuffer`): Its observation buffer.
-        memory (`ChunkMemory`): Its chunk memory.
     """
 
-    def __init__(self, node: Any, observations: Any, memory: Any) -> None:
+    def __init__(self, node: Any) -> None:
         self._logger = node.get_logger()
-        self._observations, self._memory = observations, memory
+        self._lock = threading.Lock()
+        self._observations: Any = None
+        self._memory: Any = None
         self.jumps = {"backward": 0, "forward": 0}
         """Jumps seen so far (``/diagnostics`` reports them)."""
         self.feed = ClockFeed(node)
         self._handle = watch_jumps(node.get_clock(), self._on_jump)
 
+    def bind(self, observations: Any, memory: Any) -> None:
+        """Act on ``observations`` (an ``ObservationBuffer``) and ``memory`` (a ``ChunkMemory``) at each jump."""
+        with self._lock:
+            self._observations, self._memory = observations, memory
+
+    def unbind(self) -> None:
+        """Forget them (``cleanup``): jumps are still counted."""
+        with self._lock:
+            self._observations = self._memory = None
+
     def _on_jump(self, backward: bool, delta_s: float) -> None:
         # Runs inside rcl on the feed's thread: flip state under the owners' locks, log, return.
+        with self._lock:
+            observations, memory = self._observations, self._memory
         if backward:
             self.jumps["backward"] += 1
             why = f"the clock jumped back {-delta_s:.3f} s"
-            frames = self._observations.clear(why)
-            chunk = self._memory.clock_jumped(backward=True)
+            if observations is None:
+                self._logger.info(f"{why}; nothing to drop (not configured)")
+                return
+            frames = observations.clear(why)
+            chunk = memory.clock_jumped(backward=True)
             self._logger.warning(
                 f"{why} (a simulator reset?): dropped {'the observation buffer' if frames else 'no frames'} and "
                 f"{'the remembered chunk' if chunk else 'no chunk'}; goals wait for new frames, continuations start "
                 "fresh")
         else:
             self.jumps["forward"] += 1
-            self._memory.clock_jumped(backward=False)
+            if memory is not None:
+                memory.clock_jumped(backward=False)
             self._logger.info(f"the clock jumped forward {delta_s:.3f} s: the latency estimate starts over")
 
     def stop(self) -> None:
-        """Stop the jump callback and the feed (before the node is destroyed)."""
-        self._handle.unregister()
+        """Stop the jump callback and the feed (before the node is destroyed; idempotent)."""
+        if self._handle is not None:
+            self._handle.unregister()
+            self._handle = None
         self.feed.stop()

@@ -2,9 +2,11 @@
 
 One ``DiagnosticArray`` carries three statuses, named ``"<node>: <task>"`` as diagnostic_updater names them:
 
-- ``<node>: engine``: the model (name, notice, device, ``weights_version``) and every engine metric of the last
+- ``<node>: engine``: the lifecycle state (``lifecycle_state``: unconfigured, inactive, active; ``readiness``:
+  ``loading``, ``warming up``, ``ready``), the model (name, notice, device, ``weights_version``) and every engine metric of the last
   finished group, keys with their unit (``total_ms``, ``peak_memory_bytes``), plus the node's own ``goal_ms`` and
-  ``node_overhead_ms``. ERROR when the engine thread is gone, WARN when the last goal failed inside the engine, or
+  ``node_overhead_ms``. OK with a message naming the state while the node is not active (a managed node waiting for
+  its manager is no fault); when active, ERROR when the engine thread is gone, WARN when the last goal failed inside the engine, or
   when the calibrated alarm rule fired for it (``uncertain``: its candidates disagreed more than
   ``uncertainty_threshold``, or, with a novelty scorer, the rule's scores passed their thresholds).
 - ``<node>: goals``: goals succeeded / aborted / canceled / preempted / rejected, running and waiting.
@@ -58,6 +60,8 @@ class DiagnosticsInputs:
         image_topics (`tuple[str, ...]`): Which of ``observation_ages`` are image topics (the others are optional).
         clock_jumps (`Mapping[str, int]`, *optional*): ``backward`` / ``forward`` jumps of the simulated clock
             (``None`` off ``use_sim_time``).
+        lifecycle_state (`str`): The managed node's state (``unconfigured``, ``inactive``, ``active``, ...).
+        readiness (`str`): ``loading`` or ``warming up`` while configure runs, else ``ready`` once configured.
     """
 
     node_name: str
@@ -77,6 +81,8 @@ class DiagnosticsInputs:
     frames_rejected: Mapping[str, int] = field(default_factory=dict)
     image_topics: tuple[str, ...] = ()
     clock_jumps: Mapping[str, int] | None = None
+    lifecycle_state: str = "active"
+    readiness: str = "ready"
 
 
 def _kv(key: str, value: Any) -> KeyValue:
@@ -86,6 +92,8 @@ def _kv(key: str, value: Any) -> KeyValue:
 def engine_status(inputs: DiagnosticsInputs) -> DiagnosticStatus:
     """The ``<node>: engine`` status."""
     values = [
+        _kv("lifecycle_state", inputs.lifecycle_state),
+        _kv("readiness", inputs.readiness),
         _kv("model", inputs.model),
         _kv("model_notice", inputs.notice),
         _kv("device", inputs.hardware_id),
@@ -95,7 +103,11 @@ def engine_status(inputs: DiagnosticsInputs) -> DiagnosticStatus:
         _kv("groups_queued", inputs.groups_queued),
     ]
     values += metrics_key_values({k: v for k, v in inputs.last_metrics.items() if k != "weights_version"})
-    if not inputs.engine_alive:
+    if inputs.lifecycle_state != "active":
+        doing = inputs.readiness if inputs.readiness != "ready" else (
+            "ready, not serving" if inputs.lifecycle_state == "inactive" else "not serving")
+        level, message = OK, f"{inputs.lifecycle_state}: {doing} ({inputs.notice})"
+    elif not inputs.engine_alive:
         level, message = ERROR, f"engine stopped ({inputs.notice})"
     elif inputs.last_error:
         level, message = WARN, f"last goal failed: {inputs.last_error} ({inputs.notice})"

@@ -10,10 +10,11 @@ needs no model work done) in :func:`plan_goal`. Each accepted goal gets a :class
 - ``queue``: the new goal waits for a slot (up to :data:`MAX_QUEUED_GOALS` waiting; more are rejected);
 - ``reject``: the new goal is rejected at the action server's goal callback.
 
-A record remembers a preemption or a client cancel even when it arrives before the group exists (the goal may
-still be validating); :meth:`GoalRecord.attach` then cancels the group as soon as it is submitted, and
-:meth:`GoalRecord.stop_error` turns the record's state into the named error the goal ends with. Nothing here
-imports rclpy.
+Each record is in one :class:`~.goal_state.GoalState` (``ACCEPTED -> [QUEUED ->] RUNNING -> SUCCEEDED``, or one of
+the ways a goal ends), changed only through :meth:`GoalRecord.transition`. A stop (a cancel, a preemption,
+shutdown, deactivation) is remembered even when it arrives before the group exists (the goal may still be
+validating); :meth:`GoalRecord.attach` then cancels the group as soon as it is submitted, and
+:meth:`GoalRecord.stop_error` is the named error the goal ends with. Nothing here imports rclpy.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import queue
 import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,16 +33,18 @@ from ..engine.context import GUIDANCE_MODES
 from ..errors import (  # noqa: F401 - GoalRejectedError and GoalRequestError are importable from here too
     AbortReason,
     DelayTooLongError,
-    ExecutionContextError,
-    NegativeDelayError,
     EngineShutdownError,
+    ExecutionContextError,
     GoalRejectedError,
     GoalRequestError,
     GroupAbortedError,
     GroupCanceledError,
     GroupPreemptedError,
+    NegativeDelayError,
+    NotActiveError,
 )
 from ..seeding import fresh_base_seed
+from .goal_state import OUTCOME_COUNTER, GoalState, next_state, terminal_state
 from .observations import stamp_ns
 from .params import NodeParams
 
@@ -120,7 +123,8 @@ def plan_goal(
         action_dim=params.action_dim,
         valid_reducers=valid_reducers,
         domain_name=params.domain_name,
-        return_candidates=bool(goal.return_candidates) or params.publish_candidates,
+        # ~/candidates and ~/markers draw the candidates of every goal when asked to, not only the goals' own.
+        return_candidates=bool(goal.return_candidates) or params.publish_candidates or params.publish_markers,
         base_seed=base_seed,
     )
     if goal.rollout and not params.rollout_dir:
@@ -176,18 +180,37 @@ def _plan_continuity(goal: Any, params: NodeParams) -> tuple[bool, int, str, flo
     return asked or (params.continue_previous and not reset), delay, guidance, deadline_s
 
 
+_STOPS: dict[GoalState, tuple[type[GroupAbortedError], AbortReason]] = {
+    GoalState.CANCELED: (GroupCanceledError, AbortReason.CANCELED),
+    GoalState.PREEMPTED: (GroupPreemptedError, AbortReason.PREEMPTED),
+    GoalState.SHUTDOWN: (EngineShutdownError, AbortReason.SHUTDOWN),
+    GoalState.INACTIVE: (NotActiveError, AbortReason.DEACTIVATED),
+}
+"""The states another thread can stop a goal in, with the error it ends with and the reason its group is canceled."""
+
+
 @dataclass
 class GoalRecord:
-    """One accepted goal's bookkeeping, shared by its execute thread, the cancel callback and newer goals.
+    """One accepted goal: its :class:`~.goal_state.GoalState` and what its thread, the cancel callback and newer goals
+    share about it.
+
+    Every state change goes through :meth:`transition` (:func:`~.goal_state.next_state` decides it), under one lock.
+    A stop (a cancel, a preemption, shutdown or deactivation) can come from any thread at any time, also before the
+    goal's group exists (it may still be validating): the state remembers it, :meth:`attach` then cancels the group
+    as soon as it is submitted, and :meth:`stop_error` is the named error the goal ends with.
 
     Args:
         goal_id (`str`): The goal's UUID string.
-        events (`queue.Queue`): Progress events from the engine thread, then ``None`` when the group ended.
+        events (`queue.Queue`): Progress events from the engine thread; ``None`` wakes the goal's thread (its group
+            ended, or the goal was stopped).
+        on_stop (`Callable[[GoalRecord], None]`, *optional*): Called after the goal is stopped from outside, so
+            whatever it waits on (a frame, a slot) is woken at once.
     """
 
     goal_id: str
     accepted: float = field(default_factory=time.monotonic)
     events: queue.Queue = field(default_factory=queue.Queue)
+    on_stop: Callable[[GoalRecord], None] | None = None
     plan: GoalPlan | None = None
     """Set once the goal validated (the error paths report its ``base_seed``)."""
     observation: Any = None
@@ -201,101 +224,114 @@ class GoalRecord:
     """Seconds since its observation's stamp at that moment (the known part of its latency)."""
     epoch: int = 0
     """The chunk memory's clock epoch at that moment (a clock jump since voids its latency and its chunk)."""
-    start_error: BaseException | None = None
-    """Why starting the goal in the accept callback failed; the execute callback ends the goal with it."""
     handle: GroupHandle | None = None
-    preempted_by: str | None = None
-    cancel_requested: bool = False
-    shutting_down: bool = False
-    """The node is shutting down: the goal ends SHUTDOWN now, without waiting for the engine."""
-    completed: bool = False
+    cancel_processed: threading.Event = field(default_factory=threading.Event, repr=False)
+    """Set once the action server has moved the goal to CANCELING (after the cancel callback returned)."""
+    _state: GoalState = GoalState.ACCEPTED
+    _why: str = ""
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    @property
+    def state(self) -> GoalState:
+        with self._lock:
+            return self._state
+
+    def transition(self, to: GoalState, why: str = "") -> bool:
+        """Move to ``to``, if the lifecycle allows it now.
+
+        Args:
+            to (`GoalState`): The next state.
+            why (`str`): What ended the goal (kept for its error message), for a stop.
+
+        Returns:
+            `bool`: False when the goal had already ended (too late: the move is refused).
+
+        Raises:
+            IllegalGoalTransitionError: a move the lifecycle never allows from the current live state.
+        """
+        with self._lock:
+            if next_state(self._state, to) is None:
+                return False
+            self._state, self._why = to, why or self._why
+        return True
 
     def on_progress(self, event: ProgressEvent) -> None:
         """Engine-thread callback: hand the event to the goal's thread (publishing happens there, not here)."""
         self.events.put(event)
 
     def attach(self, handle: GroupHandle) -> None:
-        """Remember the submitted group; cancel it at once if the goal was preempted or canceled meanwhile."""
+        """Remember the submitted group; cancel it at once if the goal was stopped meanwhile."""
         with self._lock:
             self.handle = handle
         handle.add_done_callback(lambda _handle: self.events.put(None))
         self._cancel_handle()
 
-    def preempt(self, by: str) -> None:
-        """A newer goal takes this goal's slot: stop its group at the next step (unless it already has its result)."""
-        with self._lock:
-            woken = self.preempted_by is None and not self.cancel_requested and not self.completed
-            if woken:
-                self.preempted_by = by
-        self._cancel_handle()
-        if woken:
-            # End the goal now rather than when the engine reaches the group: under a burst, goals waiting on the
-            # engine each hold an executor thread, and new goals would wait for a free one unanswered.
-            self.events.put(None)
+    def stop(self, state: GoalState, why: str) -> bool:
+        """End the goal from outside its thread: cancel its group at the next step and wake its thread now.
 
-    def request_cancel(self) -> bool:
-        """The client canceled: stop the group at the next step.
+        Args:
+            state (`GoalState`): ``CANCELED``, ``PREEMPTED``, ``SHUTDOWN`` or ``INACTIVE``.
+            why (`str`): The message the goal ends with.
 
         Returns:
-            `bool`: False when the goal already committed to its result (the cancel comes too late).
+            `bool`: False when the goal had already ended or committed to its result (the stop comes too late).
         """
-        with self._lock:
-            if self.completed:
-                return False
-            woken = self.preempted_by is None and not self.cancel_requested
-            if self.preempted_by is None:
-                self.cancel_requested = True
+        if state not in _STOPS:
+            raise ValueError(f"a goal is stopped as one of {[s.value for s in _STOPS]}, got {state.value!r}")
+        if not self.transition(state, why):
+            return False
         self._cancel_handle()
-        if woken:
-            # End the goal now: the engine may be inside an encode it cannot interrupt (seconds on a loaded CPU);
-            # it drops the group at its next step, and nothing of it is ever published.
-            self.events.put(None)
+        # End the goal now rather than when the engine reaches the group: the engine may be inside an encode it
+        # cannot interrupt (seconds on a loaded CPU), and under a burst each waiting goal holds an executor thread.
+        self.events.put(None)
+        if self.on_stop is not None:
+            self.on_stop(self)
         return True
 
-    def claim_success(self) -> GroupAbortedError | None:
-        """Commit to publishing the finished group's result, unless a preemption or cancel came first.
+    def preempt(self, by: str) -> bool:
+        """A newer goal takes this goal's slot (see :meth:`stop`)."""
+        return self.stop(GoalState.PREEMPTED, f"preempted by {by}")
 
-        After this returns ``None``, later preemptions and cancels are refused, so a goal is never both published
-        and reported as preempted or canceled.
+    def request_cancel(self) -> bool:
+        """The client canceled (see :meth:`stop`); False when the cancel comes too late."""
+        return self.stop(GoalState.CANCELED, f"goal {self.goal_id} canceled by the client")
+
+    def claim_success(self) -> GroupAbortedError | None:
+        """Commit to publishing the finished group's result, unless a stop came first.
+
+        ``RUNNING -> SUCCEEDED``: afterwards every stop is refused, so a goal is never both published and reported
+        as preempted or canceled.
+
+        Returns:
+            `GroupAbortedError` or `None`: the stop that came first, if one did.
         """
+        if self.transition(GoalState.SUCCEEDED):
+            return None
+        return self.stop_error()
+
+    def finish(self, code: int) -> GoalState:
+        """The goal's thread ends it with ``code``: move to that code's terminal state unless a stop came first.
+
+        Returns:
+            `GoalState`: the state the goal ends in (the stop's, when one came first).
+        """
+        self.transition(terminal_state(code))
+        return self.state
+
+    def stop_error(self) -> GroupAbortedError | None:
+        """The error the goal ends with because it was stopped from outside, or ``None``."""
         with self._lock:
-            stop = self._stop_error_locked()
-            if stop is None:
-                self.completed = True
-            return stop
+            state, why = self._state, self._why
+        if state not in _STOPS:
+            return None
+        cls, _ = _STOPS[state]
+        return cls(self.goal_id, why)
 
     def _cancel_handle(self) -> None:
         with self._lock:
-            handle, by, canceled = self.handle, self.preempted_by, self.cancel_requested
-        if handle is None:
-            return
-        if by is not None:
-            handle.cancel(AbortReason.PREEMPTED, f"preempted by {by}")
-        elif canceled:
-            handle.cancel(AbortReason.CANCELED, f"goal {self.goal_id} canceled by the client")
-
-    def stop_error(self) -> GroupAbortedError | None:
-        """The error this goal ends with because of a preemption or a cancel, if either happened."""
-        with self._lock:
-            return self._stop_error_locked()
-
-    def end_for_shutdown(self) -> None:
-        """The node is shutting down: wake the goal's thread so it ends SHUTDOWN at once (unless already committed)."""
-        with self._lock:
-            if self.completed:
-                return
-            self.shutting_down = True
-        self.events.put(None)
-
-    def _stop_error_locked(self) -> GroupAbortedError | None:
-        if self.shutting_down:
-            return EngineShutdownError(self.goal_id, "the node is shutting down")
-        if self.preempted_by is not None:
-            return GroupPreemptedError(self.goal_id, f"preempted by {self.preempted_by}")
-        if self.cancel_requested:
-            return GroupCanceledError(self.goal_id, f"goal {self.goal_id} canceled by the client")
-        return None
+            handle, state, why = self.handle, self._state, self._why
+        if handle is not None and state in _STOPS:
+            handle.cancel(_STOPS[state][1], why)
 
 
 class GoalTracker:
@@ -304,11 +340,14 @@ class GoalTracker:
     Args:
         policy (`str`): ``preempt``, ``queue`` or ``reject``.
         max_concurrent (`int`): Goals allowed to run (and co-batch) at once.
+        on_stop (`Callable[[GoalRecord], None]`, *optional*): Given to every record (see :class:`GoalRecord`).
     """
 
-    def __init__(self, policy: str, max_concurrent: int) -> None:
+    def __init__(self, policy: str, max_concurrent: int,
+                 on_stop: Callable[[GoalRecord], None] | None = None) -> None:
         self.policy = policy
         self.max_concurrent = max_concurrent
+        self._on_stop = on_stop
         self._cond = threading.Condition()
         self._running: list[GoalRecord] = []
         self._waiting: list[GoalRecord] = []
@@ -329,16 +368,16 @@ class GoalTracker:
                 return f"{MAX_QUEUED_GOALS} goals already queued"
         return None
 
-    def count(self, outcome: str) -> None:
-        """Count a terminal outcome (one of :data:`GOAL_OUTCOMES`)."""
+    def reject(self) -> None:
+        """Count a goal rejected at the goal callback (it never got a record)."""
         with self._cond:
-            self.counters[outcome] += 1
+            self.counters["rejected"] += 1
 
     # --- execute thread -------------------------------------------------------------------------------------------
 
     def register(self, goal_id: str) -> GoalRecord:
         """Track an accepted goal (the cancel callback finds it by id)."""
-        record = GoalRecord(goal_id)
+        record = GoalRecord(goal_id, on_stop=self._stopped)
         with self._cond:
             self._active[goal_id] = record
         return record
@@ -348,30 +387,16 @@ class GoalTracker:
             return self._active.get(goal_id)
 
     def admit(self, record: GoalRecord) -> bool:
-        """Block until ``record`` may run, applying the goal policy.
+        """Block until ``record`` may run, applying the goal policy; the record is then ``RUNNING``.
 
         Returns:
             `bool`: True when the goal had to wait in the queue (its observation may be outdated by now).
 
         Raises:
-            GroupAbortedError: the record was preempted or canceled while waiting.
+            GroupAbortedError: the record was stopped (preempted, canceled, shut down, deactivated) meanwhile.
             GoalRejectedError: ``reject`` policy and no slot is free (a race past :meth:`should_reject`).
             EngineShutdownError: the node is shutting down.
         """
-        return bool(self._admit(record, block=True))
-
-    def try_admit(self, record: GoalRecord) -> bool:
-        """Admit ``record`` if the goal policy lets it run now (preempting as :meth:`admit` would), never waiting.
-
-        Returns:
-            `bool`: False when the ``queue`` policy would make it wait; call :meth:`admit` later for that.
-
-        Raises:
-            The same errors as :meth:`admit`.
-        """
-        return self._admit(record, block=False) is not None
-
-    def _admit(self, record: GoalRecord, block: bool) -> bool | None:
         waited = False
         with self._cond:
             while True:
@@ -381,6 +406,8 @@ class GoalTracker:
                 if stop is not None:
                     raise stop
                 if len(self._running) < self.max_concurrent:
+                    if not record.transition(GoalState.RUNNING):
+                        raise record.stop_error() or EngineShutdownError(record.goal_id, "the goal ended")
                     self._running.append(record)
                     if record in self._waiting:
                         self._waiting.remove(record)
@@ -399,22 +426,25 @@ class GoalTracker:
                     continue
                 if self.policy == "reject":
                     raise GoalRejectedError(f"{len(self._running)} goal(s) running and goal_policy is reject")
-                if not block:
-                    return None
                 if record not in self._waiting:
+                    record.transition(GoalState.QUEUED)
                     self._waiting.append(record)
                 waited = True
-                # Woken by release(), a cancel, or shutdown; the timeout only bounds a missed notification.
-                self._cond.wait(timeout=0.5)
+                # Woken by release(), by a stop of this record (_stopped) and by close(): no timeout needed.
+                self._cond.wait()
 
-    def wake(self) -> None:
-        """Re-check waiting goals (after a cancel request)."""
+    def _stopped(self, record: GoalRecord) -> None:
         with self._cond:
             self._cond.notify_all()
+        if self._on_stop is not None:
+            self._on_stop(record)
 
     def release(self, record: GoalRecord) -> None:
-        """The goal reached a terminal state: free its slot and forget it."""
+        """The goal reached its terminal state: count it by that state, free its slot and forget it."""
         with self._cond:
+            if record.goal_id in self._active:
+                # A goal is released after its thread ended it; a live state here is a bug, counted as aborted.
+                self.counters[OUTCOME_COUNTER.get(record.state, "aborted")] += 1
             if record in self._running:
                 self._running.remove(record)
             if record in self._waiting:
@@ -424,14 +454,28 @@ class GoalTracker:
 
     # --- node -------------------------------------------------------------------------------------------------------
 
+    def stop_all(self, state: GoalState, why: str) -> int:
+        """Stop every running or waiting goal (``SHUTDOWN`` or ``INACTIVE``); returns how many were stopped."""
+        with self._cond:
+            records = list(self._active.values())
+        return sum(record.stop(state, why) for record in records)
+
     def close(self) -> None:
         """Shutdown: every running or waiting goal ends with SHUTDOWN now; no new goal is accepted."""
         with self._cond:
             self._closed = True
-            records = list(self._active.values())
             self._cond.notify_all()
-        for record in records:
-            record.end_for_shutdown()
+        self.stop_all(GoalState.SHUTDOWN, "the node is shutting down")
+
+    def wait_idle(self, timeout_s: float) -> bool:
+        """Wait until no goal is tracked (every thread has released its goal); False when ``timeout_s`` passed."""
+        with self._cond:
+            return self._cond.wait_for(lambda: not self._active, timeout_s)
+
+    def canceled_records(self) -> list[GoalRecord]:
+        """The goals a client canceled that are still tracked (their threads are ending them)."""
+        with self._cond:
+            return [r for r in self._active.values() if r.state is GoalState.CANCELED]
 
     @property
     def num_active(self) -> int:

@@ -56,8 +56,6 @@ SUPPORTED_ENCODINGS = tuple(_ENCODINGS)
 """Image encodings the buffer converts to RGB uint8; anything else is rejected (cause ``encoding``)."""
 BYTES_PER_PIXEL: dict[str, int] = {encoding: size for encoding, (size, _) in _ENCODINGS.items()}
 """Bytes per pixel of each supported encoding (a row holds at least ``width * BYTES_PER_PIXEL[encoding]`` bytes)."""
-STOP_POLL_S = 0.05
-"""While a goal waits for its frame, how often it checks whether it was canceled or the node is stopping."""
 
 
 FUTURE_STAMP_TOLERANCE_S = 0.5
@@ -415,7 +413,8 @@ class ObservationBuffer:
         Args:
             min_stamp_ns (`int`): Header stamp, nanoseconds.
             timeout_s (`float`): Seconds to wait on the host's monotonic clock (``observation_wait_s``).
-            stopped (`Callable`): Polled while waiting; an exception it returns is raised (a cancel, a shutdown).
+            stopped (`Callable`): Checked whenever the buffer is woken (a frame arrived, or :meth:`wake_waiters`);
+                an exception it returns is raised (a cancel, a shutdown).
 
         Raises:
             ObservationNotReceivedError: no such frame on some topic within ``timeout_s`` (the latest stamp is
@@ -426,8 +425,9 @@ class ObservationBuffer:
             with self._lock:
                 behind = self._behind_locked(min_stamp_ns)
                 left = deadline - time.monotonic()
-                if behind and left > 0:
-                    self._arrived.wait(min(left, STOP_POLL_S))
+                # stopped() is read under the lock wake_waiters() takes, so a stop is seen here or wakes the wait.
+                if behind and left > 0 and stopped() is None:
+                    self._arrived.wait(left)
                     behind = self._behind_locked(min_stamp_ns)
             if not behind:
                 return
@@ -441,6 +441,11 @@ class ObservationBuffer:
                     f"observation_wait_s={timeout_s:g} s (latest: "
                     f"{'none' if latest is None else _stamp_text(latest)})"
                 )
+
+    def wake_waiters(self) -> None:
+        """Wake every :meth:`wait_for_stamp` now, so a goal stopped while it waits for its frame ends at once."""
+        with self._lock:
+            self._arrived.notify_all()
 
     def _behind_locked(self, min_stamp_ns: int) -> list[tuple[str, int | None]]:
         """``(topic, latest stamp in ns or None)`` for every image topic whose latest frame is older."""

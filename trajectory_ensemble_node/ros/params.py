@@ -147,6 +147,18 @@ PARAMETERS: tuple[ParamSpec, ...] = (
     ParamSpec("fault_injection", "", "TEST ONLY: arm one engine fault for the next goal; refused unless "
               f"{TESTING_ENV}=1", '"" (off), ' + ", ".join(FAULTS), read_only=False),
     # Read by `trajectory-ensemble serve-openpi` only (docs/openpi.md): one file configures both faces.
+    ParamSpec("autostart", True, "configure and activate at start (a managed node's lifecycle run by itself); false: "
+              "wait in unconfigured for a lifecycle manager (nav2 lifecycle_manager, trajectory-ensemble lifecycle)"),
+    ParamSpec("warmup_counts", [0, 1], "configure runs one group per count on a synthetic frame before serving "
+              "(kernels, allocations, step capture; and the costs deadlines are planned from); 0 = candidate_count; "
+              "[-1] = none (goals with a deadline are then refused until a goal has measured a step)",
+              "each 0 or 1 .. max_candidates, or [-1]"),
+    ParamSpec("publish_markers", False, "publish every goal's candidates and served trajectory on ~/markers "
+              "(visualization_msgs/MarkerArray, for RViz and Foxglove)"),
+    ParamSpec("marker_channels", [0, 1], "action channels drawn as x, y (and z) on ~/markers",
+              "2 or 3 distinct channels < the action width"),
+    ParamSpec("marker_frame_id", "map", "frame of ~/markers", "non-empty"),
+    ParamSpec("marker_lifetime_s", 2.0, "seconds each marker stays up (0 = until replaced)", ">= 0"),
     ParamSpec("openpi_schema", "toy", "serve-openpi: which request keys carry the image(s), state and prompt",
               "toy or droid"),
     ParamSpec("openpi_max_concurrent", 8, "serve-openpi: requests (from any connections) in the engine at once, "
@@ -218,6 +230,12 @@ class NodeParams:
     max_image_bytes: int
     max_image_pixels: int
     fault_injection: str
+    autostart: bool
+    warmup_counts: tuple[int, ...]
+    publish_markers: bool
+    marker_channels: tuple[int, ...]
+    marker_frame_id: str
+    marker_lifetime_s: float
     openpi_schema: str
     openpi_max_concurrent: int
     openpi_max_queued: int
@@ -250,11 +268,21 @@ def _coerce(name: str, value: Any, default: Any, problems: list[str]) -> Any:
     elif isinstance(default, str):
         if isinstance(value, str):
             return value
+    elif isinstance(default, list) and default and isinstance(default[0], int):
+        # An integer list: rclpy hands over an array.array('q') or a list; never bools.
+        if hasattr(value, "tolist"):
+            value = value.tolist()
+        if isinstance(value, (list, tuple)) and value and all(
+                isinstance(v, int) and not isinstance(v, bool) for v in value):
+            return tuple(value)
     elif isinstance(default, list):
         if value is None:  # an empty YAML list has no type; rclpy leaves it unset
             return ()
         if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
             return tuple(v for v in value if v != "")
+    if isinstance(default, list) and default and isinstance(default[0], int):
+        problems.append(f"{name}: expected a non-empty list of integers, got {value!r}")
+        return tuple(default)
     kind = {bool: "bool", int: "integer", float: "number", str: "string", list: "list of strings"}[type(default)]
     problems.append(f"{name}: expected a {kind}, got {value!r} ({type(value).__name__})")
     return default if not isinstance(default, list) else tuple(v for v in default if v)
@@ -417,6 +445,17 @@ def validate(raw: Mapping[str, Any], *, env: Mapping[str, str] | None = None) ->
                 problems.append(f"continuity_reducer: {error}")
     need(len(set(p["image_topics"])) == len(p["image_topics"]),
          f"image_topics: topics must be unique, got {list(p['image_topics'])}")
+    if list(p["warmup_counts"]) != [-1]:
+        bad_counts = [c for c in p["warmup_counts"] if not 0 <= c <= max(1, p["max_candidates"])]
+        need(not bad_counts, f"warmup_counts: {bad_counts} outside 0 .. max_candidates={p['max_candidates']} "
+                             f"(0 = candidate_count; [-1] = none), got {list(p['warmup_counts'])}")
+    if domain_ok:
+        channels, width = p["marker_channels"], _WIDTHS[p["domain_name"]]
+        need(len(channels) in (2, 3) and len(set(channels)) == len(channels) and all(0 <= c < width for c in channels),
+             f"marker_channels: {list(channels)} must be 2 or 3 distinct action channels (x, y[, z]) below the action "
+             f"width {width}")
+    need(bool(p["marker_frame_id"]), "marker_frame_id: must be a frame name, got ''")
+    need(p["marker_lifetime_s"] >= 0, f"marker_lifetime_s: must be >= 0, got {p['marker_lifetime_s']}")
     try:
         check_fault_injection(p["fault_injection"], env)
     except ParameterError as error:
@@ -424,61 +463,6 @@ def validate(raw: Mapping[str, Any], *, env: Mapping[str, str] | None = None) ->
     if problems:
         raise ParameterError("invalid parameters:\n  " + "\n  ".join(problems))
     return NodeParams(**{f.name: values[f.name] for f in fields(NodeParams)})
-
-
-def _parameter_sections(tree: Any, prefix: str = "") -> Any:
-    # (section key, its ros__parameters) in file order; nested namespace keys are joined by "/" as in
-    # startup_checks (both YAML forms ROS accepts).
-    if not isinstance(tree, dict):
-        return
-    for key, value in tree.items():
-        path = f"{prefix}/{str(key).strip('/')}" if prefix else str(key)
-        if isinstance(value, dict):
-            if "ros__parameters" in value:
-                yield path, value["ros__parameters"]
-            yield from _parameter_sections({k: v for k, v in value.items() if k != "ros__parameters"}, path)
-
-
-def read_params_file(path: str, fully_qualified_name: str = "/trajectory_ensemble") -> dict[str, Any]:
-    """The parameter values a params file gives the node, read without rclpy (for ``serve-openpi``).
-
-    Every section whose key matches the node's name with ROS's wildcards (``/**/trajectory_ensemble``,
-    ``trajectory_ensemble``, ...) contributes its ``ros__parameters``, later sections overriding earlier ones, as
-    rcl applies them.
-
-    Args:
-        path (`str`): The YAML file (e.g. ``config/serve.yaml``).
-        fully_qualified_name (`str`): The node's name with its namespace.
-
-    Returns:
-        `dict[str, Any]`: raw values by name, for :func:`validate`.
-
-    Raises:
-        ParameterError: the file is unreadable, not YAML, or has no section for this node.
-    """
-    import yaml
-
-    from .startup_checks import section_matches
-
-    try:
-        with open(path, encoding="utf-8") as handle:
-            tree = yaml.safe_load(handle)
-    except (OSError, yaml.YAMLError) as error:
-        raise ParameterError(f"invalid parameters:\n  params file {path!r}: {type(error).__name__}: {error}") from None
-    sections = list(_parameter_sections(tree))
-    matched = [values for key, values in sections if section_matches(key, fully_qualified_name)]
-    if not matched:
-        raise ParameterError(f"invalid parameters:\n  params file {path!r} has no section for "
-                             f"{fully_qualified_name} (its sections: {[key for key, _ in sections]}); expected "
-                             "'/**/trajectory_ensemble:' with 'ros__parameters:'")
-    values: dict[str, Any] = {}
-    for section in matched:
-        if section is None:
-            continue  # an empty ros__parameters: block
-        if not isinstance(section, dict):
-            raise ParameterError(f"invalid parameters:\n  params file {path!r}: ros__parameters is not a mapping")
-        values.update(section)
-    return values
 
 
 def declare(node: Any) -> NodeParams:

@@ -22,7 +22,7 @@ from rclpy.executors import MultiThreadedExecutor
 from rclpy.signals import SignalHandlerOptions
 
 from ..errors import TrajectoryEnsembleError
-from .lifecycle import arm_exit_deadline, check_params_files, exit_now
+from .guards import arm_exit_deadline, check_params_files, exit_now
 from .node import NODE_NAME, TrajectoryEnsembleNode
 
 

@@ -17,9 +17,9 @@ import yaml
 
 from ..errors import ErrorCode, TrajectoryEnsembleError
 from .ros_client import (
-    DEFAULT_NODE,
     ClientSession,
     NodeUnreachableError,
+    add_node_arguments,
     check_node_name,
     domain_text,
     wait_with_progress,
@@ -56,14 +56,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      f"such parameter\n  {EXIT_USAGE}  bad arguments, or a value that does not convert to the "
                      f"parameter's type\n  {EXIT_UNREACHABLE}  the node's parameter services did not appear within "
                      "--wait")
-    parser.add_argument("--node", default=DEFAULT_NODE,
-                        help=f"the node's fully qualified name (default {DEFAULT_NODE})")
-    parser.add_argument("--wait", type=float, default=30.0, metavar="S",
-                        help="seconds to wait for the node's parameter services (30)")
-    # The same flags after the action too ("params list --node /x"); SUPPRESS keeps an unset one from overriding.
-    where = argparse.ArgumentParser(add_help=False)
-    where.add_argument("--node", default=argparse.SUPPRESS, help="as above")
-    where.add_argument("--wait", type=float, default=argparse.SUPPRESS, metavar="S", help="as above")
+    where = add_node_arguments(parser, "parameter")
     actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
     actions.add_parser("list", parents=[where], help="every parameter: name = value (type, read-only or writable)")
     get = actions.add_parser("get", parents=[where], help="print one parameter's value")

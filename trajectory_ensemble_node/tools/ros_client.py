@@ -6,6 +6,7 @@ rclpy is imported inside the functions that need it, so this module (and the too
 
 from __future__ import annotations
 
+import argparse
 import datetime
 import os
 import re
@@ -41,6 +42,26 @@ def check_node_name(name: str) -> str:
         raise ValueError(f"--node must be a fully qualified node name such as {DEFAULT_NODE} or /robot1/"
                          f"trajectory_ensemble (absolute, letters, digits and _), got {name!r}")
     return name
+
+
+def add_node_arguments(parser: argparse.ArgumentParser, services: str) -> argparse.ArgumentParser:
+    """Add ``--node`` and ``--wait`` to ``parser``; return a parent parser that repeats them after an action.
+
+    Args:
+        parser (`argparse.ArgumentParser`): A command that talks to one node's ``services`` (e.g. "parameter").
+        services (`str`): Named in the ``--wait`` help.
+
+    Returns:
+        `argparse.ArgumentParser`: Pass it as ``parents=[...]`` to every action, so ``params list --node /x`` works;
+        its defaults are SUPPRESS, so an unset flag after the action does not override one before it.
+    """
+    parser.add_argument("--node", default=DEFAULT_NODE, help=f"the node's fully qualified name ({DEFAULT_NODE})")
+    parser.add_argument("--wait", type=float, default=30.0, metavar="S",
+                        help=f"seconds to wait for the node's {services} services (30)")
+    where = argparse.ArgumentParser(add_help=False)
+    where.add_argument("--node", default=argparse.SUPPRESS, help="as above")
+    where.add_argument("--wait", type=float, default=argparse.SUPPRESS, metavar="S", help="as above")
+    return where
 
 
 def node_basename(name: str) -> str:

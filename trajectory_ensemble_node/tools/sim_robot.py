@@ -54,7 +54,7 @@ class SimRobot:
         from trajectory_ensemble_msgs.msg import ActionTrajectory
 
         from ..ros.conversions import ns_to_time
-        from ..ros.lifecycle import ACTION_SERVICE_QOS
+        from ..ros.guards import ACTION_SERVICE_QOS
 
         self.session, self.settings, self.node_name, self.log = session, settings, node, log
         self.image_topic = image_topic or f"{node}/observation/image"

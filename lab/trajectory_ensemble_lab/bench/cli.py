@@ -70,6 +70,8 @@ MODES: dict[str, Mode] = {
                   delegated=False, options="trajectory_ensemble_lab.bench.fleet:add_arguments"),
     "clock-rate": Mode(("--clock-rate",), "trajectory_ensemble_lab.bench.clock_rate:run",
                        "engine time under a 1 kHz /clock vs the host clock, idle CPU at 0/100/1000 Hz"),
+    "warmup": Mode(("--warmup",), "trajectory_ensemble_lab.bench.warmup:run",
+                   "the first goal after start-up over the steady median, with and without warm-up"),
 }
 """Every ``bench`` mode by name. A new mode is one entry here (and its flag, if it has one, in :data:`MODE_FLAGS`)."""
 
@@ -83,6 +85,8 @@ MODE_FLAGS: dict[str, str] = {
                "(trajectory_ensemble_lab.bench.fleet; --clients, --candidates, --rate, --duration, --json)",
     "--clock-rate": "the node under a 1 kHz /clock: engine time vs the host clock, idle CPU per /clock rate "
                     "(trajectory_ensemble_lab.bench.clock_rate)",
+    "--warmup": "the first goal after start-up against the steady median, warm and cold "
+                "(trajectory_ensemble_lab.bench.warmup)",
 }
 """The flags that select modes, with their help; each is a boolean ``store_true`` flag."""
 

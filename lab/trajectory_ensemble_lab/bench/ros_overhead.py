@@ -15,6 +15,10 @@ The node runs in its own process on the tiny embedded model (chunk 8, N=8, ``--s
 - **Cancel to terminal** (10 goals): when feedback reports denoising step >= 2, send a cancel and time until the
   result arrives with status CANCELED. Reported beside the per-step time (``denoise_ms / num_inference_steps`` of the
   uncanceled goals) so "<= one step + 20 ms" can be judged per run.
+- **Deadline of half the goal time** (12 goals): each goal asks for a deadline of half the p50 engine time of the
+  overhead goals; reported: its goal time (``goal_ms``, from acceptance) against the deadline (p50/p95), how many the
+  engine reports met (``deadline_met``) and the steps it fitted and used. The node tests assert only the counts (fewer
+  steps, a consistent report); how close to the deadline goals come is this figure.
 
 Writes ``--json`` (default ``out/bench/ros_overhead.json``) and prints a table. rclpy is imported only here, lazily.
 """
@@ -48,6 +52,7 @@ IMAGE_HZ = 4.0
 """Fresh enough for max_observation_age_s 1.0, and little CPU taken from the node on a small machine."""
 OVERHEAD_TARGET_MS = 5.0
 CANCEL_SLACK_MS = 20.0
+DEADLINE_GOALS = 12
 DEFAULT_JSON = Path("out/bench/ros_overhead.json")
 GOAL_TIMEOUT_S = 300.0
 
@@ -273,6 +278,35 @@ def measure_cancel(client: _Client, trials: int, steps: int, log: Any) -> dict[s
             "all_canceled": all(r["status"] == "CANCELED" for r in rows)}
 
 
+def measure_deadline(client: _Client, goals: int, half_of_ms: float, log: Any) -> dict[str, Any]:
+    """Goals with a deadline of half ``half_of_ms``: goal time against it, deadlines met, steps fitted and used."""
+    from action_msgs.msg import GoalStatus
+
+    deadline_ms = half_of_ms / 2.0
+    nanos = int(deadline_ms * 1e6)
+    rows = []
+    for i in range(goals):
+        goal = client.goal(seed=20_000 + i)
+        goal.deadline.sec, goal.deadline.nanosec = divmod(nanos, 1_000_000_000)
+        response = client.result(client.send(goal))
+        result = response.result
+        metrics = {kv.key: kv.value for kv in result.metrics}
+        if response.status != GoalStatus.STATUS_SUCCEEDED:
+            rows.append({"status": int(response.status), "error_code": int(result.error_code)})
+            continue
+        rows.append({"goal_ms": float(metrics["goal_ms"]), "engine_total_ms": float(metrics["total_ms"]),
+                     "deadline_met": metrics.get("deadline_met") == "true", "steps_fitted": int(result.steps_fitted),
+                     "steps_used": int(result.steps_used), "steps_planned": int(result.steps_planned)})
+    served = [r for r in rows if "goal_ms" in r]
+    log(f"  deadline {deadline_ms:.0f} ms: {len(served)}/{goals} served, "
+        f"{sum(r['deadline_met'] for r in served)} met by the engine's account")
+    return {"deadline_ms": deadline_ms, "goals": rows, "served": len(served),
+            "goal_ms": percentiles([r["goal_ms"] for r in served] or [float("nan")]),
+            "met": sum(r["deadline_met"] for r in served),
+            "steps_fitted": percentiles([float(r["steps_fitted"]) for r in served] or [float("nan")]),
+            "steps_used": percentiles([float(r["steps_used"]) for r in served] or [float("nan")])}
+
+
 def _table(doc: dict[str, Any]) -> str:
     o, c = doc["overhead"], doc["cancel"]
     step = doc["step_ms"]
@@ -305,6 +339,15 @@ def _table(doc: dict[str, Any]) -> str:
         f"{'cancels within their own goal step + 20 ms':<44}{c['within_own_step_plus_slack']:>10d} "
         f"of {len(c['trials'])}  (feedback step p50 {c['feedback_step_ms']['p50']:.1f} ms)",
     ]
+    d = doc.get("deadline")
+    if d is not None:
+        lines += [
+            f"{'goal_ms, deadline half the goal time [ms]':<44}" + "".join(
+                f"{d['goal_ms'][k]:>10.2f}" for k in ("p50", "p95", "max"))
+            + f"  deadline {d['deadline_ms']:.1f}: met {d['met']} of {d['served']} served ({len(d['goals'])} sent)",
+            f"{'  steps fitted / used (p50 of ' + str(doc['config']['num_inference_steps']) + ')':<44}"
+            f"{d['steps_fitted']['p50']:>10.1f}{d['steps_used']['p50']:>10.1f}",
+        ]
     return "\n".join(lines)
 
 
@@ -368,6 +411,8 @@ def run(args: argparse.Namespace) -> int:
         overhead["floor"]["work_ms_requested"] = work_ms
         log(f"cancel: {CANCEL_TRIALS} goals canceled at denoising step {CANCEL_AT_STEP}")
         cancel = measure_cancel(client, CANCEL_TRIALS, steps, log)
+        log(f"deadline: {DEADLINE_GOALS} goals, each with half the p50 engine time as its deadline")
+        deadline = measure_deadline(client, DEADLINE_GOALS, overhead["engine_total_ms"]["p50"], log)
     finally:
         if client is not None:
             client.close()
@@ -385,12 +430,12 @@ def run(args: argparse.Namespace) -> int:
                 "(trajectory-ensemble bench --ros)",
         "config": {"model": "tiny", "chunk_size": CHUNK, "candidate_count": CANDIDATES, "num_inference_steps": steps,
                    "device": device, "goals": GOALS, "warmup_goals": WARMUP_GOALS, "cancel_trials": CANCEL_TRIALS,
-                   "cancel_at_step": CANCEL_AT_STEP, "rmw": os.environ.get("RMW_IMPLEMENTATION", "default"),
+                   "cancel_at_step": CANCEL_AT_STEP, "deadline_goals": DEADLINE_GOALS, "rmw": os.environ.get("RMW_IMPLEMENTATION", "default"),
                    "client_executor": client_executor,
                    "ros_domain_id": domain_id},
         "host": {"platform": platform.platform(), "cpus": os.cpu_count(), "load_avg_1m_end": os.getloadavg()[0]},
         "started_unix": started, "wall_s": time.time() - started,
-        "overhead": overhead, "cancel": cancel, "step_ms": step_ms,
+        "overhead": overhead, "cancel": cancel, "deadline": deadline, "step_ms": step_ms,
         "targets": {"overhead_p50_ms": OVERHEAD_TARGET_MS,
                     "overhead_met": overhead["overhead_ms"]["p50"] <= OVERHEAD_TARGET_MS,
                     "cancel_budget_ms": budget,

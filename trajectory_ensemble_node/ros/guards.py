@@ -12,8 +12,6 @@
   are declared with dynamic typing so YAML ints can fill float parameters, which lets rclpy accept any type);
   :func:`refuse_clock_change`: ``use_sim_time`` (rclpy's, not ours) is refused like our read-only parameters;
   :func:`set_parameters` is the node's callback applying both.
-- :func:`measure_costs`: two small groups before the node says ready, so the deadline planner never meets a goal
-  on a cold engine (``docs/node.md``, "Deadlines").
 """
 
 from __future__ import annotations
@@ -25,7 +23,6 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
 from rclpy.qos import HistoryPolicy, QoSProfile, ReliabilityPolicy
 
 from . import params as node_params
@@ -44,8 +41,6 @@ FORCED_EXIT_CODE = 3
 """Exit status when the graceful shutdown did not finish within :data:`SHUTDOWN_DEADLINE_S`."""
 DUPLICATE_CHECK_PERIOD_S = 5.0
 """How often the graph is checked for another node with this node's fully qualified name."""
-COST_MEASUREMENT_STEPS = 2
-"""Denoising steps of the start-up group that measures encode, step and post-processing costs."""
 
 _deadline_lock = threading.Lock()
 _deadline_armed = False
@@ -218,46 +213,3 @@ def refuse_clock_change(changes: Sequence[Any], sim_time: bool) -> str | None:
             return (f"use_sim_time is read-only: this node started with use_sim_time={str(sim_time).lower()} and "
                     f"measures staleness and latency on that clock; restart it to change clocks (nothing was changed)")
     return None
-
-
-def measure_costs(model: Any, params: node_params.NodeParams, instruction: str) -> str:
-    """Run two small groups (a black frame, :data:`COST_MEASUREMENT_STEPS` steps, the configured candidate count)
-    so the engine's deadline planner has measured costs before the first goal; the second one's are kept, until the
-    first goal's own replace them.
-
-    Args:
-        model (`Cosmos3ActionModel`): The started model.
-        params (`NodeParams`): The node's parameters (the group is shaped like a default goal).
-        instruction (`str`): The prompt.
-
-    Returns:
-        `str`: a log line: what was measured, or why not (a deadline goal is then refused until a step is measured).
-    """
-    from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import CosmosActionCondition
-
-    from ..contract import CandidateTrajectorySpec
-    from ..errors import TrajectoryEnsembleError
-
-    p = params
-    side = int(p.resolution_tier)
-    action = CosmosActionCondition(mode="policy", chunk_size=p.chunk_size, domain_name=p.domain_name,
-                                   resolution_tier=p.resolution_tier, image=np.zeros((side, side, 3), np.uint8),
-                                   view_point=p.view_point)
-    spec = CandidateTrajectorySpec(count=p.candidate_count, reducer=p.reducer, max_count=p.max_candidates)
-    try:
-        # Twice: the first group pays what only the first one does (lazy initialisation, the text prefix, first
-        # kernels; 10x a step on the tiny model), which would make the planner refuse good deadlines for a while.
-        for run in ("warm-up", "cost-measurement"):
-            model.generate(prompt=instruction, action=action, guidance_scale=p.guidance_scale, fps=p.fps,
-                           num_inference_steps=min(COST_MEASUREMENT_STEPS, p.num_inference_steps), spec=spec,
-                           base_seed=0, request_id=run)
-            if run == "warm-up":
-                model.measured_costs(forget=True)
-    except TrajectoryEnsembleError as error:
-        return (f"start-up cost measurement failed ({type(error).__name__}: {error}); goals with a deadline are "
-                "refused until a goal without one has measured a step")
-    # The black frame fills its tier; camera frames are scaled down, never up, into a bin of about the tier's area:
-    # about the most a frame costs, standing in until the first goal measures its own, which replace it.
-    encode, step, post = model.measured_costs(provisional=True)
-    return (f"measured costs for deadlines (until the first goal measures its own): encode {encode or 0:.0f} ms, "
-            f"step {step or 0:.0f} ms, post-processing {post or 0:.0f} ms ({p.candidate_count} candidates)")

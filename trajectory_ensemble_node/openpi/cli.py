@@ -22,12 +22,11 @@ import logging
 import os
 import signal
 import sys
-import threading
-import time
 
 from ..errors import ParameterError, TrajectoryEnsembleError
 from ..ros import params as node_params
 from ..ros.params_file import read_params_file
+from ..ros.shutdown import arm_exit_deadline
 from ..ros.startup_checks import toy_settings_mismatch
 from .policy import OpenPIPolicy
 from .server import ROUTES, OpenPIServer, ServerLimits
@@ -36,7 +35,6 @@ API_KEY_ENV = "TRAJECTORY_ENSEMBLE_API_KEY"
 """Environment variable holding the key when ``--api-key`` is not given."""
 EXIT_DEADLINE_S = 5.0
 """After SIGINT/SIGTERM the process is gone within this many seconds, graceful or not."""
-FORCED_EXIT_CODE = 3
 
 logger = logging.getLogger("trajectory_ensemble.openpi")
 
@@ -86,21 +84,11 @@ def load_params(params_file: str | None) -> node_params.NodeParams:
     return node_params.validate(raw)
 
 
-def _arm_exit_deadline() -> None:
-    def watchdog() -> None:
-        time.sleep(EXIT_DEADLINE_S)
-        os.write(sys.stderr.fileno(), f"[serve-openpi] shutdown took more than {EXIT_DEADLINE_S:g} s; exiting now "
-                                      f"({FORCED_EXIT_CODE})\n".encode())
-        os._exit(FORCED_EXIT_CODE)
-
-    threading.Thread(target=watchdog, name="exit-deadline", daemon=True).start()
-
-
 async def _serve(server: OpenPIServer) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(signum, lambda: (stop.set(), _arm_exit_deadline()))
+        loop.add_signal_handler(signum, lambda: (stop.set(), arm_exit_deadline(EXIT_DEADLINE_S, "serve-openpi")))
 
     def ready(port: int) -> None:
         policy = server.policy

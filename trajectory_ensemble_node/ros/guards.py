@@ -3,9 +3,7 @@
 - :data:`ACTION_SERVICE_QOS`: the action server's goal, cancel and result service queues. rclpy's default keeps the
   last 10 requests, so a burst of goals from one client was dropped without an answer (16 of 200 seen). A deep
   KEEP_LAST queue holds a whole burst; every request then gets an accept, a reject or a result.
-- :func:`arm_exit_deadline`: SIGINT/SIGTERM start a graceful shutdown (every goal ends SHUTDOWN) and arm a watchdog:
-  if the process is still alive :data:`SHUTDOWN_DEADLINE_S` later, wherever it is stuck (a long encode on the
-  engine thread, a DDS call), it exits hard with :data:`FORCED_EXIT_CODE`.
+- the exit deadline after SIGINT/SIGTERM is :mod:`.shutdown` (ROS-free: the OpenPI server arms the same one).
 - :func:`report_duplicates`, :func:`check_params_files`, :func:`warn_raw_reducer`: the warnings of
   :mod:`.startup_checks`, logged on the node.
 - :func:`check_parameter_types`: SetParameters with a value of the wrong type is refused by name (the parameters
@@ -16,10 +14,6 @@
 
 from __future__ import annotations
 
-import os
-import sys
-import threading
-import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -35,56 +29,8 @@ from .startup_checks import (
 
 ACTION_SERVICE_QOS = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=1000, reliability=ReliabilityPolicy.RELIABLE)
 """Goal/cancel/result service queues: deep enough for a burst of hundreds of goals (rclpy's default is 10)."""
-SHUTDOWN_DEADLINE_S = 4.0
-"""After SIGINT/SIGTERM the process is gone within this many seconds, graceful or not."""
-FORCED_EXIT_CODE = 3
-"""Exit status when the graceful shutdown did not finish within :data:`SHUTDOWN_DEADLINE_S`."""
 DUPLICATE_CHECK_PERIOD_S = 5.0
 """How often the graph is checked for another node with this node's fully qualified name."""
-
-_deadline_lock = threading.Lock()
-_deadline_armed = False
-
-
-def arm_exit_deadline(deadline_s: float = SHUTDOWN_DEADLINE_S) -> None:
-    """Start (once) a watchdog that ends the process ``deadline_s`` from now if it has not exited by then.
-
-    Args:
-        deadline_s (`float`): Seconds the graceful shutdown may take.
-    """
-    global _deadline_armed
-    with _deadline_lock:
-        if _deadline_armed:
-            return
-        _deadline_armed = True
-
-    def watchdog() -> None:
-        time.sleep(deadline_s)
-        # os.write, not print: the interpreter may be mid-shutdown, and this line must still reach the log.
-        os.write(sys.stderr.fileno(), (f"[trajectory_ensemble] graceful shutdown took more than {deadline_s:g} s; "
-                                       f"exiting now ({FORCED_EXIT_CODE})\n").encode())
-        os._exit(FORCED_EXIT_CODE)
-
-    threading.Thread(target=watchdog, name="exit-deadline", daemon=True).start()
-
-
-def exit_now(code: int) -> None:
-    """End the process at once after a signal-driven shutdown, skipping the interpreter's teardown.
-
-    By then every goal has ended, the executor, the node and the rclpy context are shut down explicitly. What is
-    left is interpreter finalization, where C-level teardown (DDS participants, torch) took 4-5 s on a loaded
-    2-core machine, with daemon threads (the exit watchdog) already frozen, so a SIGINT could exceed the bound.
-
-    Args:
-        code (`int`): The exit status.
-    """
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):
-            pass  # a closed or broken stream: nothing left to flush into it
-    os._exit(code)
-
 
 def report_duplicates(node: Any, previous: int) -> int:
     """Log an ERROR when the number of nodes sharing this node's fully qualified name changed to more than one.

@@ -15,9 +15,12 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.metadata
+import os
 import sys
 from collections.abc import Mapping, Sequence
 
+BROKEN_PIPE_EXIT = 141
+"""Exit status when stdout's reader closed early (128 + SIGPIPE, what a shell reports for a piped tool)."""
 COMMAND_GROUP = "trajectory_ensemble.commands"
 """Entry-point group whose entries are ``{command: (module, help)}`` tables, merged after :data:`_COMMANDS`."""
 
@@ -95,7 +98,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             module.add_arguments(command_parser)
             command_parser.set_defaults(_run=module.run)
     args = parser.parse_args(argv)
-    return int(args._run(args) or 0)
+    try:
+        return int(args._run(args) or 0)
+    except BrokenPipeError:
+        # The reader went away (``params list | head``): stop quietly, as a shell tool does, with SIGPIPE's status.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return BROKEN_PIPE_EXIT
 
 
 def node_main() -> int:

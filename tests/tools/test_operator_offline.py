@@ -6,6 +6,7 @@ The same commands against a real node over DDS are in ``test_operator_cli.py``.
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import subprocess
 import sys
@@ -114,3 +115,20 @@ def test_help_lists_each_exit_status_and_the_tools_import_without_rclpy():
         assert proc.returncode == 0, proc.stderr
         listed = re.findall(r"^  (\d+) ", proc.stdout.split("exit status:")[1], flags=re.M)
         assert listed == list(codes), proc.stdout
+
+
+def test_a_reader_that_closes_early_ends_the_command_quietly_with_sigpipes_status():
+    # `trajectory-ensemble params list | head -3`: once head exits, a write fails with EPIPE; a shell tool stops
+    # there with status 141 and prints no traceback.
+    from trajectory_ensemble_node.cli import BROKEN_PIPE_EXIT
+    from trajectory_ensemble_node.tools.bags import BUNDLED_BAG
+
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        proc = subprocess.run([sys.executable, "-m", "trajectory_ensemble_node.cli", "bags", "info", str(BUNDLED_BAG)],
+                              stdout=write_end, stderr=subprocess.PIPE, text=True, timeout=120)
+    finally:
+        os.close(write_end)
+    assert proc.returncode == BROKEN_PIPE_EXIT, proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr

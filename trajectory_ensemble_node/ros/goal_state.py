@@ -96,6 +96,8 @@ _KIND_STATE = {"refusal": GoalState.REFUSED, "observation": GoalState.REFUSED, "
                "engine failure": GoalState.FAILED}
 _LIFECYCLE_STATE = {ErrorCode.CANCELED: GoalState.CANCELED, ErrorCode.PREEMPTED: GoalState.PREEMPTED,
                     ErrorCode.SHUTDOWN: GoalState.SHUTDOWN, ErrorCode.NOT_ACTIVE: GoalState.INACTIVE}
+_CODE_KIND = {name: kind for name, _, kind, _ in error_table()}
+"""Each code's kind, read once (every ending goal asks)."""
 
 
 def terminal_state(code: int) -> GoalState:
@@ -112,8 +114,7 @@ def terminal_state(code: int) -> GoalState:
         return GoalState.SUCCEEDED
     if error in _LIFECYCLE_STATE:
         return _LIFECYCLE_STATE[error]
-    kind = {name: k for name, _, k, _ in error_table()}[error.name]
-    return _KIND_STATE[kind]
+    return _KIND_STATE[_CODE_KIND[error.name]]
 
 
 OUTCOME_COUNTER: dict[GoalState, str] = {

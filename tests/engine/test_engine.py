@@ -68,6 +68,29 @@ def test_co_batched_groups_equal_each_group_alone(pipe):
         assert shared.metrics["physical_forwards"] == STEPS
 
 
+def test_co_batched_groups_adopt_the_instruction_an_earlier_group_computed(pipe):
+    # K clients sending the same instruction at once: after the first group, no co-batched forward runs its text.
+    model = Cosmos3ActionModel(pipe, max_batch_candidates=8)
+    cache = model.adapter.prefix_cache
+    model.generate(**request_kwargs(1, seed=1))
+    text_tokens: list[int] = []
+    hook = pipe.transformer.register_forward_pre_hook(
+        lambda module, args, kwargs: text_tokens.append(kwargs["input_ids"].numel()), with_kwargs=True
+    )
+    adopted = cache.adopted
+    kwargs = [request_kwargs(1, seed=10 + i, image_seed=2 + i) for i in range(3)]
+    try:
+        handles = [model.submit(**k) for k in kwargs]
+        model.run_until_idle()
+    finally:
+        hook.remove()
+    together = [h.result() for h in handles]
+    assert cache.adopted - adopted == 3 and text_tokens == [0] * STEPS
+    for shared, k in zip(together, kwargs):
+        assert shared.metrics["co_batched_groups_max"] == 3
+        assert within_rule(shared.candidates[0], model.generate(**k).candidates[0])
+
+
 def test_groups_that_join_mid_denoise_share_forwards_at_different_steps(pipe):
     model = Cosmos3ActionModel(pipe, max_batch_candidates=8)
     early = model.submit(**request_kwargs(2, seed=5, num_inference_steps=6))

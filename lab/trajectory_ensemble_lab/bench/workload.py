@@ -244,10 +244,11 @@ class BatchedRunner:
         self.cfg_mode = cfg_mode
         capacity = max(16, int(max_count))
         # CPU generators, like the upstream reference's `torch.Generator()`: on CUDA the default (execution-device
-        # generators) would draw different noise, and parity with the reference would be meaningless.
+        # generators) would draw different noise, and parity with the reference would be meaningless. One forward
+        # thread: the reference runs on torch's intra-op threads alone, and the comparison is like for like.
         self.model = Cosmos3ActionModel(
             pipe, cfg_mode=cfg_mode, max_batch_candidates=capacity, max_candidates=capacity, generator_device="cpu",
-            row_block_rows="auto" if workload.row_blocks == "auto" else None,
+            row_block_rows="auto" if workload.row_blocks == "auto" else None, forward_threads=1,
         )
         self.device = self.model.device
 

@@ -19,12 +19,14 @@ from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import Cosmos3OmniPipeline
 from ...contract import allowed_reducers
 from ...engine.adapter import OBSERVATION_EMBEDDING, AdapterCapabilities, CandidateOutput, Slice
 from ...errors import ContextUnsupportedError, InvalidSpecError, UnsupportedModeError
-from .attention import PrefixKVCache, install_fanout
+from .attention import install_fanout
+from .prefix_cache import PrefixKVCache
 from .capture import StepCapture, check_step_capture
 from .conditioning import GroupConditioning, draw_initial_latents, encode_conditioning
 from .embedding import observation_embedding
 from .guidance import GroupGuidance, condition_frozen_prefix, vjp_velocity
 from .layers import default_row_block_rows, install_row_blocks
+from .workers import ForwardWorkers, resolve_forward_threads
 from .packing import PackItem, pack_forward, split_predictions
 from .rollout import RolloutError, RolloutSpec, RolloutStepper, build_rollout_scheduler
 from .steppers import GroupStepper, ServingStepper
@@ -102,6 +104,10 @@ class Cosmos3Adapter:
             ``None`` or 0: whole layers.
         step_capture (`str`): ``"off"`` (default), ``"cuda_graph"`` or ``"compile"``: each forward's decoder stack
             captured once per shape and replayed (``capture.py``); a request's own ``step_capture`` overrides it.
+        forward_threads (`int | str`, *optional*): Threads a forward's independent pieces (row blocks, attention
+            runs of co-batched groups) are spread over (``workers.py``; bitwise-neutral). ``"auto"`` (default): on
+            CPU the cores torch's intra-op threads leave free (2 on two cores with ``OMP_NUM_THREADS=1``), 1 on CUDA;
+            ``None``/0/1: the calling thread only.
 
     Why ``auto`` keeps ``count=1`` separate: BLAS libraries (MKL, cuBLAS) pick GEMM kernels by row count, and a
     row's result can change in the last bits with the kernel. A lone candidate with separate branches has exactly
@@ -130,7 +136,7 @@ class Cosmos3Adapter:
 
     def __init__(self, pipe: Cosmos3OmniPipeline, *, cfg_mode: str = "auto", prefix_cache: bool = True,
                  prefix_retain: int = 8, row_block_rows: int | str | None = "auto",
-                 step_capture: str = "off") -> None:
+                 step_capture: str = "off", forward_threads: int | str | None = "auto") -> None:
         if cfg_mode not in CFG_MODES:
             raise InvalidSpecError(f"cfg_mode must be one of {list(CFG_MODES)}, got {cfg_mode!r}.")
         if not (row_block_rows is None or row_block_rows == "auto"
@@ -147,6 +153,12 @@ class Cosmos3Adapter:
         if row_block_rows == "auto":
             row_block_rows = default_row_block_rows(self.device)
         self.row_block_rows: int | None = row_block_rows or None
+        try:
+            threads = resolve_forward_threads(forward_threads, self.device)
+        except ValueError as error:
+            raise InvalidSpecError(str(error)) from None
+        # Co-batched forwards' row blocks and attention runs on the cores intra-op threads leave free (``workers.py``).
+        self.forward_workers: ForwardWorkers | None = ForwardWorkers(threads) if threads > 1 else None
         self.generator_device: torch.device | str = self.device
         self.cfg_mode = cfg_mode
         # The text pathway never sees generation tokens, so each prefix's per-layer keys/values are computed at a
@@ -306,7 +318,9 @@ class Cosmos3Adapter:
             # forward runs eagerly too: its vector-Jacobian product needs the autograd graph a replay does not keep.
             modes = {state.request.step_capture or self.step_capture_mode for state, *_ in targets}
             capture_mode = modes.pop() if len(modes) == 1 and not rtc else "off"
-            with (self.processor.use_layout(packed.layout, should_abort, cache, self.row_block_rows),
+            # A captured stack replays one thread's kernels: workers only for eager forwards.
+            workers = self.forward_workers if capture_mode == "off" else None
+            with (self.processor.use_layout(packed.layout, should_abort, cache, self.row_block_rows, workers),
                   self.step_capture.active(capture_mode)):
                 preds_vision, _, preds_action = self.transformer(**packed.kwargs, return_dict=False)
             self._store(packed, targets, preds_vision, preds_action)

@@ -14,10 +14,11 @@ Blocks of one branch are equal-length and contiguous, so each run of them become
 the prefix keys broadcast over the batch (no copy of the prefix activations through the MLPs).
 
 The text pathway never sees a generation token, so a prefix's per-layer keys and values are the same at every
-denoising step: :class:`PrefixKVCache` keeps them after the first step, and later forwards leave the prefix out of
-the sequence altogether. It also retains them for later groups with the same instruction, reused only where the
-later forward would have computed the same prefixes together. The values are the ones a recomputation would give,
-so results do not change by a bit.
+denoising step: :class:`~.prefix_cache.PrefixKVCache` keeps them after the first step, and later forwards leave the prefix out of
+the sequence altogether. It also retains them for later groups with the same instruction, whatever else shares
+their forwards: the text pathway computes each prefix on its own, GEMMs included, so a prefix's keys and values are
+the upstream call's bits wherever it was computed. The values are the ones a recomputation would give, so results
+do not change by a bit.
 
 With no layout installed the processor computes exactly what the stock processor computes, so an upstream
 pipeline call on the same transformer is unaffected.
@@ -26,8 +27,7 @@ pipeline call on the same transformer is unaffected.
 from __future__ import annotations
 
 import contextlib
-from collections import OrderedDict
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -35,6 +35,8 @@ from diffusers.models.attention_dispatch import dispatch_attention_fn
 from diffusers.models.transformers.transformer_cosmos3 import Cosmos3AttnProcessor, Cosmos3OmniTransformer
 
 from ...engine.adapter import ForwardAborted
+from .prefix_cache import PrefixKVCache
+from .workers import ForwardWorkers
 
 
 @dataclass(frozen=True)
@@ -106,107 +108,6 @@ class AttentionLayout:
         return tuple(ranges)
 
 
-class PrefixKVCache:
-    """Per-layer keys/values of text prefixes: kept while their group runs, and retained for later groups.
-
-    Entries are written layer by layer during a forward and only become usable once :meth:`commit` marks the forward
-    complete, so a forward aborted half-way never leaves a half-filled prefix behind.
-
-    A robot sends the same instruction goal after goal, so the prefixes of a finished forward are also retained
-    (up to ``retain`` of them, least recently used out), keyed by their content and by the *composition* of the
-    forward that computed them: the contents of every prefix computed together, in order, which is what the text
-    pathway's GEMMs saw. A later group adopts them (:meth:`adopt`) only when its own forward would compute exactly
-    that composition, so what it gets is bit for bit what it would have computed.
-
-    Args:
-        retain (`int`): Prefixes kept across groups; 0 keeps them only while their group runs.
-    """
-
-    def __init__(self, retain: int = 8) -> None:
-        if retain < 0:
-            raise ValueError(f"retain must be >= 0, got {retain!r}.")
-        self.retain = retain
-        self.adopted = 0
-        """Prefixes served from an earlier group's forward so far (their text pathway was not run again)."""
-        # Prefix key -> id(attention module) -> (keys, values).
-        self._entries: dict[int, dict[int, tuple[torch.Tensor, torch.Tensor]]] = {}
-        self._complete: set[int] = set()
-        self._retained: OrderedDict[tuple[tuple[bytes, ...], int], dict[int, tuple[torch.Tensor, torch.Tensor]]] = (
-            OrderedDict()
-        )
-
-    def is_complete(self, key: int) -> bool:
-        return key in self._complete
-
-    def store(self, key: int, attn: torch.nn.Module, keys: torch.Tensor, values: torch.Tensor) -> None:
-        # Cloned: a view would keep the whole packed forward's activations alive.
-        self._entries.setdefault(key, {})[id(attn)] = (keys.clone(), values.clone())
-
-    def get(self, key: int, attn: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
-        return self._entries[key][id(attn)]
-
-    def commit(self, keys: Iterable[int]) -> None:
-        self._complete.update(keys)
-
-    def retain_forward(self, computed: Sequence[tuple[int, bytes]]) -> None:
-        """Retain the prefixes a complete forward computed, for later groups.
-
-        Args:
-            computed (`Sequence[tuple[int, bytes]]`): ``(key, content)`` of each prefix computed in the forward, in
-                sequence order (``content``: :attr:`~.packing.PrefixSegment.content_key`).
-        """
-        if self.retain == 0 or not computed:
-            return
-        composition = tuple(content for _, content in computed)
-        for position, (key, _) in enumerate(computed):
-            self._retained[(composition, position)] = dict(self._entries[key])
-            self._retained.move_to_end((composition, position))
-        while len(self._retained) > self.retain:
-            self._retained.popitem(last=False)
-
-    def adopt(self, pending: Sequence[tuple[int, bytes]]) -> bool:
-        """Serve a forward's prefixes from an earlier forward that computed exactly the same composition.
-
-        Args:
-            pending (`Sequence[tuple[int, bytes]]`): ``(key, content)`` of the prefixes this forward would compute,
-                in the order it would compute them.
-
-        Returns:
-            `bool`: True when all of them were adopted (they are complete now and will not be computed); False
-            changes nothing.
-        """
-        composition = tuple(content for _, content in pending)
-        found = [self._retained.get((composition, position)) for position in range(len(pending))]
-        if not pending or any(layers is None for layers in found):
-            return False
-        for position, ((key, _), layers) in enumerate(zip(pending, found)):
-            self._entries[key] = dict(layers)  # type: ignore[arg-type]
-            self._complete.add(key)
-            self._retained.move_to_end((composition, position))
-        self.adopted += len(pending)
-        return True
-
-    def drop(self, keys: Iterable[int]) -> None:
-        """Forget a finished group's prefixes (retained copies of them stay)."""
-        for key in keys:
-            self._complete.discard(key)
-            self._entries.pop(key, None)
-
-    def clear(self) -> None:
-        """Forget everything, retained prefixes included (new weights make them stale)."""
-        self._entries.clear()
-        self._complete.clear()
-        self._retained.clear()
-
-    @property
-    def retained(self) -> int:
-        """Prefixes retained for later groups."""
-        return len(self._retained)
-
-    def __len__(self) -> int:
-        return len(self._complete)
-
-
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     half = x.shape[-1] // 2
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
@@ -234,6 +135,7 @@ class FanoutAttnProcessor:
         self._should_abort: Callable[[], bool] | None = None
         self._cache: PrefixKVCache | None = None
         self._row_blocks: tuple[tuple[int, int], ...] | None = None
+        self._workers: ForwardWorkers | None = None
         self._stock = Cosmos3AttnProcessor()
 
     @property
@@ -244,6 +146,11 @@ class FanoutAttnProcessor:
     @property
     def cache(self) -> PrefixKVCache | None:
         return self._cache
+
+    @property
+    def workers(self) -> ForwardWorkers | None:
+        """Threads for the independent pieces of the forward in progress (``None``: the calling thread only)."""
+        return self._workers
 
     def row_blocks(self) -> tuple[tuple[int, int], ...] | None:
         """Row ranges of the forward in progress for the row-blocked decoder layers (``layers.py``), or ``None``
@@ -263,6 +170,7 @@ class FanoutAttnProcessor:
         should_abort: Callable[[], bool] | None = None,
         cache: PrefixKVCache | None = None,
         row_block_rows: int | None = None,
+        workers: ForwardWorkers | None = None,
     ) -> Iterator[None]:
         """Install ``layout`` for the forwards run inside the ``with`` block.
 
@@ -276,16 +184,18 @@ class FanoutAttnProcessor:
             row_block_rows (`int`, *optional*): Run the token-wise work of each decoder layer in row ranges of at
                 least this many rows, cut at candidate block boundaries (see ``layers.install_row_blocks``, which
                 must be installed). ``None`` runs whole layers.
+            workers (`ForwardWorkers`, *optional*): Threads for the forward's independent pieces (row blocks,
+                attention runs); ``None`` runs them all on the calling thread.
         """
         # Planned once per forward; every layer of it walks the same ranges.
         blocks = layout.row_blocks(row_block_rows) if row_block_rows is not None else None
-        previous = self._layout, self._should_abort, self._cache, self._row_blocks
-        self._layout, self._should_abort, self._cache = layout, should_abort, cache
+        previous = self._layout, self._should_abort, self._cache, self._row_blocks, self._workers
+        self._layout, self._should_abort, self._cache, self._workers = layout, should_abort, cache, workers
         self._row_blocks = blocks if blocks is not None and len(blocks) > 1 else None
         try:
             yield
         finally:
-            self._layout, self._should_abort, self._cache, self._row_blocks = previous
+            self._layout, self._should_abort, self._cache, self._row_blocks, self._workers = previous
 
     def __call__(
         self,
@@ -340,42 +250,43 @@ class FanoutAttnProcessor:
             raise NotImplementedError("Candidate fan-out does not support context parallelism.")
         heads, kv_heads, head_dim = attn.num_attention_heads, attn.num_key_value_heads, attn.head_dim
         computed = layout.computed
-        # Projections, norms and rotary are the same ops in the same order as the stock processor, token-wise, so
-        # each token's q/k/v are bit-identical to a single run's (unless q/k/v are fused, see
-        # ``weights.fuse_qkv_projections``).
         if not computed:
             return und_seq.new_zeros((und_seq.shape[0], heads * head_dim)), None
-        q_und, k_und, v_und = _project(attn, und_seq, "to_qkv", ("to_q", "to_k", "to_v"))
-        q_und = attn.norm_q(q_und.reshape(-1, heads, head_dim))
-        k_und = attn.norm_k(k_und.reshape(-1, kv_heads, head_dim))
-        v_und = v_und.reshape(-1, kv_heads, head_dim)
-        k_und_for_gen = attn.k_norm_und_for_gen(k_und) if attn.k_norm_und_for_gen is not None else None
-        cos_und = cos_und.unsqueeze(1)
-        sin_und = sin_und.unsqueeze(1)
-        q_und = q_und * cos_und + _rotate_half(q_und) * sin_und
-        k_und = k_und * cos_und + _rotate_half(k_und) * sin_und
-        # Without its own norm, the generation pathway's keys are ``k_und`` rotated the same way, so the same bits:
-        # reused instead of rotated a second time as the stock processor does.
-        if k_und_for_gen is None:
-            k_und_for_gen = k_und
-        else:
-            k_und_for_gen = k_und_for_gen * cos_und + _rotate_half(k_und_for_gen) * sin_und
-        causal_parts = []
+        # One prefix at a time, GEMMs included: BLAS picks kernels by row count, so a prefix computed alone has the
+        # bits of the upstream call's text pathway whatever else shares this forward, and the cache can hand it to
+        # any later forward (``PrefixKVCache.adopt``). Projections, norms and rotary are the stock processor's ops in
+        # its order (unless q/k/v are fused, see ``weights.fuse_qkv_projections``).
+        causal_parts, key_parts, value_parts = [], [], []
         for slot in computed:
             start, end = slot.und_range
+            q_und, k_und, v_und = _project(attn, und_seq[start:end], "to_qkv", ("to_q", "to_k", "to_v"))
+            q_und = attn.norm_q(q_und.reshape(-1, heads, head_dim))
+            k_und = attn.norm_k(k_und.reshape(-1, kv_heads, head_dim))
+            v_und = v_und.reshape(-1, kv_heads, head_dim)
+            k_und_for_gen = attn.k_norm_und_for_gen(k_und) if attn.k_norm_und_for_gen is not None else None
+            cos, sin = cos_und[start:end].unsqueeze(1), sin_und[start:end].unsqueeze(1)
+            q_und = q_und * cos + _rotate_half(q_und) * sin
+            k_und = k_und * cos + _rotate_half(k_und) * sin
+            # Without its own norm, the generation pathway's keys are ``k_und`` rotated the same way, so the same
+            # bits: reused instead of rotated a second time as the stock processor does.
+            if k_und_for_gen is None:
+                k_und_for_gen = k_und
+            else:
+                k_und_for_gen = k_und_for_gen * cos + _rotate_half(k_und_for_gen) * sin
             out = dispatch_attention_fn(
-                q_und[start:end].unsqueeze(0),
-                k_und[start:end].unsqueeze(0),
-                v_und[start:end].unsqueeze(0),
-                is_causal=True,
-                enable_gqa=True,
-                backend=self._attention_backend,
+                q_und.unsqueeze(0), k_und.unsqueeze(0), v_und.unsqueeze(0),
+                is_causal=True, enable_gqa=True, backend=self._attention_backend,
             )
             causal_parts.append(out.squeeze(0).flatten(-2, -1))
+            key_parts.append(k_und_for_gen)
+            value_parts.append(v_und)
             if cache is not None:
-                cache.store(slot.key, attn, k_und_for_gen[start:end], v_und[start:end])
-        causal_out = causal_parts[0] if len(causal_parts) == 1 else torch.cat(causal_parts, dim=0)
-        return causal_out, (k_und_for_gen, v_und)
+                cache.store(slot.key, attn, k_und_for_gen, v_und)
+        if len(computed) == 1:
+            return causal_parts[0], (key_parts[0], value_parts[0])
+        # Computed prefixes are packed back to back from 0 (``packing.pack_forward``), so the concatenation keeps
+        # each slot's ``und_range`` valid for the generation pathway.
+        return torch.cat(causal_parts), (torch.cat(key_parts), torch.cat(value_parts))
 
     @staticmethod
     def gen_qkv(
@@ -413,41 +324,66 @@ class FanoutAttnProcessor:
     ) -> torch.Tensor:
         """Each generation block attends to its own prefix and its own block.
 
+        Runs of blocks share nothing, so with :class:`~.workers.ForwardWorkers` installed (``use_layout``) they are
+        spread over its threads; each run is the same call either way.
+
         Returns:
             `torch.Tensor` of shape `[R, heads * head_dim]`: the attention output before ``to_add_out``.
         """
+        runs, workers = layout.gen_runs, self._workers
+        if workers is None or len(runs) < 2 or torch.is_grad_enabled():
+            parts = [self._attend_run(attn, layout, run, q_gen, k_gen, v_gen, prefix_kv, cache) for run in runs]
+            return parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)
+        out = q_gen.new_empty((q_gen.shape[0], q_gen.shape[1] * q_gen.shape[2]))
+
+        def attend(share: Sequence[GenRun]) -> None:
+            for run in share:
+                out[run.start : run.start + run.count * run.length] = self._attend_run(
+                    attn, layout, run, q_gen, k_gen, v_gen, prefix_kv, cache
+                )
+
+        workers.run(runs, attend)
+        return out
+
+    def _attend_run(
+        self,
+        attn,
+        layout: AttentionLayout,
+        run: GenRun,
+        q_gen: torch.Tensor,
+        k_gen: torch.Tensor,
+        v_gen: torch.Tensor,
+        prefix_kv: tuple[torch.Tensor, torch.Tensor] | None,
+        cache: PrefixKVCache | None,
+    ) -> torch.Tensor:
+        """One run of blocks: ONE batched attention call, its prefix keys/values broadcast over the blocks."""
         heads, kv_heads, head_dim = attn.num_attention_heads, attn.num_key_value_heads, attn.head_dim
-        full_parts = []
-        for run in layout.gen_runs:
-            slot = layout.prefixes[run.prefix]
-            if slot.und_range is not None:
-                p_start, p_end = slot.und_range
-                prefix_k, prefix_v = prefix_kv[0][p_start:p_end], prefix_kv[1][p_start:p_end]
-            else:
-                prefix_k, prefix_v = cache.get(slot.key, attn)
-            prefix_len = prefix_k.shape[0]
-            stop = run.start + run.count * run.length
-            q = q_gen[run.start : stop].view(run.count, run.length, heads, head_dim)
-            # The prefix keys/values are broadcast over the run's blocks (an expand, not a copy of activations).
-            k = torch.cat(
-                [
-                    prefix_k.unsqueeze(0).expand(run.count, prefix_len, kv_heads, head_dim),
-                    k_gen[run.start : stop].view(run.count, run.length, kv_heads, head_dim),
-                ],
-                dim=1,
-            )
-            v = torch.cat(
-                [
-                    prefix_v.unsqueeze(0).expand(run.count, prefix_len, kv_heads, head_dim),
-                    v_gen[run.start : stop].view(run.count, run.length, kv_heads, head_dim),
-                ],
-                dim=1,
-            )
-            out = dispatch_attention_fn(
-                q, k, v, is_causal=False, enable_gqa=True, backend=self._attention_backend
-            )
-            full_parts.append(out.reshape(run.count * run.length, heads * head_dim))
-        return full_parts[0] if len(full_parts) == 1 else torch.cat(full_parts, dim=0)
+        slot = layout.prefixes[run.prefix]
+        if slot.und_range is not None:
+            p_start, p_end = slot.und_range
+            prefix_k, prefix_v = prefix_kv[0][p_start:p_end], prefix_kv[1][p_start:p_end]
+        else:
+            prefix_k, prefix_v = cache.get(slot.key, attn)
+        prefix_len = prefix_k.shape[0]
+        stop = run.start + run.count * run.length
+        q = q_gen[run.start : stop].view(run.count, run.length, heads, head_dim)
+        # The prefix keys/values are broadcast over the run's blocks (an expand, not a copy of activations).
+        k = torch.cat(
+            [
+                prefix_k.unsqueeze(0).expand(run.count, prefix_len, kv_heads, head_dim),
+                k_gen[run.start : stop].view(run.count, run.length, kv_heads, head_dim),
+            ],
+            dim=1,
+        )
+        v = torch.cat(
+            [
+                prefix_v.unsqueeze(0).expand(run.count, prefix_len, kv_heads, head_dim),
+                v_gen[run.start : stop].view(run.count, run.length, kv_heads, head_dim),
+            ],
+            dim=1,
+        )
+        out = dispatch_attention_fn(q, k, v, is_causal=False, enable_gqa=True, backend=self._attention_backend)
+        return out.reshape(run.count * run.length, heads * head_dim)
 
 
 def install_fanout(transformer: Cosmos3OmniTransformer) -> FanoutAttnProcessor:

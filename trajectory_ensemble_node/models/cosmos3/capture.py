@@ -4,7 +4,7 @@ At robot-serving sizes a denoising step of a lone candidate is bound by kernel l
 on an H200 the ``large`` config's N=1 step took 33 ms for about 830 rows, some 8 % of the chip's bf16 peak. Nearly
 all of those launches are in the decoder layers (a dozen kernels per layer and pathway, times the layers). So the
 part captured here is ``Cosmos3OmniTransformer._run_decoder_stack``: every layer plus the final norms, a pure tensor
-function of ``(und_seq, gen_seq, rotary tables)`` and, for prefixes served by the :class:`~.attention.PrefixKVCache`,
+function of ``(und_seq, gen_seq, rotary tables)`` and, for prefixes served by the :class:`~.prefix_cache.PrefixKVCache`,
 their per-layer keys/values. What runs eagerly around it is small: token embedding, patchify and projections of the
 latents, timestep embeddings, the prediction heads and unpatchify, then the scheduler step.
 
@@ -95,7 +95,7 @@ def check_step_capture(mode: Any, device: torch.device | str) -> str:
 class StaticPrefixKV:
     """The prefix keys/values a captured forward reads: fixed tensors, refilled from the live cache per group.
 
-    Stands in for :class:`~.attention.PrefixKVCache` inside a captured forward (same ``get``), with prefix keys
+    Stands in for :class:`~.prefix_cache.PrefixKVCache` inside a captured forward (same ``get``), with prefix keys
     replaced by their positions in the layout, so the captured code never depends on which group it serves.
 
     Args:

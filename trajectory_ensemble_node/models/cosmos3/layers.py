@@ -15,11 +15,17 @@ candidate, one CFG branch), so every GEMM sees exactly the shapes a single upstr
 runs once per layer over all blocks (:meth:`FanoutAttnProcessor.gen_attention`), and the transformer still runs
 ONE forward per step: blocking changes how a layer walks its rows, not how many forwards there are.
 
+The text pathway (a prefix's first step only) always runs one prefix at a time, so a prefix's keys and values do
+not depend on what else its forward holds (what lets ``PrefixKVCache`` hand them to any later forward).
+
 Off by default on CUDA (where one large GEMM is what the device wants; not measured here) and outside our own
-forwards: with no layout installed, or without ``row_block_rows``, a layer runs its stock ``forward``.
+forwards: with no layout installed, or without ``row_block_rows`` and at most one prefix to compute, a layer runs its
+stock ``forward``.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable, Sequence
 
 import torch
 from diffusers.models.transformers.transformer_cosmos3 import Cosmos3OmniTransformer, Cosmos3VLTextMoTDecoderLayer
@@ -65,31 +71,54 @@ def blocked_layer_forward(
     layout, cache = processor.layout, processor.cache
     cos_und, sin_und, cos_gen, sin_gen = rotary_emb
 
-    # Text pathway: only at a prefix's first step (later steps serve it from the cache), so it runs whole.
-    causal_out, prefix_kv = processor.text_pathway(
-        attn, layer.input_layernorm(und_seq), cos_und, sin_und, layout, cache
-    )
-    residual_und = und_seq + attn.to_out(causal_out)
-    und_out = residual_und + layer.mlp(layer.post_attention_layernorm(residual_und))
+    # Text pathway: only at a prefix's first step (later steps serve it from the cache). One prefix at a time, as
+    # ``text_pathway`` projects it, so its output has the upstream call's bits whatever else is in this forward.
+    prefix_ranges = [slot.und_range for slot in layout.computed]
+    normed_und = torch.empty_like(und_seq)
+    for start, end in prefix_ranges:
+        normed_und[start:end] = layer.input_layernorm(und_seq[start:end])
+    causal_out, prefix_kv = processor.text_pathway(attn, normed_und, cos_und, sin_und, layout, cache)
+    del normed_und
+    und_out = torch.empty_like(und_seq)
+    for start, end in prefix_ranges:
+        residual = und_seq[start:end] + attn.to_out(causal_out[start:end])
+        und_out[start:end] = residual + layer.mlp(layer.post_attention_layernorm(residual))
 
     rows = gen_seq.shape[0]
     heads, kv_heads, head_dim = attn.num_attention_heads, attn.num_key_value_heads, attn.head_dim
     q_gen = gen_seq.new_empty((rows, heads, head_dim))
     k_gen = gen_seq.new_empty((rows, kv_heads, head_dim))
     v_gen = gen_seq.new_empty((rows, kv_heads, head_dim))
-    for start, end in blocks:
-        normed = layer.input_layernorm_moe_gen(gen_seq[start:end])
-        q, k, v = processor.gen_qkv(attn, normed, cos_gen[start:end], sin_gen[start:end])
-        q_gen[start:end], k_gen[start:end], v_gen[start:end] = q, k, v
 
+    def project(share: Sequence[tuple[int, int]]) -> None:
+        for start, end in share:
+            normed = layer.input_layernorm_moe_gen(gen_seq[start:end])
+            q, k, v = processor.gen_qkv(attn, normed, cos_gen[start:end], sin_gen[start:end])
+            q_gen[start:end], k_gen[start:end], v_gen[start:end] = q, k, v
+
+    _each(processor, blocks, project)
     full_out = processor.gen_attention(attn, layout, q_gen, k_gen, v_gen, prefix_kv, cache)
-    del q_gen, k_gen, v_gen
+    q_gen = k_gen = v_gen = None  # freed before the MLP (the closure above is done with them)
 
     gen_out = torch.empty_like(gen_seq)
-    for start, end in blocks:
-        residual = gen_seq[start:end] + attn.to_add_out(full_out[start:end])
-        gen_out[start:end] = residual + layer.mlp_moe_gen(layer.post_attention_layernorm_moe_gen(residual))
+
+    def feed_forward(share: Sequence[tuple[int, int]]) -> None:
+        for start, end in share:
+            residual = gen_seq[start:end] + attn.to_add_out(full_out[start:end])
+            gen_out[start:end] = residual + layer.mlp_moe_gen(layer.post_attention_layernorm_moe_gen(residual))
+
+    _each(processor, blocks, feed_forward)
     return und_out, gen_out
+
+
+def _each(processor: FanoutAttnProcessor, blocks: tuple[tuple[int, int], ...],
+          work: Callable[[Sequence[tuple[int, int]]], None]) -> None:
+    # Row blocks share nothing: spread over the forward's workers when it has them (``workers.py``).
+    workers = processor.workers
+    if workers is None:
+        work(blocks)
+    else:
+        workers.run(blocks, work)
 
 
 class RowBlockedDecoderLayer(Cosmos3VLTextMoTDecoderLayer):
@@ -103,9 +132,14 @@ class RowBlockedDecoderLayer(Cosmos3VLTextMoTDecoderLayer):
         self, und_seq: torch.Tensor, gen_seq: torch.Tensor, rotary_emb: RotaryTables
     ) -> tuple[torch.Tensor, torch.Tensor]:
         processor = self.self_attn.processor
-        blocks = processor.row_blocks() if isinstance(processor, FanoutAttnProcessor) else None
-        if blocks is None:
+        if not isinstance(processor, FanoutAttnProcessor) or processor.layout is None:
             return super().forward(und_seq, gen_seq, rotary_emb)
+        blocks = processor.row_blocks()
+        if blocks is None:
+            if len(processor.layout.computed) <= 1:
+                return super().forward(und_seq, gen_seq, rotary_emb)
+            # Several prefixes computed together: the stock layer would run their MLPs as one GEMM.
+            blocks = ((0, gen_seq.shape[0]),)
         return blocked_layer_forward(self, processor, und_seq, gen_seq, rotary_emb, blocks)
 
 

@@ -71,15 +71,18 @@ class Cosmos3ActionModel(EnsembleService):
         prefix_cache (`bool`): Compute each text prefix's per-layer keys/values once per group instead of once per
             step (bitwise-neutral; off only to measure what it saves).
         prefix_retain (`int`): Text prefixes whose keys/values are kept after their group for later groups with the
-            same instruction (least recently used out; 0 = none). They are reused only where the later forward would
-            compute the same prefixes together, so bitwise-neutral too; each costs ``2 x layers x tokens x kv_dim``
-            values of memory.
+            same instruction (least recently used out; 0 = none), whatever shares the later forward: each prefix is
+            computed on its own, so bitwise-neutral too; each costs ``2 x layers x tokens x kv_dim`` values of
+            memory.
         row_block_rows (`int | str`, *optional*): Each decoder layer's token-wise work (norms, projections, MLP) runs
             in row ranges of at least this many rows, cut at candidate boundaries, still inside one forward per step
             (see ``models/cosmos3/layers.py``). ``"auto"`` (default): 256 on CPU, off on CUDA; ``None``/0: off.
         step_capture (`str`): ``"off"`` (default), ``"cuda_graph"`` (CUDA only) or ``"compile"``: each step's decoder
             stack captured once per shape and replayed (``models/cosmos3/capture.py``); ``generate`` takes the same
             keyword per group.
+        forward_threads (`int | str`, *optional*): Threads for the independent pieces of one forward (row blocks and
+            attention runs of co-batched groups; ``models/cosmos3/workers.py``), bitwise-neutral. ``"auto"``
+            (default): on CPU the cores torch's intra-op threads leave free, 1 on CUDA; ``None``/0/1: off.
         limits (`ActionLimits`, `str` or `Path`, *optional*): Per-channel action limits in robot units, or the path
             of a limits YAML file (schema in :mod:`trajectory_ensemble_node.safety`). NaN/Inf candidates are
             dropped whether or not limits are given.
@@ -111,6 +114,7 @@ class Cosmos3ActionModel(EnsembleService):
         prefix_retain: int = 8,
         row_block_rows: int | str | None = "auto",
         step_capture: str = "off",
+        forward_threads: int | str | None = "auto",
         limits: ActionLimits | str | Path | None = None,
         min_valid_candidates: int = 1,
         position_policy: str = "drop",
@@ -129,7 +133,8 @@ class Cosmos3ActionModel(EnsembleService):
         if fuse_qkv:
             fuse_qkv_projections(pipe.transformer)
         adapter = Cosmos3Adapter(pipe, cfg_mode=cfg_mode, prefix_cache=prefix_cache, prefix_retain=prefix_retain,
-                                 row_block_rows=row_block_rows, step_capture=step_capture)
+                                 row_block_rows=row_block_rows, step_capture=step_capture,
+                                 forward_threads=forward_threads)
         if generator_device is not None:
             adapter.generator_device = torch.device(generator_device)
         super().__init__(

@@ -150,7 +150,7 @@ def pack_forward(
         items (`Sequence[PackItem]`): The blocks to run; their order is the order of the unpacked predictions.
         device (`torch.device`): Device of the index tensors.
         cached (`Callable[[int], bool]`, *optional*): Whether a prefix (by ``id``) has its keys/values in the
-            :class:`~.attention.PrefixKVCache`; those prefixes are left out of the sequence.
+            :class:`~.prefix_cache.PrefixKVCache`; those prefixes are left out of the sequence.
 
     Returns:
         `PackedForward`: ``kwargs`` for ``transformer(**kwargs, return_dict=False)``, the attention layout, and the

@@ -39,6 +39,7 @@ from ..seeding import make_generators
 from .adapter import OBSERVATION_EMBEDDING, CandidateModelAdapter, ForwardAborted, Slice
 from ..uncertainty import group_uncertainty_metrics
 from .deadline import StepCosts, plan_steps, refuse_unmeetable
+from .heap import trim_heap
 from .reduction import reduce_candidates
 from .request import EngineConfig, GroupHandle, GroupRequest, ProgressEvent
 from .run import GroupRun
@@ -195,12 +196,16 @@ class GroupEngine:
     # --- loop ------------------------------------------------------------------------------------------------------
 
     def _loop(self) -> None:
+        was_busy = False
         while True:
             with self._lock:
                 if self._stopping:
                     return
             with self._driving:
                 busy = self._iterate()
+            if was_busy and not busy:
+                trim_heap()  # once per busy-to-idle transition (``heap.py``)
+            was_busy = busy
             if not busy:
                 with self._lock:
                     if not self._stopping and not self._queue and not self._updates:

@@ -48,3 +48,8 @@ def test_a_short_fleet_run_writes_the_documented_json_markdown_and_plot(tmp_path
     assert document["fleet"]["2"]["cobatched"]["max_concurrent"] == 2
     assert document["fleet"]["2"]["serial"]["max_concurrent"] == 1
     assert "| 2 |" in out.with_suffix(".md").read_text() and out.with_suffix(".png").stat().st_size > 0
+    # torch threads 1 (the bench's default) and forward_threads auto: the cores left, as serve-openpi resolves it.
+    from trajectory_ensemble_node.models.cosmos3.workers import usable_cores
+
+    assert document["threads"] == 1 and document["forward_threads"] == max(1, min(4, usable_cores()))
+    assert f"forward threads {document['forward_threads']}" in out.with_suffix(".md").read_text()

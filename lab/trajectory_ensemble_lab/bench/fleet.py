@@ -21,7 +21,9 @@ reply, pooled), and physical forwards per request (pooled); the speed-up is the 
 co-batched/serial ratios.
 
 ``--threads`` sets ``torch.set_num_threads`` (default 1 on CPU, as the other CPU benchmarks: on a shared machine
-OpenMP over every core stalls whenever another process holds one).
+OpenMP over every core stalls whenever another process holds one). The model's ``forward_threads`` stays ``auto``, as
+``serve-openpi`` runs it: with one intra-op thread on two cores a co-batched forward's pieces use both
+(``models/cosmos3/workers.py``), and a one-group forward has nothing to split. The results record both counts.
 
 Outputs: ``<json>``, with ``{"fleet": {"<K>": {"cobatched": {...}, "serial": {...}}}}`` for the first N and
 ``fleet_by_candidates`` for every N; ``<json stem>.md`` (tables) and ``.png`` (throughput and p95 against K). The
@@ -190,9 +192,10 @@ def summarize(runs: list[dict[str, Any]], max_concurrent: int) -> dict[str, Any]
 
 
 def measure(clients: tuple[int, ...], candidates: tuple[int, ...], rate: float, duration: float, reps: int = 1,
-            log=print) -> dict[str, dict[str, dict[str, dict[str, Any]]]]:
+            log=print, info: dict[str, Any] | None = None) -> dict[str, dict[str, dict[str, dict[str, Any]]]]:
     """Every (N, K, server) run, ``reps`` times; ``{"<N>": {"<K>": {"cobatched": {...}, "serial": {...},
-    "speedup": median of the repetitions' co-batched/serial rate ratios}}}``."""
+    "speedup": median of the repetitions' co-batched/serial rate ratios}}}``. ``info``, when given, receives the
+    served model's ``forward_threads``."""
     import numpy as np
 
     from trajectory_ensemble_node.openpi import OpenPIPolicy, OpenPIServer, ServerLimits, ServerThread
@@ -202,6 +205,9 @@ def measure(clients: tuple[int, ...], candidates: tuple[int, ...], rate: float, 
     params = validate({"max_candidates": max(32, *candidates)})
     policy = OpenPIPolicy.from_params(params)
     counter = policy.model.instrument(ForwardCounter)
+    if info is not None:
+        workers = policy.model.adapter.forward_workers
+        info["forward_threads"] = workers.threads if workers is not None else 1
     policy.start()
     results: dict[str, dict[str, dict[str, dict[str, Any]]]] = {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -248,7 +254,8 @@ def method_text() -> str:
 
 def render_markdown(document: dict[str, Any]) -> str:
     header = (f"{document['date']}, commit `{document['commit']}`, {document['machine']['cpu_model']} "
-              f"({document['machine']['usable_cores']} cores), torch threads {document['threads']}, "
+              f"({document['machine']['usable_cores']} cores), torch threads {document['threads']}, forward threads "
+              f"{document.get('forward_threads', 1)}, "
               f"{document['reps']} repetitions of {document['duration_s']:g} s per server, rate "
               f"{document['rate_hz']:g} Hz per client "
               f"(0 = back to back); load average at start {document['load_average_start']}, end "
@@ -317,9 +324,12 @@ def run(args: argparse.Namespace) -> int:
     quiet = getattr(args, "quiet", False)
     reps = max(1, int(getattr(args, "reps", 1) or 1))
     document["reps"] = reps
+    info: dict[str, Any] = {}
     by_n = measure(tuple(args.clients), tuple(args.candidates), args.rate, args.duration, reps,
-                   log=(lambda *_: None) if quiet else (lambda line: print(line, file=sys.stderr, flush=True)))
-    document.update(wall_s=time.monotonic() - started, load_average_end=load_average(),
+                   log=(lambda *_: None) if quiet else (lambda line: print(line, file=sys.stderr, flush=True)),
+                   info=info)
+    document.update(forward_threads=info.get("forward_threads", 1), wall_s=time.monotonic() - started,
+                    load_average_end=load_average(),
                     fleet=by_n[str(args.candidates[0])], fleet_by_candidates=by_n)
     document["speedup"] = {n: {k: modes["speedup"] for k, modes in by_k.items()} for n, by_k in by_n.items()}
     out.parent.mkdir(parents=True, exist_ok=True)

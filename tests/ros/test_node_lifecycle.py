@@ -141,6 +141,7 @@ def test_cleanup_leaves_no_reference_to_the_model_and_returns_its_memory(tmp_pat
     import rclpy
     from rclpy.parameter import Parameter
 
+    from trajectory_ensemble_node.engine.heap import trim_heap
     from trajectory_ensemble_node.models.cosmos3 import build_pipeline
     from trajectory_ensemble_node.ros.node import TrajectoryEnsembleNode
 
@@ -148,6 +149,9 @@ def test_cleanup_leaves_no_reference_to_the_model_and_returns_its_memory(tmp_pat
     folder = tmp_path / "bench_model"
     build_pipeline("bench").save_pretrained(folder, safe_serialization=True)
     gc.collect()
+    # The pipeline just built and freed is still held by the allocator; the engine hands it back when it goes idle
+    # (engine/heap.py), which would hide the loaded weights. Every reading below is of live memory.
+    trim_heap()
     context = rclpy.Context()
     rclpy.init(context=context, domain_id=ros_domain_id)
     overrides = {"model": str(folder), "device": "cpu", "domain_name": "droid_lerobot", "reducer": "mean",
@@ -167,6 +171,7 @@ def test_cleanup_leaves_no_reference_to_the_model_and_returns_its_memory(tmp_pat
             node.trigger_deactivate()
             node.trigger_cleanup()
             gc.collect()
+            trim_heap()
             assert node.lifecycle_state() == "unconfigured" and node.serving is None
             assert [ref() for ref in refs] == [None, None, None]
             released = _rss_bytes()

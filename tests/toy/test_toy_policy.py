@@ -3,10 +3,10 @@
 The direction asserted here is the reason the toy exists: on a task with two equally good detours, averaging
 candidates from both modes (``mean``) runs into the obstacle, while ``mode`` stays on one detour. The assertions
 are on aggregated counts and mean clearances over two dozen held-out scenes, with margins below what the shipped
-weights showed on four disjoint scene/seed sets (offsets 1000..4000, base seeds 77..80, N=4: mean 20-23 vs mode 0-3
-collisions of 24; mean clearance -0.09..-0.11 vs mode +0.09..+0.10), not on one lucky draw.
+weights showed on four disjoint scene/seed sets (offsets 1000..4000, base seeds 77..80, N=4: mean 21-23 vs mode 1-2
+collisions of 24; mean clearance -0.09..-0.12 vs mode +0.08..+0.09), not on one lucky draw.
 
-Not asserted here: the absolute single-candidate collision rate (7.0% of the 500 reported held-out scenes, 9.0% of
+Not asserted here: the absolute single-candidate collision rate (8.4% of the 500 reported held-out scenes, 8.2% of
 all candidates; see bench/results/quality-toy.md). It needs the benchmark's sample size, not a test-sized one.
 """
 

@@ -6,7 +6,7 @@ are on aggregated counts and mean clearances over two dozen held-out scenes, wit
 weights showed on four disjoint scene/seed sets (offsets 1000..4000, base seeds 77..80, N=4: mean 21-23 vs mode 1-2
 collisions of 24; mean clearance -0.09..-0.12 vs mode +0.08..+0.09), not on one lucky draw.
 
-Not asserted here: the absolute single-candidate collision rate (8.4% of the 500 reported held-out scenes, 8.2% of
+Not asserted here: the absolute single-candidate collision rate (7.0% of the 500 reported held-out scenes, 7.5% of
 all candidates; see bench/results/quality-toy.md). It needs the benchmark's sample size, not a test-sized one.
 """
 

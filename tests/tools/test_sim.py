@@ -238,10 +238,11 @@ def test_one_short_episode_through_the_real_node_on_sim_time(tmp_path, ros_domai
     record = records[0]
     doc = report(records, settings)
     assert record.outcome in ("target", "collision", "budget") and len(record.positions) >= 2
-    # Chunks were executed: the robot moved, and at least three chunks were switched in by their stamps.
+    # Chunks were executed: the robot moved, and chunks were switched in by their stamps: the first and at least one
+    # takeover when the robot reached the target (the shipped policy can in two chunks), else at least three.
     assert np.linalg.norm(np.asarray(record.positions[-1]) - record.positions[0]) > 0.05
     switches = [s for s in record.switches if s["time_s"] is not None]
-    assert len(switches) >= 3
+    assert len(switches) >= (2 if record.outcome == "target" else 3), (record.outcome, switches)
     for s in switches:
         # The first row executed is the first one whose stamped time (stamp + (k + 1) dt) was still ahead on arrival.
         k = s["first_row"]

@@ -172,6 +172,23 @@ class TrajectoryEnsembleError(Exception):
     code: ErrorCode = ErrorCode.ENGINE_FAILURE
 
 
+def describe_error(error: BaseException) -> str:
+    """``NAME (code): message`` for a named error, the form every refusal a person reads takes.
+
+    A start-up refusal, a refused handshake and a log line all print the code, so an operator can look it up in
+    the error table without knowing the class behind it. Anything that is not a named error is ``ENGINE_FAILURE``.
+
+    Args:
+        error (`BaseException`): What ended the work.
+
+    Returns:
+        `str`: for example ``"NOVELTY_SCORER_INVALID (84): novelty scorer '/x.safetensors' holds NaN"``.
+    """
+    code = ErrorCode(getattr(error, "code", ErrorCode.ENGINE_FAILURE)) \
+        if isinstance(error, TrajectoryEnsembleError) else ErrorCode.ENGINE_FAILURE
+    return f"{code.name} ({int(code)}): {error}"
+
+
 # --- request validation -------------------------------------------------------------------------------------------
 
 

@@ -127,7 +127,7 @@ class NoveltyScorer:
         """Write the scorer as one safetensors file; returns its sha256 (hex), which ``calibrate`` records.
 
         Raises:
-            NoveltyScorerError: ``path`` does not end in ``.safetensors``.
+            NoveltyScorerError: ``path`` does not end in ``.safetensors``, or a tensor holds NaN or Inf.
         """
         from safetensors.torch import save_file
 
@@ -139,6 +139,7 @@ class NoveltyScorer:
                     "embedding": self.embedding.name, "grid": str(self.embedding.grid),
                     "dim": str(self.embedding.dim), **self._metadata()}
         tensors = {"mean": self.mean, "scale": self.scale, **self._tensors()}
+        check_finite_tensors(tensors, f"novelty scorer for {str(path)!r}")
         save_file({k: v.detach().contiguous().to(torch.float32) for k, v in tensors.items()}, str(path),
                   metadata=metadata)
         return file_sha256(path)
@@ -267,6 +268,32 @@ def fit_scorer(kind: str, embeddings: torch.Tensor, embedding: EmbeddingSpec, *,
     raise NoveltyScorerError(f"novelty scorer kind must be one of {list(SCORER_KINDS)}, got {kind!r}")
 
 
+def check_finite_tensors(tensors: dict[str, torch.Tensor], what: str) -> None:
+    """Refuse a scorer whose tensors hold NaN or Inf, or whose standardization ``scale`` is not positive.
+
+    Args:
+        tensors (`dict[str, torch.Tensor]`): The scorer's tensors by name (as in its file).
+        what (`str`): Names the scorer in the message (e.g. ``"novelty scorer '/x.safetensors'"``).
+
+    Raises:
+        NoveltyScorerError: naming each bad tensor and how many of its values are bad.
+    """
+    bad = []
+    for key in sorted(tensors):
+        value = tensors[key]
+        if value.is_floating_point() or value.is_complex():
+            count = int((~torch.isfinite(value)).sum())
+            if count:
+                bad.append(f"{key!r} ({count} of {value.numel()} values NaN or Inf)")
+    if bad:
+        raise NoveltyScorerError(f"{what} holds non-finite values in {', '.join(bad)}: it would score NaN, which no "
+                                 "threshold flags")
+    scale = tensors.get("scale")
+    if scale is not None and scale.is_floating_point() and bool((scale <= 0).any()):
+        raise NoveltyScorerError(f"{what}: 'scale' must be > 0 in every dimension, got "
+                                 f"{int((scale <= 0).sum())} value(s) <= 0 (min {float(scale.min())!r})")
+
+
 def file_sha256(path: str | Path) -> str:
     """Hex sha256 of a file (``calibrate`` records it; the node checks the scorer it loads is the one calibrated)."""
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
@@ -284,7 +311,8 @@ def load_scorer(path: str | Path) -> NoveltyScorer:
     """Read a scorer written by :meth:`NoveltyScorer.save` (safetensors only, never pickle).
 
     Raises:
-        NoveltyScorerError: not a ``.safetensors`` file, unreadable, not a scorer file, or inconsistent tensors.
+        NoveltyScorerError: not a ``.safetensors`` file, unreadable, not a scorer file, inconsistent tensors, or a
+            tensor holding NaN or Inf (named).
     """
     from safetensors import SafetensorError, safe_open
 
@@ -297,6 +325,9 @@ def load_scorer(path: str | Path) -> NoveltyScorer:
             tensors = {key: handle.get_tensor(key) for key in handle.keys()}
     except (OSError, SafetensorError, ValueError) as error:
         raise NoveltyScorerError(f"novelty scorer {name!r} cannot be read: {type(error).__name__}: {error}") from None
+    # A NaN anywhere scores NaN on every frame, and NaN compares as "not above the threshold": the alarm would fail
+    # open. Refused here, with the tensor named, rather than discovered at run time.
+    check_finite_tensors(tensors, f"novelty scorer {name!r}")
     if metadata.get("format") != FILE_FORMAT or metadata.get("version") != FILE_VERSION:
         raise NoveltyScorerError(f"novelty scorer {name!r} is not a {FILE_FORMAT} v{FILE_VERSION} file (metadata "
                                  f"format={metadata.get('format')!r}, version={metadata.get('version')!r})")

@@ -157,7 +157,12 @@ class AlarmRule:
 
     def decide(self, spread: float, novelty: float | None) -> tuple[bool, bool | None]:
         """``(uncertain, novel)`` for a spread score and a novelty score (``None``: no scorer; ``novel`` is then
-        ``None``)."""
+        ``None``).
+
+        Fails closed: a NaN or infinite novelty score (a scorer that overflowed) is novel and uncertain under every
+        rule, because ``nan > threshold`` is False and would otherwise read as familiar."""
+        if novelty is not None and not math.isfinite(novelty):
+            return True, True
         over_spread = self.spread_threshold is not None and spread > self.spread_threshold
         novel = None if novelty is None or self.novelty_threshold is None else bool(novelty > self.novelty_threshold)
         if self.rule == "spread":
@@ -218,6 +223,8 @@ def alarm_metrics(spread: float, novelty: float | None, alarm: AlarmRule) -> dic
         out["uncertainty_threshold"] = alarm.spread_threshold
     if novelty is not None:
         out["novelty_score"] = float(novelty)
+        if not math.isfinite(novelty):
+            out["novelty_fault"] = f"novelty score {float(novelty)!r} is not finite: read as novel and uncertain"
         if alarm.novelty_threshold is not None:
             out["novelty_threshold"] = alarm.novelty_threshold
             out["novel"] = bool(novel)

@@ -168,19 +168,78 @@ def load_action_stats(params: Any) -> ActionNormalizer | None:
                                       domain=domain)
 
 
+_THRESHOLD_KEYS = ("threshold", "spread_threshold", "novelty_threshold")
+
+
+def _refuse_constant(token: str) -> float:
+    raise ValueError(f"non-finite number {token} (a threshold or score that is NaN or infinite never fires)")
+
+
+def _finite_float(token: str) -> float:
+    value = float(token)
+    if not math.isfinite(value):
+        raise ValueError(f"number {token} overflows to {value!r} (a threshold or score that is infinite never fires)")
+    return value
+
+
+def read_calibration_file(path: str) -> dict[str, Any]:
+    """A ``calibrate`` JSON, checked for meaning as well as shape: every number in it finite, every ``alpha`` in
+    (0, 1), every threshold >= 0.
+
+    A NaN threshold compares as "not above" with every score, and an infinite one is never exceeded: either makes
+    an alarm that cannot fire, which a node must refuse at start-up rather than serve silently.
+
+    Args:
+        path (`str`): The ``uncertainty_calibration_file`` parameter.
+
+    Returns:
+        `dict[str, Any]`: The parsed document.
+
+    Raises:
+        ParameterError: unreadable, not a JSON object, a NaN/Infinity anywhere, an ``alpha`` outside (0, 1) or a
+            negative threshold (the key path and value quoted).
+    """
+    def refuse(why: str) -> ParameterError:
+        return ParameterError(f"invalid parameters:\n  uncertainty_calibration_file: {path!r} {why}")
+
+    try:
+        with open(path, encoding="utf-8") as handle:
+            document = json.load(handle, parse_constant=_refuse_constant, parse_float=_finite_float)
+    except (OSError, ValueError) as error:
+        raise refuse(f"cannot be used ({type(error).__name__}: {error})") from None
+    if not isinstance(document, dict):
+        raise refuse(f"is not a JSON object (got {type(document).__name__})")
+    pending: list[tuple[str, Any]] = [("", document)]
+    while pending:
+        where, node = pending.pop()
+        items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
+        for key, value in items:
+            here = f"{where}.{key}" if where else str(key)
+            if isinstance(value, (dict, list)):
+                pending.append((here, value))
+            elif isinstance(value, bool) or not isinstance(value, (int, float)):
+                continue
+            elif key == "alpha" and not 0 < value < 1:
+                raise refuse(f"has {here} = {value!r}; an alpha outside (0, 1) calibrates no threshold")
+            elif key in _THRESHOLD_KEYS and value < 0:
+                raise refuse(f"has {here} = {value!r}; thresholds are >= 0")
+    return document
+
+
 def load_uncertainty_threshold(params: Any) -> float | None:
     """``uncertainty_threshold``, or ``uncertainty.threshold`` of ``uncertainty_calibration_file``; ``None`` = none.
 
     Raises:
-        ParameterError: the calibration file is unreadable or holds no finite, non-negative threshold.
+        ParameterError: the calibration file is unreadable, holds a non-finite number or an alpha outside (0, 1)
+            anywhere (:func:`read_calibration_file`), or holds no finite, non-negative threshold.
     """
     path = params.uncertainty_calibration_file
     if not path:
         return params.uncertainty_threshold or None
+    document = read_calibration_file(path)
     try:
-        with open(path, encoding="utf-8") as handle:
-            value = json.load(handle)["uncertainty"]["threshold"]
-    except (OSError, ValueError, KeyError, TypeError) as error:
+        value = document["uncertainty"]["threshold"]
+    except (KeyError, TypeError) as error:
         raise ParameterError(
             f"invalid parameters:\n  uncertainty_calibration_file: {path!r} is not a trajectory-ensemble calibrate "
             f"JSON with uncertainty.threshold ({type(error).__name__}: {error})"
@@ -196,11 +255,14 @@ def load_novelty(params: Any) -> NoveltyCheck | None:
     ``uncertainty_rule``); ``None`` without a scorer.
 
     Raises:
-        ParameterError: the calibration file holds no novelty calibration for the rule.
+        ParameterError: the calibration file holds no novelty calibration for the rule, or a value that cannot fire
+            (:func:`read_calibration_file`).
         NoveltyScorerError: the scorer is unreadable, or not the one the calibration file was written with.
     """
     if not params.novelty_scorer_file:
         return None
+    if params.uncertainty_calibration_file:
+        read_calibration_file(params.uncertainty_calibration_file)
     try:
         return load_calibration(params.uncertainty_calibration_file, params.novelty_scorer_file,
                                 params.uncertainty_rule)

@@ -91,6 +91,9 @@ PARAMETERS: tuple[ParamSpec, ...] = (
     ParamSpec("max_observation_age_s", 1.0, "observations older than this are refused as stale", "> 0"),
     ParamSpec("observation_wait_s", 1.0, "how long a goal with min_observation_stamp waits for a frame that new "
               "(host clock) before it is refused (OBSERVATION_NOT_RECEIVED)", ">= 0"),
+    ParamSpec("startup_goal_wait_s", 10.0, "how long a goal waits for the first message on a topic that has delivered "
+              "nothing yet (a node just started or activated, a camera still starting; host clock) before it is refused "
+              "(NO_OBSERVATION); 0 = refuse at once", ">= 0"),
     ParamSpec("require_state", False, "also refuse goals without a recent, finite ~/observation/state (always on "
               "for models that consume state)"),
     ParamSpec("goal_policy", "preempt", "what a new goal does when max_concurrent_goals are running",
@@ -171,6 +174,11 @@ PARAMETERS: tuple[ParamSpec, ...] = (
               "0 = never", ">= 0"),
     ParamSpec("openpi_max_connections", 64, "serve-openpi: connections at once; more are refused at the handshake "
               "(HTTP 503)", ">= 1"),
+    ParamSpec("openpi_max_connections_per_client", 16, "serve-openpi: connections of one client (key and peer address) "
+              "at once; past it the client's oldest connection without a request is closed, else HTTP 503; 0 = no cap",
+              ">= 0"),
+    ParamSpec("openpi_handshake_idle_s", 5.0, "serve-openpi: a connection without a request for this long is closed "
+              "to make room when openpi_max_connections is reached", ">= 0"),
 )
 PARAMETER_NAMES = tuple(spec.name for spec in PARAMETERS)
 
@@ -202,6 +210,7 @@ class NodeParams:
     action_stats_method: str
     max_observation_age_s: float
     observation_wait_s: float
+    startup_goal_wait_s: float
     require_state: bool
     goal_policy: str
     max_concurrent_goals: int
@@ -242,6 +251,8 @@ class NodeParams:
     openpi_max_message_bytes: int
     openpi_idle_timeout_s: float
     openpi_max_connections: int
+    openpi_max_connections_per_client: int
+    openpi_handshake_idle_s: float
 
     @property
     def action_dim(self) -> int:
@@ -382,6 +393,7 @@ def validate(raw: Mapping[str, Any], *, env: Mapping[str, str] | None = None) ->
          f"action_stats_method: {p['action_stats_method']!r} is not one of {list(NORMALIZATION_METHODS)}")
     need(p["max_observation_age_s"] > 0, f"max_observation_age_s: must be > 0, got {p['max_observation_age_s']}")
     need(p["observation_wait_s"] >= 0, f"observation_wait_s: must be >= 0, got {p['observation_wait_s']}")
+    need(p["startup_goal_wait_s"] >= 0, f"startup_goal_wait_s: must be >= 0, got {p['startup_goal_wait_s']}")
     need(p["goal_policy"] in GOAL_POLICIES, f"goal_policy: {p['goal_policy']!r} is not one of {list(GOAL_POLICIES)}")
     need(p["max_concurrent_goals"] >= 1, f"max_concurrent_goals: must be >= 1, got {p['max_concurrent_goals']}")
     need(p["rollout_noise_level"] >= 0, f"rollout_noise_level: must be >= 0, got {p['rollout_noise_level']}")
@@ -389,7 +401,8 @@ def validate(raw: Mapping[str, Any], *, env: Mapping[str, str] | None = None) ->
         need(p[name] >= 1, f"{name}: must be >= 1, got {p[name]}")
     need(p["max_instruction_tokens"] >= 0, f"max_instruction_tokens: must be >= 0, got {p['max_instruction_tokens']}")
     for name, least in (("openpi_max_concurrent", 1), ("openpi_max_queued", 0), ("openpi_max_message_bytes", 1024),
-                        ("openpi_idle_timeout_s", 0), ("openpi_max_connections", 1)):
+                        ("openpi_idle_timeout_s", 0), ("openpi_max_connections", 1),
+                        ("openpi_max_connections_per_client", 0), ("openpi_handshake_idle_s", 0)):
         need(p[name] >= least, f"{name}: must be >= {least}, got {p[name]}")
     need(not p["enable_weight_updates"] or p["weights_dir"] != "",
          "weights_dir: must be set when enable_weight_updates is true (the only folder updates are read from)")

@@ -8,6 +8,8 @@ running group, and the post-processing + reduction time) and
    (:class:`DeadlineUnmeetableError`). A *cold* engine (no step measured yet) cannot know: by default it accepts
    and plans after encoding; with ``refuse_cold`` (the node, which measures its costs at start-up and must never
    serve a plan it cannot defend) it refuses;
+   at admission, still before any model work, it refuses again what the time spent queued has made unmeetable
+   (or, cold, a deadline already past): the refusal is decided from the measured costs, never after an encode;
 2. after encoding fits ``steps_fitted = min(planned, floor(time left / step time))`` (``steps_planned``: the
    steps the request asked for) and, when that is fewer,
    has the adapter re-schedule the group with that many steps (the same schedule a request for that many steps
@@ -54,6 +56,10 @@ class AnytimeAdapter(Protocol):
 def check_deadline(deadline_s: float | None) -> float | None:
     """Validate a request's deadline; returns seconds or ``None`` (0 and ``None`` both mean none).
 
+    This is the one rule for what a deadline is: any positive value is one, however small (a 1e-12 s deadline is
+    refused as unmeetable, never served as "no deadline"). Callers convert units without rounding and pass the
+    result here; only an exact 0 means none.
+
     Raises:
         InvalidSpecError: negative, NaN or infinite (quoted).
     """
@@ -63,6 +69,11 @@ def check_deadline(deadline_s: float | None) -> float | None:
             or deadline_s < 0:
         raise InvalidSpecError(f"deadline_s must be a finite number >= 0 (0 = none), got {deadline_s!r}")
     return float(deadline_s) or None
+
+
+def _seconds(value: float) -> str:
+    # Millisecond precision, except for deadlines below it, which would print as a misleading "0.000".
+    return f"{value:.3f}" if value >= 1e-3 else f"{value:.3g}"
 
 
 @dataclass
@@ -129,33 +140,61 @@ def refuse_unmeetable(costs: StepCosts, adapter: Any, request: Any, sequential: 
     minimum = costs.minimum_ms()
     if minimum is None and refuse_cold:
         raise DeadlineUnmeetableError(
-            f"group {request.request_id!r}: deadline {request.deadline_s:.3f} s cannot be planned: no denoising step "
-            "has been measured on this engine yet (its start-up measurement failed); goals without a deadline "
+            f"group {request.request_id!r}: deadline {_seconds(request.deadline_s)} s cannot be planned: no denoising "
+            "step has been measured on this engine yet (its start-up measurement failed); goals without a deadline "
             "measure one."
         )
     if minimum is not None and 1000.0 * request.deadline_s < minimum:
         raise DeadlineUnmeetableError(
-            f"group {request.request_id!r}: deadline {request.deadline_s:.3f} s is shorter than encoding + one "
+            f"group {request.request_id!r}: deadline {_seconds(request.deadline_s)} s is shorter than encoding + one "
             f"denoising step + post-processing as measured here ({minimum / 1000.0:.3f} s)."
         )
 
 
-def plan_steps(costs: StepCosts, adapter: Any, state: Any, remaining_ms: float, request: Any) -> int:
-    """After encoding: how many steps the group runs; re-schedules it when fewer than requested.
+def refuse_at_admission(costs: StepCosts, remaining_ms: float, request: Any) -> None:
+    """At admission, before the encode: raise when what is left of the deadline cannot hold encode + one step +
+    post-processing as measured (a group that waited in the queue), or, on a cold engine, when nothing is left.
 
-    Returns:
-        `int`: the planned step count (>= 1).
+    Args:
+        costs (`StepCosts`): The engine's measured costs.
+        remaining_ms (`float`): Deadline minus now, in ms (negative once past).
+        request: The group's request (``request_id``, ``deadline_s``).
 
     Raises:
-        DeadlineUnmeetableError: not one step fits in ``remaining_ms``.
+        DeadlineUnmeetableError: naming the time left and the measured minimum.
     """
+    minimum = costs.minimum_ms()
+    if remaining_ms > 0 and (minimum is None or remaining_ms >= minimum):
+        return
+    measured = "nothing measured yet" if minimum is None else f"encode + one step + post-processing {minimum:.1f} ms"
+    raise DeadlineUnmeetableError(
+        f"group {request.request_id!r}: {max(remaining_ms, 0.0):.1f} ms of its {_seconds(request.deadline_s)} s "
+        f"deadline were left at admission ({measured}); refused before encoding."
+    )
+
+
+def plan_steps(costs: StepCosts, adapter: Any, state: Any, remaining_ms: float, request: Any, *,
+               encoded: bool = True) -> int | None:
+    """After encoding: how many steps the group runs; re-schedules it when fewer than requested. Before encoding
+    (``encoded=False``, at admission): only :func:`refuse_at_admission`.
+
+    Returns:
+        `int`: the planned step count (>= 1); ``None`` before encoding.
+
+    Raises:
+        DeadlineUnmeetableError: not one step fits in ``remaining_ms`` (before encoding: see
+            :func:`refuse_at_admission`).
+    """
+    if not encoded:
+        refuse_at_admission(costs, remaining_ms, request)
+        return None
     requested = state.num_steps
     steps = costs.steps_that_fit(remaining_ms, requested)
     if steps < 1:
         step = "not measured yet" if costs.step_ms is None else f"{costs.step_ms:.1f} ms"
         raise DeadlineUnmeetableError(
             f"group {request.request_id!r}: not one denoising step fits in what is left of its "
-            f"{request.deadline_s:.3f} s deadline ({remaining_ms:.0f} ms left, step {step})."
+            f"{_seconds(request.deadline_s)} s deadline ({remaining_ms:.0f} ms left, step {step})."
         )
     adapter.enable_anytime(state)
     if steps < requested:

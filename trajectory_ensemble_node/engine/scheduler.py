@@ -269,6 +269,8 @@ class GroupEngine:
 
     def _prepare(self, run: GroupRun) -> bool:
         request = run.request
+        if run.deadline_ms is not None and not self._plan_steps(run, encoded=False):
+            return False
         self._progress(run, "encoding", 0)
         started = now_ms()
         try:
@@ -284,15 +286,13 @@ class GroupEngine:
             return False
         run.encode_ms += now_ms() - started
         self.costs.observe("encode_ms", now_ms() - started)
-        if run.deadline_ms is not None:
-            return self._plan_steps(run)
-        return True
+        return run.deadline_ms is None or self._plan_steps(run)
 
-    def _plan_steps(self, run: GroupRun) -> bool:
-        """Fit the group's step count to its deadline (after encoding, so only steps and post-processing remain)."""
+    def _plan_steps(self, run: GroupRun, encoded: bool = True) -> bool:
+        """Before encoding, refuse what the deadline cannot hold; after it, fit the group's step count to it."""
         try:
             run.steps_fitted = plan_steps(self.costs, self.adapter, run.state, run.deadline_ms - now_ms(),
-                                           run.request)
+                                           run.request, encoded=encoded)
         except BaseException as exc:  # noqa: BLE001 - every failure becomes a named terminal state
             self._release(run)
             self._fail(run, self._named(run, exc, "planning steps"))

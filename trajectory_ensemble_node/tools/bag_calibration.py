@@ -219,7 +219,9 @@ def run(args: argparse.Namespace, toy_json: Path | None = None) -> int:
         toy_json (`Path`, *optional*): The toy mode's default ``--json``, which this mode refuses to overwrite.
     """
     from ..errors import TrajectoryEnsembleError
+    from .bag_check import check_replay_bag
     from .launcher import NodeProcess, NodeStartError, ros_env, unused_domain_id
+    from .playback import ReplayOptions
     from .ros_client import NodeUnreachableError
 
     if args.json == toy_json:
@@ -231,6 +233,9 @@ def run(args: argparse.Namespace, toy_json: Path | None = None) -> int:
         return EXIT_BAD_INPUT
     node = None
     try:
+        # Every bag is checked before a node is started or contacted: a damaged recording is a bad bag (2).
+        for bag in [*args.bag, *args.heldout_bag]:
+            check_replay_bag(ReplayOptions(bag=bag))
         if args.start_node:
             params = _node_params(args)
             domain = unused_domain_id()

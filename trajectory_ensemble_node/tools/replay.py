@@ -24,7 +24,8 @@ node's ``joint_names`` parameter, read once through its parameter services, name
 
 Exit status: 0 every goal succeeded with the expected stamp (and every limit held); 1 some goal failed, or a
 limit was exceeded (a ``gate:`` line names the channel, the goal and the value); 2 bad bag, arguments or reference
-(unknown topic, width mismatch, no overlap in time); 3 the node is not reachable.
+(unknown topic, width mismatch, no overlap in time, or a message that cannot be deserialized: every message the run
+reads is checked before the node is contacted, :mod:`.bag_check`); 3 the node is not reachable.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from typing import Any
 
 from ..errors import ErrorCode
 from . import bags
+from .bag_check import check_messages
 from .open_loop import GateLimitError, check_gate, check_limit_names, parse_channel_limit
 from .playback import (
     DEFAULT_WAIT_S,
@@ -186,11 +188,14 @@ def replay(opts: ReplayOptions, log: Any = print) -> ReplayReport:
         log (`Callable[[str], None]`): Receives the per-goal summary lines.
 
     Raises:
-        BagError: The bag cannot be read or lacks an image topic.
+        BagError: The bag cannot be read, lacks an image topic, or holds a message that cannot be deserialized
+            (:class:`~.bag_check.CorruptMessageError`, raised before the node is contacted).
         NodeUnreachableError: The node's action server is not up within ``opts.wait_s``.
     """
     info = bags.bag_info(opts.bag)
     inputs = resolve_inputs(info, opts)
+    # Every message it will read, deserialized before the node is contacted: a damaged recording exits 2, not 1.
+    check_messages(opts.bag, [*inputs, *([opts.reference_topic] if opts.reference_topic else [])])
     series = _read_reference(opts)
     image_topic = next(t for t, (_, m) in inputs.items() if m == bags.IMAGE_TYPE)
     scene_seeds = bags.toy_scene_seeds(info)

@@ -151,7 +151,8 @@ def plan_request(extras: RequestExtras, prompt: str, params: NodeParams, *, defa
         candidate_count=extras.num_candidates, reducer=extras.reducer, return_candidates=extras.return_candidates,
         use_seed=extras.seed is not None, seed=extras.seed or 0, instruction=prompt, rollout=False,
         continue_previous=extras.continue_previous, reset_context=False, inference_delay=extras.inference_delay,
-        guidance="", deadline=SimpleNamespace(sec=int(deadline_s), nanosec=round((deadline_s % 1) * 1e9)),
+        # nanosec unrounded: rounding made 1e-9 ms a 0 s deadline, which means none (check_deadline's rule).
+        guidance="", deadline=SimpleNamespace(sec=int(deadline_s), nanosec=(deadline_s % 1) * 1e9),
         min_observation_stamp=None,
     )
     return plan_goal(goal, params, default_instruction=default_instruction, valid_reducers=valid_reducers)

@@ -232,6 +232,9 @@ class OpenPIPolicy:
             guidance_scale=p.guidance_scale, fps=p.fps, spec=plan.spec, base_seed=plan.base_seed,
             request_id=job.request_id, context=job.decision.context,
         )
+        if plan.deadline_s:  # an unmeetable deadline is refused from the measured costs, before the encode
+            request.deadline_s = check_deadline(plan.deadline_s)
+            self.model.check_request(request)
         started = time.perf_counter()
         with torch.no_grad():
             self.model.adapter.encode(request.payload)

@@ -29,11 +29,11 @@ require = command -v $(1) >/dev/null 2>&1 || { echo "error: $(1) not found; inst
 
 .PHONY: test demo bench soak calibrate-bags venv interfaces colcon clean
 
-test: $(VENV)/.stamp-interfaces $(VENV)/.stamp-openpi-client
+test: $(VENV)/.stamp-interfaces $(VENV)/.stamp-openpi-client $(VENV)/.stamp-pusht
 	@# pytest exits 5 when it collects nothing; that must fail the build, never pass quietly.
 	$(VPY) -m pytest $(PYTEST_ARGS) || { rc=$$?; [ $$rc -ne 5 ] || echo "error: pytest collected no tests" >&2; exit $$rc; }
 
-demo: $(VENV)/.stamp-interfaces
+demo: $(VENV)/.stamp-interfaces $(VENV)/.stamp-pusht
 	$(VENV)/bin/trajectory-ensemble demo
 
 bench: $(VENV)/.stamp-interfaces $(VENV)/.stamp-openpi-client
@@ -84,6 +84,22 @@ $(VENV)/.stamp-project: $(VENV)/.stamp-torch pyproject.toml setup.py setup.cfg l
 $(VENV)/.stamp-openpi-client: $(VENV)/.stamp-project
 	$(PIP) install --quiet --no-deps "openpi-client==$(OPENPI_CLIENT_VERSION)"
 	touch $@
+
+# gym-pusht, the PushT environment of the lab's expert, demonstrations and benchmark (docs/pusht.md), as published:
+# it resolves against the ROS wheels' numpy as it is. A lab and test dependency; the product's wheel never imports it.
+$(VENV)/.stamp-pusht: $(VENV)/.stamp-project
+	$(PIP) install --quiet "gym-pusht==0.1.8"
+	$(VPY) -c "import gymnasium as gym, gym_pusht; env = gym.make('gym_pusht/PushT-v0'); env.reset(seed=0); env.step(env.action_space.sample())"
+	touch $@
+
+# The PushT demonstrations (docs/pusht.md): the expert on starts 0..259 with expert seeds 0 and 1, successes kept as
+# rosbag2 in out/pusht/demos/bags (>= 200), the record in bench/results/pusht_expert.json. About 40 minutes on one core.
+PUSHT_DEMOS := out/pusht/demos
+.PHONY: pusht-demos
+pusht-demos: $(VENV)/.stamp-interfaces $(VENV)/.stamp-pusht
+	rm -rf $(PUSHT_DEMOS)
+	$(VENV)/bin/trajectory-ensemble pusht-demos --episodes 260 --seed 0 --expert-seeds 0,1 --out $(PUSHT_DEMOS) \
+		--json bench/results/pusht_expert.json
 
 $(VENV)/.stamp-interfaces: $(VENV)/.stamp-project $(MSG_SOURCES)
 	@$(call require,cmake,cmake)

@@ -15,4 +15,6 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "train-toy": ("trajectory_ensemble_lab.toy.train", "train the toy bimodal obstacle policy on CPU"),
     "train-grpo": ("trajectory_ensemble_lab.grpo.train",
                    "Flow-GRPO fine-tuning of the toy policy from its own rollout groups (in process or --ros)"),
+    "pusht-demos": ("trajectory_ensemble_lab.pusht.cli",
+                    "PushT expert demonstrations on gym-pusht as rosbag2, with their seeds and multimodality"),
 }

@@ -33,8 +33,10 @@ def test_a_demonstration_bag_round_trips_through_the_project_bag_reader(pusht_pa
         assert recorded.frames.shape[1:] == (96, 96, 3) and recorded.frames.dtype == np.uint8
     counts = {t.name: (t.msgtype, t.count) for t in info.topics}
     frames = sum(len(ep.frames) for ep in pusht_pair)
-    assert counts == {bags.DEMO_IMAGE_TOPIC: (bags.IMAGE_TYPE, frames), bags.DEMO_STATE_TOPIC: (bags.STATE_TYPE, frames),
-                      CLOCK_TOPIC: ("rosgraph_msgs/msg/Clock", frames), bags.DEMO_INSTRUCTION_TOPIC: (bags.STRING_TYPE, 2),
+    assert counts == {bags.DEMO_IMAGE_TOPIC: (bags.IMAGE_TYPE, frames),
+                      bags.DEMO_STATE_TOPIC: (bags.STATE_TYPE, frames),
+                      CLOCK_TOPIC: ("rosgraph_msgs/msg/Clock", frames),
+                      bags.DEMO_INSTRUCTION_TOPIC: (bags.STRING_TYPE, 2),
                       bags.DEMO_REFERENCE_TOPIC: (bags.JOINT_TRAJECTORY_TYPE, 2)}
     # The replay tool maps it as it maps the toy demonstrations, and reads the reference with its own reader:
     # action k of an episode stands at (k + 1) / 10 s after the episode's first frame.

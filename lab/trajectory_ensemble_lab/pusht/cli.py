@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 from trajectory_ensemble_node.errors import TrajectoryEnsembleError, describe_error
+from trajectory_ensemble_node.provenance import git_commit, utc_now
 
 from . import DEMO_SEED_BASE
 from .demos import Episode, generate, kept, results
@@ -60,6 +61,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.episodes < 1 or args.seed < 0 or not 1 <= args.max_steps <= MAX_STEPS:
         raise PushTError(f"--episodes must be >= 1, --seed >= 0 and --max-steps in 1..{MAX_STEPS}, got "
                          f"{args.episodes}, {args.seed} and {args.max_steps}")
+    provenance = {"date": utc_now(), "commit": git_commit()}
     out: Path = args.out
     bag_dir = out / "bags"
     if not args.no_bags and ((bag_dir.exists() and any(bag_dir.iterdir())) or (out / "demos").exists()):
@@ -94,7 +96,7 @@ def _run(args: argparse.Namespace) -> int:
     settings = {"env": "gym_pusht/PushT-v0 (gym-pusht 0.1.8)", "seed": args.seed, "episodes": args.episodes,
                 "expert_seeds": list(args.expert_seeds), "max_steps": args.max_steps, "frames": frames,
                 "out": str(out)}
-    record = results(played, settings)
+    record = results(played, settings, provenance)
     text = json.dumps(record, indent=1) + "\n"
     (out / "results.json").write_text(text, encoding="utf-8")
     if args.json is not None:

@@ -183,15 +183,19 @@ def kept(episodes: Sequence[Episode]) -> list[Episode]:
     return [ep for ep in episodes if ep.success]
 
 
-def results(episodes: Sequence[Episode], settings: dict[str, Any]) -> dict[str, Any]:
-    """The results record: success rate (Wilson 95 %), kept seeds, multimodality, seconds per episode."""
-    from trajectory_ensemble_node.provenance import git_commit, utc_now
+def results(episodes: Sequence[Episode], settings: dict[str, Any], provenance: dict[str, str]) -> dict[str, Any]:
+    """The results record: success rate (Wilson 95 %), kept seeds, multimodality, seconds per episode.
 
+    Args:
+        episodes (`Sequence[Episode]`): Every episode played.
+        settings (`dict`): The run's options, recorded as they were.
+        provenance (`dict[str, str]`): ``date`` and ``commit``, read when the run started (HEAD may move during it).
+    """
     good = kept(episodes)
     n = len(episodes)
     seconds = [ep.seconds for ep in episodes]
     return {
-        "date": utc_now(), "commit": git_commit(), "settings": settings,
+        "date": provenance["date"], "commit": provenance["commit"], "settings": settings,
         "episodes_tried": n, "starts_tried": len({ep.env_seed for ep in episodes}),
         "successes": len(good), "success_rate": round(len(good) / n, 4) if n else None,
         "success_rate_ci95": [round(v, 4) for v in wilson(len(good), n)],

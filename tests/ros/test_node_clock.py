@@ -4,6 +4,10 @@ One node process runs with ``use_sim_time``; the test client publishes ``/clock`
 ``SimClock`` at real-time factor 1 for the whole module, and moves that clock as a simulator would (a reset, a
 seek, a pause). Every physical forward is paced to at least 0.1 s (test-only step delay), so a jump can land inside
 a goal. Tests run in file order and assert what a client sees: results, codes, counts, the log and ``/diagnostics``.
+
+Chunks span ``H * DT`` = 8 s of the simulator's time (``fps`` 2), far more than a goal takes even on a loaded 2-core
+host: a continuation then finds its chunk still running, which is the premise of the frozen-count test (at 10 fps a
+1.6 s chunk had elapsed by the next frame when load slowed the goal, and the continuation started fresh).
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from trajectory_ensemble_node.errors import ErrorCode  # noqa: E402
 
 pytestmark = [pytest.mark.ros, pytest.mark.slow]
 
-H, DT, STEPS = 16, 0.1, 6
+H, DT, STEPS = 16, 0.5, 6
 STEP_DELAY_S = 0.1
 NS_PER_S = 1_000_000_000
 
@@ -31,7 +35,7 @@ NS_PER_S = 1_000_000_000
 def served(tmp_path_factory, ros_domain_id):
     tmp = tmp_path_factory.mktemp("node_clock")
     for node, client in serve_node(tmp, ros_domain_id, {"use_sim_time": True, "candidate_count": 4,
-                                                        "chunk_size": H, "num_inference_steps": STEPS,
+                                                        "chunk_size": H, "fps": 1.0 / DT, "num_inference_steps": STEPS,
                                                         "max_observation_age_s": 3.0},
                                    step_delay_s=STEP_DELAY_S):
         out = client.clock_out()
@@ -140,6 +144,8 @@ def test_after_a_forward_jump_the_frozen_count_is_that_of_the_true_latency(serve
     # The next continuation freezes the rows of that latency (what had gone since its stamp + the estimate).
     nxt = succeeded(goal_on_frame(client, clock, continue_previous=True))
     c, m = nxt.continuity, metrics_dict(nxt)
+    # The premise, checked rather than assumed: the chunk of ``first`` (8 s) was still running at this frame.
+    assert c.continued, f"the continuation did not continue ({c.status!r}): {m}"
     predicted_ms = float(m["frozen_latency_ms"])
     assert 0 <= predicted_ms - estimate_ms < 1000.0
     overlap = int(m["context_overlap"])

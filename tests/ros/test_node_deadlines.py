@@ -1,10 +1,19 @@
 """Per-goal deadlines over real DDS (issue 17): the node fits fewer denoising steps to a deadline it can meet.
 
-One node process (the random tiny model, 8 candidates, 20 steps) serves the module, every physical forward paced to
-at least 0.25 s (test-only step delay). The pacing is what makes the claim a count rather than a race: a step then
-costs the engine at least 0.25 s on any machine, so a deadline of half of 20 such steps leaves room for fewer than 20
-by the engine's own arithmetic, however loaded the host is (its encoding, which is not paced, still has seconds to
-spare). How close goals come to their deadline is a speed figure, reported by ``bench --ros``, not asserted here.
+One node process (the random tiny model, 8 candidates, 10 steps) serves the module, every physical forward paced to
+at least 1 s (test-only step delay). Two premises make the claim a count rather than a race, on an idle or a loaded
+host alike (issue 45: under load 3-5 a fixed deadline fell below the grown encode + step cost, and the goal was
+refused as unmeetable):
+
+- the deadline comes from the node's own measured costs, as its goals report them: the most any goal so far spent
+  encoding and post-processing, plus :data:`ROOM_STEPS` of the slowest engine iteration (its total time less queue,
+  encode and post-processing, per step). The engine plans from running averages of the same measurements, which
+  never exceed their maxima, so the deadline is never refused and at least one step fits;
+- it stays below the least time all 10 steps can be planned to take (10 x 1 s, the pacing, by the engine's own
+  arithmetic), so fewer than 10 steps fit whatever the load. The pacing dominates a tiny model's step on any host,
+  loaded or not; a host where it does not is named by the assertion, not hidden.
+
+How close goals come to their deadline is a speed figure, reported by ``bench --ros``, not asserted here.
 """
 
 from __future__ import annotations
@@ -20,10 +29,34 @@ from builtin_interfaces.msg import Duration  # noqa: E402
 pytestmark = [pytest.mark.ros, pytest.mark.slow]
 
 COUNT = 8
-STEPS = 20
-STEP_DELAY_S = 0.25
-HALF_S = STEPS * STEP_DELAY_S / 2  # half the least time the goal's 20 steps can take
+STEPS = 10
+STEP_DELAY_S = 1.0
+ROOM_STEPS = 3  # iterations' worth of time a deadline leaves after encoding and post-processing
+SAFETY = 1.1  # engine/deadline.py's SAFETY_FACTOR: the engine plans with costs inflated by it
+CEILING_S = 0.9 * SAFETY * STEPS * STEP_DELAY_S  # below the least time all 10 paced steps can be planned to take
 stamps = Stamps(5500)
+
+
+class Costs:
+    """The most each part of a goal has cost so far (ms), from the goals' own metrics."""
+
+    def __init__(self) -> None:
+        self.fixed_ms = self.step_ms = 0.0
+
+    def add(self, metrics: dict[str, str]) -> None:
+        post = float(metrics["action_postprocess_ms"]) + float(metrics["reduce_ms"])
+        fixed = float(metrics["encode_ms"]) + post
+        # Engine iterations, as the engine times them: everything between encoding and post-processing.
+        steps = (float(metrics["total_ms"]) - float(metrics["queue_ms"]) - fixed) / int(metrics["steps_used"])
+        self.fixed_ms, self.step_ms = max(self.fixed_ms, fixed), max(self.step_ms, steps)
+
+    def deadline_s(self) -> float:
+        deadline_s = SAFETY * (self.fixed_ms + ROOM_STEPS * self.step_ms) / 1000.0
+        assert deadline_s < CEILING_S, (
+            f"the premise does not hold on this host: encode + post-processing ({self.fixed_ms:.0f} ms) + "
+            f"{ROOM_STEPS} iterations ({self.step_ms:.0f} ms each) take {deadline_s:.2f} s, not under "
+            f"{CEILING_S:.2f} s")
+        return deadline_s
 
 
 @pytest.fixture(scope="module")
@@ -38,27 +71,31 @@ def client(served):
     return served[1]
 
 
-def test_a_deadline_of_half_the_goal_time_is_met_with_fewer_steps(client):
+def test_a_deadline_shorter_than_the_goal_is_met_with_fewer_steps(client):
     # Without a deadline: every step, and no deadline in the metrics. This goal also replaces the start-up cost
     # measurement by its own, so the planner's step time is a paced one from here on.
     client.publish_image(stamps())
     result = succeeded(client.run_goal())
     assert result.steps_planned == result.steps_fitted == result.steps_used == STEPS
-    assert "deadline_met" not in metrics_dict(result)
-    nanos = int(HALF_S * 1e9)
-    for _ in range(4):
+    metrics = metrics_dict(result)
+    assert "deadline_met" not in metrics
+    costs = Costs()
+    for _ in range(3):
+        costs.add(metrics)
+        deadline_s = costs.deadline_s()
+        nanos = int(deadline_s * 1e9)
         client.publish_image(stamps())
         result = succeeded(client.run_goal(deadline=Duration(sec=nanos // 1_000_000_000,
                                                              nanosec=nanos % 1_000_000_000)))
         metrics = metrics_dict(result)
-        # Fitted after encoding to what is left of 2.5 s at >= 0.25 s a step (at most 9 of 20), then possibly
-        # stopped early: never more steps than fitted, never none.
+        # Fitted after encoding to what is left of the deadline (about ROOM_STEPS steps, and under 10 by the
+        # pacing), then possibly stopped early: never more steps than fitted, never none.
         assert result.steps_planned == STEPS and result.steps_used < result.steps_planned
         assert 1 <= result.steps_used <= result.steps_fitted < result.steps_planned, metrics
         assert (int(metrics["steps_planned"]), int(metrics["steps_fitted"]), int(metrics["steps_used"])) == (
             result.steps_planned, result.steps_fitted, result.steps_used)
         # The engine's deadline is the goal's, less what passed between acceptance and submission.
-        assert 0 < float(metrics["deadline_ms"]) <= HALF_S * 1000.0 + 1e-3, metrics
+        assert 0 < float(metrics["deadline_ms"]) <= deadline_s * 1000.0 + 1e-3, metrics
         # deadline_met is the engine's own comparison: its total time (from submission) against that deadline.
         total_ms, deadline_ms = float(metrics["total_ms"]), float(metrics["deadline_ms"])
         assert metrics["deadline_met"] in ("true", "false")

@@ -7,6 +7,12 @@ the checks an untrusted peer needs: only boolean, integer and float dtypes (obje
 are refused), a shape of non-negative integers, and data whose length is ``prod(shape) * itemsize``. Markers spelled
 as text keys (``"__ndarray__"``) are accepted too.
 
+Decoding is bounded (:class:`DecodeLimits`), because msgpack is compact and Python objects are not: one byte on the
+wire can become a 64-byte empty dict, and a 15 MB frame of empty maps took 13 s and a gigabyte to decode. Every map
+and array length, string, binary and ext length, the total count of container entries and the nesting depth are
+capped before or while the frame is built, so a frame that breaks a bound costs about what a normal frame of its size
+does, and is refused as ``INVALID_MESSAGE`` naming the bound.
+
 A refused request gets one **text** frame (openpi-client raises a text reply as an error): a JSON object with the
 error's name, numeric code (:class:`~trajectory_ensemble_node.errors.ErrorCode`), class and message. Anything that is
 not a named error is reported as ``ENGINE_FAILURE`` with a fixed message; the details stay in the server log.
@@ -16,6 +22,8 @@ from __future__ import annotations
 
 import json
 import math
+import re
+from dataclasses import dataclass
 from typing import Any
 
 import msgpack
@@ -91,24 +99,140 @@ def _decode(obj: dict) -> Any:
     return obj
 
 
-def unpack(frame: bytes | str) -> dict[str, Any]:
-    """Decode one request frame into a dict.
+MAX_NDIM = 32
+"""Most dimensions an array's ``shape`` may list (numpy allows 64; an image has 3)."""
+MAX_STATE_ITEMS = 64
+"""Longest plain list a request may hold (a state vector sent as a list; hand_pose has 57 values)."""
+ARRAY_MAP_ENTRIES = 4
+"""Entries of openpi-client's array map: ``__ndarray__``, ``data``, ``dtype``, ``shape``."""
+
+
+@dataclass(frozen=True)
+class DecodeLimits:
+    """Bounds on what one request frame may make the decoder build (see :meth:`for_request`).
+
+    Args:
+        max_map_len (`int`): Entries in one map (the request's keys; an array map has 4).
+        max_array_len (`int`): Items in one array (a ``shape``, a state list).
+        max_str_len (`int`): Bytes of one string (a prompt; its own limit is checked later, with its own code).
+        max_bin_len (`int`): Bytes of one binary (an array's data: an image).
+        max_entries (`int`): Map entries and array items in the whole frame.
+        max_depth (`int`): Nesting of maps and arrays (request map > array map > shape list = 3).
+    """
+
+    max_map_len: int = 64
+    max_array_len: int = max(MAX_NDIM, MAX_STATE_ITEMS)
+    max_str_len: int = 16 * 1024 * 1024
+    max_bin_len: int = 16 * 1024 * 1024
+    max_entries: int = 64 * (1 + ARRAY_MAP_ENTRIES + MAX_NDIM)
+    max_depth: int = 4
+
+    @classmethod
+    def for_request(cls, *, keys: int, max_message_bytes: int, max_image_bytes: int) -> DecodeLimits:
+        """The bounds for a server: what a valid request of its schema can hold, with room for typos.
+
+        A valid request has at most ``keys`` entries (the schema's keys and the extras), each a scalar, a string, a
+        state list or an array map with its shape. Twice that many keys are let through, so a request with a few
+        unknown keys still gets the schema's error that lists the keys it expects.
+
+        Args:
+            keys (`int`): Keys a request may carry (schema and extras).
+            max_message_bytes (`int`): ``openpi_max_message_bytes``: bounds every string.
+            max_image_bytes (`int`): ``max_image_bytes``: bounds every binary (array data).
+        """
+        max_map_len = max(2 * keys, ARRAY_MAP_ENTRIES)
+        return cls(max_map_len=max_map_len, max_array_len=max(MAX_NDIM, MAX_STATE_ITEMS),
+                   max_str_len=max_message_bytes, max_bin_len=min(max_message_bytes, max_image_bytes),
+                   max_entries=max_map_len * (1 + ARRAY_MAP_ENTRIES + max(MAX_NDIM, MAX_STATE_ITEMS)), max_depth=4)
+
+
+_BOUND_NAMES = {"max_map_len": "entries in one map", "max_array_len": "items in one array",
+                "max_str_len": "bytes in one string", "max_bin_len": "bytes in one binary",
+                "max_ext_len": "bytes of msgpack ext data (ext types are not part of the wire)"}
+
+
+class _Counter:
+    """Counts map entries and array items as msgpack completes each container; stops the decode past the budget."""
+
+    def __init__(self, limits: DecodeLimits) -> None:
+        self.limit = limits.max_entries
+        self.entries = 0
+
+    def _count(self, size: int) -> None:
+        self.entries += size
+        if self.entries > self.limit:
+            raise InvalidMessageError(f"the frame holds more than {self.limit} map entries and array items in all "
+                                      "(a request holds its keys and a few small arrays); refused while decoding")
+
+    def on_map(self, obj: dict) -> Any:
+        self._count(len(obj))
+        return _decode(obj)
+
+    def on_list(self, obj: list) -> list:
+        self._count(len(obj))
+        return obj
+
+
+def _depth(obj: Any) -> int:
+    # Iterative: a frame nested up to msgpack's own stack limit (1024) would break Python's recursion limit.
+    deepest, stack = 0, [(obj, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, dict):
+            deepest = max(deepest, depth)
+            stack.extend((v, depth + 1) for v in value.values())
+        elif isinstance(value, list):
+            deepest = max(deepest, depth)
+            stack.extend((v, depth + 1) for v in value)
+    return deepest
+
+
+def _bound_message(error: ValueError, limits: DecodeLimits) -> str | None:
+    # msgpack says "N exceeds max_map_len(M)"; say which bound in words.
+    match = re.fullmatch(r"(\d+) exceeds (max_\w+_len)\((\d+)\)", str(error))
+    if match is None:
+        return None
+    size, bound, limit = match.groups()
+    return f"the frame holds {size} {_BOUND_NAMES.get(bound, bound)}, above the limit of {limit}; refused while decoding"
+
+
+DEFAULT_LIMITS = DecodeLimits()
+"""The bounds :func:`unpack` applies when the caller gives none (the server derives its own)."""
+
+
+def unpack(frame: bytes | str, limits: DecodeLimits = DEFAULT_LIMITS) -> dict[str, Any]:
+    """Decode one request frame into a dict, within ``limits``.
 
     Args:
         frame (`bytes` or `str`): The websocket message (binary for a request; a text frame is refused).
+        limits (`DecodeLimits`, *optional*): The bounds; a frame that breaks one is refused, whatever it holds.
 
     Raises:
-        InvalidMessageError: a text frame, bytes that are not msgpack, a malformed array, or a value that is not a map.
+        InvalidMessageError: a text frame, bytes that are not msgpack, a bound broken, a malformed array, or a value
+            that is not a map.
     """
     if isinstance(frame, str):
         raise InvalidMessageError(f"requests are binary msgpack frames; got a text frame starting {frame[:40]!r}")
+    counter = _Counter(limits)
     try:
-        obj = msgpack.unpackb(frame, object_hook=_decode, raw=False)
+        obj = msgpack.unpackb(frame, object_hook=counter.on_map, list_hook=counter.on_list, raw=False,
+                              max_map_len=limits.max_map_len, max_array_len=limits.max_array_len,
+                              max_str_len=limits.max_str_len, max_bin_len=limits.max_bin_len, max_ext_len=0)
     except InvalidMessageError:
         raise
+    except msgpack.StackError:
+        raise InvalidMessageError(f"the frame nests maps or arrays deeper than msgpack's own limit; a request nests "
+                                  f"at most {limits.max_depth} deep") from None
     except Exception as error:  # noqa: BLE001 - msgpack raises several unrelated types for garbage
+        bound = _bound_message(error, limits) if isinstance(error, ValueError) else None
+        if bound is not None:
+            raise InvalidMessageError(bound) from None
         raise InvalidMessageError(f"the frame is not msgpack ({type(error).__name__}: {error}); it starts "
                                   f"{bytes(frame[:16])!r}") from None
+    depth = _depth(obj)
+    if depth > limits.max_depth:
+        raise InvalidMessageError(f"the frame nests maps and arrays {depth} deep, above the limit of "
+                                  f"{limits.max_depth} (a request map > an array map > its shape is 3)")
     if not isinstance(obj, dict):
         raise InvalidMessageError(f"a request must be a msgpack map of observation keys, got a {type(obj).__name__}")
     if not all(isinstance(key, str) for key in obj):

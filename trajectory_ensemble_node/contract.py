@@ -47,6 +47,7 @@ __all__ = [
     "check_count",
     "check_finite",
     "check_reducer",
+    "reducers_for_width",
     "check_request",
 ]
 
@@ -129,6 +130,25 @@ def check_reducer(
         raise ReducerLayoutError(f"{error} ({actions} have width {action_dim})") from None
     if space is not None:
         implementation.check_space(space)
+
+
+def reducers_for_width(declared: Iterable[str], action_dim: int, *, space: str | None = None) -> tuple[str, ...]:
+    """The declared reducers a request may name for actions of width ``action_dim``: those :func:`check_reducer`
+    accepts, so what is listed (e.g. in the OpenPI metadata) and what is accepted follow one rule.
+
+    Args:
+        declared (`Iterable[str]`): An adapter's declared reducers.
+        action_dim (`int`): The raw action width served.
+        space (`str`, *optional*): ``"normalized"`` or ``"raw"``.
+    """
+    valid = []
+    for name in allowed_reducers(declared):
+        try:
+            check_reducer(name, action_dim, valid_reducers=declared, space=space)
+        except InvalidSpecError:
+            continue
+        valid.append(name)
+    return tuple(valid)
 
 
 def check_request(

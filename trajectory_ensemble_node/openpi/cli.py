@@ -6,7 +6,8 @@
 
 The params file is the node's YAML (``/**/trajectory_ensemble: ros__parameters: ...``), read with the node's own
 parameter table and checks (``ros/params.py``), so one file configures both faces; without one, the node's defaults
-serve the bundled toy policy. The key comes from ``--api-key`` or the :data:`API_KEY_ENV` environment variable.
+serve the bundled toy policy. The key comes from ``--api-key`` (repeat it for several keys: each is its own owner, and
+connections with different keys never share a session) or the :data:`API_KEY_ENV` environment variable.
 Binding an address other than loopback without a key is refused unless ``--allow-remote-without-key`` says so.
 
 SIGINT or SIGTERM: every request still queued or running gets a ``SHUTDOWN`` error frame, the connections close, and
@@ -23,7 +24,7 @@ import os
 import signal
 import sys
 
-from ..errors import ParameterError, TrajectoryEnsembleError
+from ..errors import ParameterError, TrajectoryEnsembleError, describe_error
 from ..ros import params as node_params
 from ..ros.params_file import read_params_file
 from ..ros.shutdown import arm_exit_deadline
@@ -45,8 +46,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--port", type=int, default=8000, help="port (default 8000, openpi's; 0 = any free port)")
     parser.add_argument("--params-file", default=None,
                         help="the node's YAML (e.g. config/serve.yaml): model, reducers, limits and openpi_* settings")
-    parser.add_argument("--api-key", default=None,
-                        help=f"key every client must send (Authorization: Api-Key or Bearer); default ${API_KEY_ENV}")
+    parser.add_argument("--api-key", action="append", default=None,
+                        help=f"key a client must send (Authorization: Api-Key or Bearer); repeat for several keys, "
+                             f"each its own owner of sessions (docs/security.md); default ${API_KEY_ENV}")
     parser.add_argument("--allow-remote-without-key", action="store_true",
                         help="allow a non-loopback --host without a key (anyone who can reach it can use the model)")
 
@@ -61,7 +63,7 @@ def is_loopback(host: str) -> bool:
         return False  # a host name could resolve anywhere
 
 
-def check_bind(host: str, api_key: str | None, allow_remote_without_key: bool) -> None:
+def check_bind(host: str, api_key: str | list[str] | None, allow_remote_without_key: bool) -> None:
     """Refuse to serve an open model on the network by accident.
 
     Raises:
@@ -93,10 +95,11 @@ async def _serve(server: OpenPIServer) -> None:
     def ready(port: int) -> None:
         policy = server.policy
         p = policy.params
+        auth = f"on ({len(server.keys)} key{'s' if len(server.keys) > 1 else ''})" if server.keys else "off"
         logger.info("[%s] ready: ws://%s:%d (routes %s), schema %s, %s chunk %d x %d, %dx %s, auth %s, "
                     "max_concurrent %d", policy.notice, server.host, port, list(ROUTES), policy.schema.name,
                     p.domain_name, p.chunk_size, p.action_dim, p.candidate_count, p.reducer,
-                    "on" if server.api_key else "off", server.limits.max_concurrent)
+                    auth, server.limits.max_concurrent)
 
     await server.run(stop, on_ready=ready)
 
@@ -109,7 +112,8 @@ def run(args: argparse.Namespace) -> int:
     """
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         stream=sys.stderr)
-    api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
+    keys = [k for k in (args.api_key or [os.environ.get(API_KEY_ENV) or ""]) if k]
+    api_key = keys or None
     try:
         check_bind(args.host, api_key, args.allow_remote_without_key)
         params = load_params(args.params_file)
@@ -118,14 +122,15 @@ def run(args: argparse.Namespace) -> int:
             logger.warning("%s", mismatch)
         policy = OpenPIPolicy.from_params(params)
     except TrajectoryEnsembleError as error:
-        print(f"[serve-openpi] error: {error}", file=sys.stderr, flush=True)
+        print(f"[serve-openpi] error: {describe_error(error)}", file=sys.stderr, flush=True)
         return 2
     server = OpenPIServer(policy, ServerLimits.from_params(params), host=args.host, port=args.port, api_key=api_key)
     policy.start()
     try:
         asyncio.run(_serve(server))
     except OSError as error:  # the port is taken, or the address is not this host's
-        print(f"[serve-openpi] error: cannot listen on {args.host}:{args.port}: {error}", file=sys.stderr, flush=True)
+        refusal = ParameterError(f"cannot listen on {args.host}:{args.port}: {error}")
+        print(f"[serve-openpi] error: {describe_error(refusal)}", file=sys.stderr, flush=True)
         return 2
     finally:
         policy.stop(1.0)

@@ -8,7 +8,9 @@ All are optional; a request without any is served like a goal with every field a
 - ``deadline_ms`` (number >= 0; 0 = none): from the request's arrival;
 - ``session_id`` (str), ``continue_previous`` (bool), ``inference_delay`` (int actions; 0 = the session's latency
   estimate), ``stamp`` (seconds, the observation's time on the client's clock; absent = arrival time): the closed
-  loop over the wire (:mod:`.sessions`);
+  loop over the wire (:mod:`.sessions`); ``session_scope`` (``"connection"``, the default: the session is private to
+  this connection; ``"key"``: shared by every connection holding the same key, to resume after a reconnect; see
+  docs/security.md);
 - ``endpoint``: ``"infer"`` (default) or ``"reset"`` (vLLM-Omni's session reset).
 
 Types are checked here; values go through :func:`~trajectory_ensemble_node.ros.goals.plan_goal`, the node's own
@@ -30,9 +32,11 @@ from ..ros.goals import GoalPlan, plan_goal
 from ..ros.params import NodeParams
 
 EXTRA_KEYS = ("num_candidates", "reducer", "seed", "return_candidates", "deadline_ms", "session_id",
-              "continue_previous", "inference_delay", "stamp", "endpoint")
+              "continue_previous", "inference_delay", "stamp", "endpoint", "session_scope")
 """Request keys that are not observation keys."""
 ENDPOINTS = ("infer", "reset")
+SESSION_SCOPES = ("connection", "key")
+"""``connection``: a session private to its connection (the default); ``key``: shared by the key's connections."""
 MAX_SESSION_ID_CHARS = 256
 
 
@@ -51,6 +55,7 @@ class RequestExtras:
         continue_previous (`bool`): Continue the session's last served chunk.
         inference_delay (`int`): Frozen actions; 0 = the session's latency estimate.
         stamp (`float`, *optional*): The observation's time (seconds); ``None`` = arrival time.
+        session_scope (`str`): ``"connection"`` or ``"key"`` (:data:`SESSION_SCOPES`).
     """
 
     endpoint: str = "infer"
@@ -63,6 +68,7 @@ class RequestExtras:
     continue_previous: bool = False
     inference_delay: int = 0
     stamp: float | None = None
+    session_scope: str = "connection"
 
 
 def _int(obs: Mapping[str, Any], key: str, error: type[Exception], default: int = 0) -> int:
@@ -104,7 +110,8 @@ def parse_extras(obs: Mapping[str, Any]) -> RequestExtras:
 
     Raises:
         InvalidSpecError: ``num_candidates``, ``reducer``, ``seed`` or ``return_candidates`` of the wrong type.
-        GoalRequestError: another extra of the wrong type, an unknown ``endpoint``, or a session id too long.
+        GoalRequestError: another extra of the wrong type, an unknown ``endpoint`` or ``session_scope``, or a session
+            id too long.
     """
     endpoint = _text(obs, "endpoint", GoalRequestError, "infer")
     if endpoint not in ENDPOINTS:
@@ -113,6 +120,9 @@ def parse_extras(obs: Mapping[str, Any]) -> RequestExtras:
     if session_id is not None and len(session_id) > MAX_SESSION_ID_CHARS:
         raise GoalRequestError(f"session_id must have at most {MAX_SESSION_ID_CHARS} characters, got "
                                f"{len(session_id)} ({session_id[:40]!r})")
+    scope = _text(obs, "session_scope", GoalRequestError, "connection")
+    if scope not in SESSION_SCOPES:
+        raise GoalRequestError(f"session_scope must be one of {list(SESSION_SCOPES)}, got {scope!r}")
     seed = None if obs.get("seed") is None else _int(obs, "seed", InvalidSpecError)
     deadline_ms = _number(obs, "deadline_ms") or 0.0
     if deadline_ms < 0:
@@ -128,6 +138,7 @@ def parse_extras(obs: Mapping[str, Any]) -> RequestExtras:
         continue_previous=_bool(obs, "continue_previous", GoalRequestError),
         inference_delay=_int(obs, "inference_delay", GoalRequestError),
         stamp=_number(obs, "stamp"),
+        session_scope=str(scope),
     )
 
 

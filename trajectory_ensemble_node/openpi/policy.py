@@ -32,7 +32,7 @@ import torch
 from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import CosmosActionCondition
 
 from ..catalog import load_model
-from ..contract import EnsembleResult, check_reducer
+from ..contract import EnsembleResult, check_reducer, reducers_for_width
 from ..engine import GroupHandle, GroupRequest
 from ..engine.deadline import check_deadline
 from ..errors import InvalidSpecError, ParameterError
@@ -46,7 +46,7 @@ from ..ros.startup_checks import load_action_stats, load_novelty, load_uncertain
 from ..safety import load_limits
 from .extras import EXTRA_KEYS, RequestExtras, parse_extras, plan_request
 from .schemas import ObservationSchema, ParsedObservation, get_schema
-from .sessions import SessionStore, decide, remember
+from .sessions import Caller, SessionKey, SessionStore, decide, remember, session_key
 
 SERVER_NAME = "trajectory_ensemble"
 
@@ -57,14 +57,14 @@ class Job:
 
     Args:
         request_id (`str`): The group's id (``openpi-<connection>-<n>``).
-        session (`str`): The session key it continues and is remembered in.
+        session (`SessionKey`): The session it continues and is remembered in (its caller's).
         extras (`RequestExtras`), plan (`GoalPlan`), observation (`ParsedObservation`): The checked request.
         arrival (`float`): ``time.monotonic()`` when it arrived.
         stamp (`float`): Its time for alignment: the request's ``stamp``, else ``arrival``.
     """
 
     request_id: str
-    session: str
+    session: SessionKey
     extras: RequestExtras
     plan: GoalPlan
     observation: ParsedObservation
@@ -175,7 +175,7 @@ class OpenPIPolicy:
                 "keys": list(EXTRA_KEYS),
                 "num_candidates": {"default": p.candidate_count, "max": p.max_candidates},
                 "reducer": {"default": p.reducer, "continuity_default": p.continuity_reducer,
-                            "valid": list(self.model.valid_reducers())},
+                            "valid": list(reducers_for_width(self.model.valid_reducers(), p.action_dim))},
                 "num_inference_steps": p.num_inference_steps,
             },
             "limits": dict(limits or {}),
@@ -184,14 +184,13 @@ class OpenPIPolicy:
                                      "action_space": p.domain_name},
         }
 
-    def prepare(self, obs: dict[str, Any], *, request_id: str, connection_session: str,
-                arrival: float) -> Job:
+    def prepare(self, obs: dict[str, Any], *, request_id: str, caller: Caller, arrival: float) -> Job:
         """Check one decoded request, before any model work.
 
         Args:
             obs (`dict[str, Any]`): The request.
             request_id (`str`): The group id to use.
-            connection_session (`str`): The session of requests that name no ``session_id``.
+            caller (`Caller`): Who sent it: its sessions are looked up in this caller's namespace only.
             arrival (`float`): ``time.monotonic()`` at arrival.
 
         Raises:
@@ -203,14 +202,18 @@ class OpenPIPolicy:
         check_instruction(observation.prompt, self.limits, None, source="prompt")
         plan = plan_request(extras, observation.prompt, self.params, default_instruction=self.params.instruction,
                             valid_reducers=self.model.valid_reducers())
-        session = extras.session_id if extras.session_id is not None else connection_session
+        session = session_key(caller, extras.session_id, extras.session_scope)
         stamp = extras.stamp if extras.stamp is not None else arrival
         return Job(request_id, session, extras, plan, observation, arrival, stamp)
 
-    def reset(self, obs: dict[str, Any], *, connection_session: str) -> dict[str, Any]:
-        """``{"endpoint": "reset"}``: drop the session's chunk; the reply says whether there was one."""
+    def reset(self, obs: dict[str, Any], *, caller: Caller) -> dict[str, Any]:
+        """``{"endpoint": "reset"}``: drop the caller's session's chunk; the reply says whether there was one.
+
+        ``had_chunk`` is about the caller's own namespace: a name another owner uses answers ``False``, exactly as a
+        name never used.
+        """
         extras = parse_extras(obs)
-        session = extras.session_id if extras.session_id is not None else connection_session
+        session = session_key(caller, extras.session_id, extras.session_scope)
         return {"reset": True, "session_id": extras.session_id, "had_chunk": self.sessions.reset(session)}
 
     def build(self, job: Job) -> None:

@@ -7,9 +7,14 @@ engine's thread:
   /stats`` the counts as JSON (with the key); the wire is served at ``/`` (openpi) and ``/v1/realtime/robot/openpi``
   (vLLM-Omni), other paths get 404. With a key set, the
   ``Authorization`` header must be ``Api-Key <key>`` (openpi-client) or ``Bearer <key>`` (RoboLab, vLLM); anything else
-  gets HTTP 401 before any work. Past ``max_connections`` a handshake gets HTTP 503.
+  gets HTTP 401 before any work. Several keys may be set; each is its own owner (:mod:`.connections`). Past
+  ``max_connections`` or ``max_connections_per_client``, a connection that has not sent a request yet is reclaimed to
+  make room (:mod:`.connections`); only when none can be, a handshake gets HTTP 503 ``CAPACITY`` saying which limit.
 - **A connection**: the metadata dict first, then one reply per request, in request order: a connection's requests
-  run one after another (a client that sends several before reading gets its replies in that order).
+  run one after another (a client that sends several before reading gets its replies in that order). Its sessions
+  are its owner's, private to it unless a request asks for ``session_scope: "key"`` (docs/security.md).
+- **Decoding** runs on a small pool of its own, never on the event loop nor the build thread, within bounds derived
+  from the schema and the limits (:class:`.wire.DecodeLimits`): a hostile frame costs about what a normal one does.
 - **Co-batching**: requests of different connections are submitted to the one engine as they come, up to
   ``max_concurrent`` at once, so they share physical forwards (the engine packs unrelated groups into one batch per
   denoising step, each token at its own timestep). Up to ``max_queued`` more wait in arrival order; past that a
@@ -21,9 +26,11 @@ engine's thread:
 - **Limits**: ``max_size`` is the message limit (a larger message closes its connection with code 1009 and the
   library's reason, "frame with N bytes exceeds limit of M bytes"); a connection idle for ``idle_timeout_s`` is closed
   with code 1001 and a reason that says so.
-- **Shutdown** (:meth:`OpenPIServer.run` returns once ``stop`` is set): new handshakes get 503, every queued or running
-  request gets a ``SHUTDOWN`` error frame (a running group is canceled at its next step), then the connections close
-  with 1001. The engine itself belongs to the caller (``serve-openpi`` stops it after :meth:`~OpenPIServer.run`).
+- **Shutdown** (:meth:`OpenPIServer.run` returns once ``stop`` is set): every queued or running request gets a
+  ``SHUTDOWN`` error frame (a running group is canceled at its next step), then the connections close with 1001, and
+  only then the listening socket: until it closes, a new handshake gets HTTP 503 ``SHUTDOWN (42)``; after it, and once
+  the process has exited, a connect is refused by the host. The engine itself belongs to the caller (``serve-openpi``
+  stops it after :meth:`~OpenPIServer.run`).
 
 Errors are text frames (:func:`.wire.error_frame`); the connection stays open for the next request. No traceback is
 ever sent.
@@ -34,20 +41,20 @@ from __future__ import annotations
 import asyncio
 import collections
 import concurrent.futures
-import hmac
 import http
 import itertools
 import json
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from websockets.asyncio.server import Request, Response, ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 from websockets.frames import CloseCode
+from websockets.protocol import State
 
 from ..engine import GroupHandle
 from ..errors import (
@@ -55,12 +62,15 @@ from ..errors import (
     AuthenticationError,
     CapacityError,
     EngineShutdownError,
-    ErrorCode,
     TrajectoryEnsembleError,
+    describe_error,
 )
 from ..ros.params import NodeParams
 from . import wire
+from .connections import ConnectionTable, KeyRing
+from .extras import EXTRA_KEYS
 from .policy import OpenPIPolicy
+from .sessions import Caller
 
 logger = logging.getLogger("trajectory_ensemble.openpi")
 
@@ -71,7 +81,10 @@ HEALTH_ROUTES = ("/healthz", "/health")
 STATS_ROUTE = "/stats"
 """A plain GET answers :meth:`OpenPIServer.stats` as JSON (with the key, when one is set)."""
 SHUTDOWN_FLUSH_S = 1.0
-"""How long the error frames of a shutdown may take to go out before the connections are closed."""
+"""How long the error frames of a shutdown may take to go out before the connections are closed, and how long their
+closing handshakes may take before the listening socket closes."""
+DECODE_THREADS = 2
+"""Threads decoding frames: a frame never waits for the event loop or the build thread, nor they for it."""
 
 
 @dataclass(frozen=True)
@@ -84,6 +97,9 @@ class ServerLimits:
         max_connections (`int`): Connections at once.
         max_concurrent (`int`): Requests in the engine at once (co-batched).
         max_queued (`int`): Requests waiting beyond ``max_concurrent``.
+        max_connections_per_client (`int`): Connections of one client (key and peer address) at once; 0 = no cap.
+        handshake_idle_s (`float`): A connection without a request for this long may be reclaimed when the server is
+            full (:mod:`.connections`).
     """
 
     max_message_bytes: int = 16 * 1024 * 1024
@@ -91,11 +107,14 @@ class ServerLimits:
     max_connections: int = 64
     max_concurrent: int = 8
     max_queued: int = 32
+    max_connections_per_client: int = 16
+    handshake_idle_s: float = 5.0
 
     @classmethod
     def from_params(cls, params: NodeParams) -> ServerLimits:
         return cls(params.openpi_max_message_bytes, params.openpi_idle_timeout_s, params.openpi_max_connections,
-                   params.openpi_max_concurrent, params.openpi_max_queued)
+                   params.openpi_max_concurrent, params.openpi_max_queued, params.openpi_max_connections_per_client,
+                   params.openpi_handshake_idle_s)
 
 
 class AdmissionGate:
@@ -169,13 +188,12 @@ def authorized(header: str | None, api_key: str) -> bool:
 
     The comparison takes the same time whatever the header holds (``hmac.compare_digest``).
     """
-    scheme, _, token = (header or "").strip().partition(" ")
-    matches = hmac.compare_digest(token.strip().encode(), api_key.encode())
-    return scheme.lower() in ("api-key", "bearer") and matches
+    return KeyRing([api_key]).match(header) is not None
 
 
-def _refusal(code: ErrorCode, message: str) -> str:
-    return f"{code.name} ({int(code)}): {message}\n"
+def _refusal(error: TrajectoryEnsembleError) -> str:
+    """An HTTP refusal's body: ``NAME (code): message``, as every refusal a person reads."""
+    return describe_error(error) + "\n"
 
 
 class OpenPIServer:
@@ -186,14 +204,20 @@ class OpenPIServer:
         limits (`ServerLimits`): Message size, idle timeout, connections, concurrency, queue.
         host (`str`): Address to bind (``127.0.0.1`` by default; see ``serve-openpi`` for the rules on others).
         port (`int`): Port; 0 picks a free one (:meth:`run` reports it).
-        api_key (`str`, *optional*): Required of every connection when set.
+        api_key (`str` or `Sequence[str]`, *optional*): The key, or keys, every connection must carry one of. Each
+            key is its own owner: connections with different keys never share a session.
     """
 
     def __init__(self, policy: OpenPIPolicy, limits: ServerLimits, *, host: str = "127.0.0.1", port: int = 8000,
-                 api_key: str | None = None) -> None:
+                 api_key: str | Sequence[str] | None = None) -> None:
         self.policy, self.limits = policy, limits
         self.host, self.port = host, int(port)
-        self.api_key = api_key or None
+        self.keys = KeyRing([api_key] if isinstance(api_key, str) else list(api_key or ()))
+        self.connections = ConnectionTable(limits.max_connections, limits.max_connections_per_client,
+                                           limits.handshake_idle_s)
+        self.decode_limits = wire.DecodeLimits.for_request(
+            keys=len(policy.schema.keys()) + len(EXTRA_KEYS), max_message_bytes=limits.max_message_bytes,
+            max_image_bytes=policy.params.max_image_bytes)
         self.gate = AdmissionGate(limits.max_concurrent, limits.max_queued)
         self.counts: collections.Counter[str] = collections.Counter()
         self._connections: set[ServerConnection] = set()
@@ -204,6 +228,8 @@ class OpenPIServer:
         self._shutting_down: asyncio.Future | None = None
         # One thread: the tokenizer and the VAE are used by one thread at a time, in arrival order.
         self._builder = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="openpi-build")
+        self._decoder = concurrent.futures.ThreadPoolExecutor(max_workers=DECODE_THREADS,
+                                                              thread_name_prefix="openpi-decode")
         self._metadata = wire.pack(policy.metadata(asdict(limits)))
 
     def stats(self) -> dict[str, Any]:
@@ -225,7 +251,8 @@ class OpenPIServer:
         """
         self._shutting_down = asyncio.get_running_loop().create_future()
         async with serve(self._handler, self.host, self.port, process_request=self._process_request,
-                         max_size=self.limits.max_message_bytes, compression=None) as server:
+                         max_size=self.limits.max_message_bytes, compression=None,
+                         close_timeout=SHUTDOWN_FLUSH_S) as server:
             self.port = int(server.sockets[0].getsockname()[1])
             if on_ready is not None:
                 on_ready(self.port)
@@ -234,6 +261,12 @@ class OpenPIServer:
                 await self._shutdown(server)
             finally:
                 self._builder.shutdown(wait=False, cancel_futures=True)
+                self._decoder.shutdown(wait=False, cancel_futures=True)
+
+    @property
+    def api_key(self) -> bool:
+        """Whether connections need a key (the keys themselves are not exposed)."""
+        return bool(self.keys)
 
     async def _shutdown(self, server: Any) -> None:
         self._stopping = True
@@ -244,6 +277,12 @@ class OpenPIServer:
         deadline = time.monotonic() + SHUTDOWN_FLUSH_S
         while self._inflight and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
+        # The connections close first, the listening socket last: until then a new handshake gets 503 SHUTDOWN,
+        # as the docs promise, instead of a refused connect.
+        closing = [asyncio.ensure_future(ws.close(CloseCode.GOING_AWAY, "server shutting down"))
+                   for ws in list(self._connections)]
+        if closing:
+            await asyncio.wait(closing, timeout=SHUTDOWN_FLUSH_S)
         server.close(close_connections=True, code=CloseCode.GOING_AWAY, reason="server shutting down")
         try:
             await asyncio.wait_for(server.wait_closed(), SHUTDOWN_FLUSH_S)
@@ -261,14 +300,16 @@ class OpenPIServer:
             return connection.respond(http.HTTPStatus.NOT_FOUND,
                                       f"no route {path!r}; the OpenPI wire is served at {list(ROUTES)}\n")
         if self._stopping:
+            self.counts["refused_shutdown"] += 1
             return connection.respond(http.HTTPStatus.SERVICE_UNAVAILABLE,
-                                      _refusal(ErrorCode.SHUTDOWN, "the server is shutting down"))
-        if self.api_key is not None and not authorized(request.headers.get("Authorization"), self.api_key):
+                                      _refusal(EngineShutdownError("", "the server is shutting down")))
+        owner = self.keys.match(request.headers.get("Authorization")) if self.keys else None
+        if self.keys and owner is None:
             self.counts["refused_unauthorized"] += 1
             logger.warning("openpi: refused a connection from %s: missing or wrong key", connection.remote_address)
             refusal = AuthenticationError("missing or wrong key; send 'Authorization: Api-Key <key>' or "
                                           "'Authorization: Bearer <key>'")
-            response = connection.respond(http.HTTPStatus.UNAUTHORIZED, _refusal(refusal.code, str(refusal)))
+            response = connection.respond(http.HTTPStatus.UNAUTHORIZED, _refusal(refusal))
             response.headers["WWW-Authenticate"] = 'Bearer realm="openpi"'
             return response
         if path == STATS_ROUTE:
@@ -276,18 +317,27 @@ class OpenPIServer:
             del response.headers["Content-Type"]
             response.headers["Content-Type"] = "application/json"
             return response
-        if len(self._connections) >= self.limits.max_connections:
+        peer = str((connection.remote_address or ("?",))[0])
+        try:
+            reclaims = self.connections.admit(connection, owner, peer,
+                                              is_closed=lambda ws: ws.state is State.CLOSED)
+        except CapacityError as refusal:
             self.counts["refused_capacity"] += 1
-            return connection.respond(http.HTTPStatus.SERVICE_UNAVAILABLE, _refusal(
-                ErrorCode.CAPACITY, f"{len(self._connections)} connections already open "
-                                    f"(openpi_max_connections={self.limits.max_connections}); retry later"))
+            logger.warning("openpi: refused a connection from %s: %s", peer, refusal)
+            return connection.respond(http.HTTPStatus.SERVICE_UNAVAILABLE, _refusal(refusal))
+        for reclaim in reclaims:
+            self.counts["closed_reclaimed"] += 1
+            logger.info("openpi: closing connection %d of %s to make room: %s", reclaim.state.number,
+                        reclaim.state.peer, reclaim.reason)
+            asyncio.ensure_future(reclaim.state.connection.close(CloseCode.TRY_AGAIN_LATER, reclaim.reason))
         return None
 
     # --- one connection --------------------------------------------------------------------------------------------
 
     async def _handler(self, ws: ServerConnection) -> None:
         conn_id = next(self._ids)
-        session = f"connection-{conn_id}"
+        state = self.connections.start(ws, conn_id)
+        caller = state.caller()
         self._connections.add(ws)
         self.counts["connections"] += 1
         try:
@@ -297,8 +347,9 @@ class OpenPIServer:
                 raw = await self._next_message(ws)
                 if raw is None:
                     return
+                state.requests += 1  # from now on a request-serving connection: never reclaimed
                 started = time.monotonic()
-                out = await self._serve(ws, raw, f"openpi-{conn_id}-{seq}", session, started, previous_total_ms)
+                out = await self._serve(ws, raw, f"openpi-{conn_id}-{seq}", caller, started, previous_total_ms)
                 if out is None:
                     return  # the client went away mid-request
                 await ws.send(out)
@@ -307,7 +358,8 @@ class OpenPIServer:
             pass
         finally:
             self._connections.discard(ws)
-            self.policy.sessions.forget(session)
+            self.connections.close(ws)
+            self.policy.sessions.forget_connection(caller.owner, conn_id)
 
     async def _next_message(self, ws: ServerConnection) -> str | bytes | None:
         idle = self.limits.idle_timeout_s or None
@@ -321,17 +373,19 @@ class OpenPIServer:
             pass
         return None
 
-    async def _serve(self, ws: ServerConnection, raw: str | bytes, request_id: str, session: str, started: float,
+    async def _serve(self, ws: ServerConnection, raw: str | bytes, request_id: str, caller: Caller, started: float,
                      previous_total_ms: float | None) -> str | bytes | None:
         """One request: its reply frame, an error frame, or ``None`` when the client left before the reply."""
         self.counts["requests"] += 1
         self._inflight += 1
         closed = asyncio.ensure_future(ws.wait_closed())
         try:
-            obs = wire.unpack(raw)
+            # Off the loop: even a bounded decode of a large frame must not delay health checks or other clients.
+            obs = await asyncio.get_running_loop().run_in_executor(self._decoder, wire.unpack, raw,
+                                                                   self.decode_limits)
             if obs.get("endpoint") == "reset":
-                return wire.pack(self.policy.reset(obs, connection_session=session))
-            job = self.policy.prepare(obs, request_id=request_id, connection_session=session, arrival=started)
+                return wire.pack(self.policy.reset(obs, caller=caller))
+            job = self.policy.prepare(obs, request_id=request_id, caller=caller, arrival=started)
             if self._stopping:
                 raise EngineShutdownError(request_id, "the server is shutting down; nothing was served")
             if not await self._until_closed(self.gate.acquire(), closed, release=self.gate.release):

@@ -49,6 +49,7 @@ def test_a_non_loopback_address_without_a_key_is_refused_at_start_up():
                            "--port", "0"], capture_output=True, text=True, timeout=120, check=False)
     assert proc.returncode == 2
     assert "--host '0.0.0.0'" in proc.stderr and "--api-key" in proc.stderr and "Traceback" not in proc.stderr
+    assert "error: INVALID_PARAMETERS (52): " in proc.stderr  # the code, not the class
 
 
 def test_an_invalid_params_file_is_refused_by_name(tmp_path):
@@ -57,6 +58,7 @@ def test_an_invalid_params_file_is_refused_by_name(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "trajectory_ensemble_node.cli", "serve-openpi", "--params-file",
                            str(params), "--port", "0"], capture_output=True, text=True, timeout=120, check=False)
     assert proc.returncode == 2 and "openpi_max_queued: must be >= 0, got -1" in proc.stderr
+    assert "error: INVALID_PARAMETERS (52): invalid parameters" in proc.stderr
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])

@@ -220,12 +220,14 @@ def test_a_client_that_disconnects_mid_request_has_its_group_canceled(toy_policy
 
 
 def test_idle_connections_close_with_a_reason_and_the_connection_limit_refuses_at_the_handshake(toy_policy):
-    with serving(toy_policy, idle_timeout_s=0.5, max_connections=2) as server:
+    # handshake_idle_s: 60 keeps both connections from being reclaimed for the newcomer (test_hostile.py).
+    with serving(toy_policy, idle_timeout_s=0.5, max_connections=2, handshake_idle_s=60.0) as server:
         first, _ = connect(server.url)
         _second, _ = connect(server.url)
         with pytest.raises(InvalidStatus) as full:
             connect(server.url)
         assert full.value.response.status_code == 503 and b"CAPACITY (15)" in full.value.response.body
+        assert b"openpi_max_connections=2" in full.value.response.body
         with pytest.raises(ConnectionClosed) as idle:
             first.recv(timeout=60)
         assert idle.value.rcvd.code == 1001 and "idle for 0.5 s" in idle.value.rcvd.reason
@@ -247,10 +249,14 @@ def test_continue_previous_continues_the_sessions_last_chunk_and_reset_drops_it(
         np.testing.assert_allclose(second["actions"][0], first["actions"][2], atol=1e-4)
         other = client.infer({**base, "session_id": "episode-2", "stamp": 10.5, "continue_previous": True})
         assert other["continuity"] == "no previous chunk"
-        # vLLM-Omni's reset, here from another connection: sessions are named, not tied to a socket.
+        # From another connection, the name is that connection's own (sessions belong to their connection unless a
+        # keyed request shares them: test_hostile.py): nothing to reset there.
         ws, _ = connect(server.url)
         ws.send(msgpack_numpy.packb({"endpoint": "reset", "session_id": "episode-1"}))
-        assert msgpack_numpy.unpackb(ws.recv()) == {"reset": True, "session_id": "episode-1", "had_chunk": True}
+        assert msgpack_numpy.unpackb(ws.recv()) == {"reset": True, "session_id": "episode-1", "had_chunk": False}
+        # vLLM-Omni's reset on the session's own connection drops its chunk.
+        assert client.infer({"endpoint": "reset", "session_id": "episode-1"}) == {
+            "reset": True, "session_id": "episode-1", "had_chunk": True}
         after = client.infer({**base, "stamp": 10.5, "continue_previous": True})
         assert after["continuity"] == "no previous chunk"
 

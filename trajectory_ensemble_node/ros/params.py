@@ -11,7 +11,9 @@ Numeric parameters are declared with dynamic typing and converted here, so ``fps
 
 from __future__ import annotations
 
+import math
 import os
+import reprlib
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
@@ -265,17 +267,38 @@ class NodeParams:
         return 1.0 / self.fps
 
 
+INT64_RANGE = (-(2**63), 2**63 - 1)
+"""What a ROS integer parameter holds; a params file read without rclpy may carry any Python int."""
+_PREVIEW = reprlib.Repr()  # keyword arguments only from Python 3.12
+_PREVIEW.maxlevel, _PREVIEW.maxstring, _PREVIEW.maxlong, _PREVIEW.maxother = 3, 80, 40, 80
+
+
+def _preview(value: Any) -> str:
+    # Bounded: a YAML alias bomb is a list of 2**40 items by reference, and a 5,000-digit integer has no str().
+    return _PREVIEW.repr(value)
+
+
+def _int64(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and INT64_RANGE[0] <= value <= INT64_RANGE[1]
+
+
 def _coerce(name: str, value: Any, default: Any, problems: list[str]) -> Any:
     # bool before int: bool is an int subclass, and True must not pass as 1 (nor 1 as True).
     if isinstance(default, bool):
         if isinstance(value, bool):
             return value
     elif isinstance(default, int):
-        if isinstance(value, int) and not isinstance(value, bool):
+        if _int64(value):
             return value
     elif isinstance(default, float):
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
+        # Finite only: NaN fails every bound silently, and Inf passes them (observation_wait_s: .inf overflows the
+        # wait, fps: .inf makes dt 0). An integer past the float range has no float.
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and (
+                isinstance(value, float) or abs(value) <= 2**1023) and math.isfinite(value):
             return float(value)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            problems.append(f"{name}: expected a finite number, got {_preview(value)}")
+            return default
     elif isinstance(default, str):
         if isinstance(value, str):
             return value
@@ -283,8 +306,7 @@ def _coerce(name: str, value: Any, default: Any, problems: list[str]) -> Any:
         # An integer list: rclpy hands over an array.array('q') or a list; never bools.
         if hasattr(value, "tolist"):
             value = value.tolist()
-        if isinstance(value, (list, tuple)) and value and all(
-                isinstance(v, int) and not isinstance(v, bool) for v in value):
+        if isinstance(value, (list, tuple)) and value and all(_int64(v) for v in value):
             return tuple(value)
     elif isinstance(default, list):
         if value is None:  # an empty YAML list has no type; rclpy leaves it unset
@@ -292,10 +314,10 @@ def _coerce(name: str, value: Any, default: Any, problems: list[str]) -> Any:
         if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
             return tuple(v for v in value if v != "")
     if isinstance(default, list) and default and isinstance(default[0], int):
-        problems.append(f"{name}: expected a non-empty list of integers, got {value!r}")
+        problems.append(f"{name}: expected a non-empty list of 64-bit integers, got {_preview(value)}")
         return tuple(default)
-    kind = {bool: "bool", int: "integer", float: "number", str: "string", list: "list of strings"}[type(default)]
-    problems.append(f"{name}: expected a {kind}, got {value!r} ({type(value).__name__})")
+    kind = {bool: "bool", int: "64-bit integer", float: "number", str: "string", list: "list of strings"}[type(default)]
+    problems.append(f"{name}: expected a {kind}, got {_preview(value)} ({type(value).__name__})")
     return default if not isinstance(default, list) else tuple(v for v in default if v)
 
 
@@ -349,9 +371,11 @@ def validate(raw: Mapping[str, Any], *, env: Mapping[str, str] | None = None) ->
         ParameterError: listing every problem (unknown names included), each prefixed with the parameter name.
     """
     problems: list[str] = []
-    unknown = sorted(set(raw) - set(PARAMETER_NAMES))
+    # key=str: a params file read without rclpy may have non-string keys (``1: 2``), which do not sort with names.
+    unknown = sorted(set(raw) - set(PARAMETER_NAMES), key=str)
     for name in unknown:
-        problems.append(f"{name}: unknown parameter (known: {', '.join(PARAMETER_NAMES)})")
+        label = name if isinstance(name, str) else _preview(name)
+        problems.append(f"{label}: unknown parameter (known: {', '.join(PARAMETER_NAMES)})")
     values = {spec.name: _coerce(spec.name, raw.get(spec.name, spec.default), spec.default, problems)
               for spec in PARAMETERS}
     p = values

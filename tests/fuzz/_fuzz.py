@@ -1,0 +1,71 @@
+"""Shared helpers of the fuzz targets: the profile in use, each target's example budget, the count of examples run,
+and the one check every refusal must pass (a named error with a code).
+
+Kept apart from ``conftest.py`` so that the test modules can import it (``tests/fuzz`` is on ``sys.path`` while they
+are collected, as every test folder without ``__init__.py`` is).
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from collections.abc import Collection
+
+from hypothesis import settings
+
+from trajectory_ensemble_node.errors import ErrorCode, TrajectoryEnsembleError, describe_error
+
+PROFILE_ENV = "TRAJECTORY_ENSEMBLE_FUZZ_PROFILE"
+COUNTS_ENV = "TRAJECTORY_ENSEMBLE_FUZZ_COUNTS"
+PROFILE = os.environ.get(PROFILE_ENV, "ci")
+
+EXAMPLES: dict[str, dict[str, int]] = {
+    # target: {profile: max_examples}. ci sizes keep the folder near a minute on a loaded 2-core machine; the targets
+    # that write files or run the model get fewer.
+    "wire": {"ci": 400, "soak": 20_000},
+    "wire_arrays": {"ci": 300, "soak": 10_000},
+    "schemas": {"ci": 300, "soak": 10_000},
+    "server": {"ci": 40, "soak": 1_500},
+    "observations": {"ci": 300, "soak": 10_000},
+    "observation_buffer": {"ci": 100, "soak": 5_000},
+    "params_tree": {"ci": 200, "soak": 5_000},
+    "params_text": {"ci": 80, "soak": 3_000},
+    "bag_payloads": {"ci": 15, "soak": 600},
+    "bag_files": {"ci": 15, "soak": 600},
+}
+"""Example budget per target and profile (``settings.max_examples``); the report quotes the counts actually run."""
+
+COUNTS: Counter[str] = Counter()
+"""Examples run per target in this session (shrinking included), printed at the end of the session."""
+
+
+def fuzz_settings(target: str) -> settings:
+    """The profile in use (``TRAJECTORY_ENSEMBLE_FUZZ_PROFILE``) with ``target``'s example budget.
+
+    Args:
+        target (`str`): A key of :data:`EXAMPLES`.
+    """
+    return settings(settings.get_profile(PROFILE), max_examples=EXAMPLES[target][PROFILE])
+
+
+def record(target: str) -> None:
+    """Count one example of ``target``."""
+    COUNTS[target] += 1
+
+
+def check_named(error: BaseException, codes: Collection[ErrorCode] | None = None) -> ErrorCode:
+    """Fail unless ``error`` is a named error with a code (among ``codes`` when given); returns the code.
+
+    A bare ``ValueError``, ``KeyError``, ``struct.error``... from deep inside a parser is exactly what the fuzzers
+    look for: it reaches the operator as a traceback, or the client as an anonymous ``ENGINE_FAILURE``.
+
+    Args:
+        error (`BaseException`): What the code under test raised.
+        codes (`Collection[ErrorCode]`, *optional*): The codes this surface may refuse with.
+    """
+    assert isinstance(error, TrajectoryEnsembleError), \
+        f"unnamed {type(error).__name__} escaped: {error!r}"
+    code = ErrorCode(error.code)
+    assert codes is None or code in codes, f"unexpected code: {describe_error(error)}"
+    assert str(error), f"{type(error).__name__} without a message"
+    return code

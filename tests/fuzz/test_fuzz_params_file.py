@@ -123,6 +123,8 @@ def fragments(canary: Path) -> st.SearchStrategy[bytes]:
             f"{header}    marker_lifetime_s: -.inf\n",
             f"{header}    seed: 0x" + "f" * 1200 + "\n",
             f"{header}    seed: -0x" + "f" * 1200 + "\n",
+            f"{header}    seed: 0x" + "f" * 4000 + "\n",  # past 4,300 decimal digits: no repr()
+            f"{header}    warmup_counts: [0x" + "f" * 4000 + "]\n",
             f"{header}    fps: " + "9" * 5000 + "\n",
             f"{header}    fps: " + "9" * 400 + "\n",
             f"{header}    chunk_size: 0b" + "1" * 200 + "\n",

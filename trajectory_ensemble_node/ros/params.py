@@ -269,13 +269,21 @@ class NodeParams:
 
 INT64_RANGE = (-(2**63), 2**63 - 1)
 """What a ROS integer parameter holds; a params file read without rclpy may carry any Python int."""
-_PREVIEW = reprlib.Repr()  # keyword arguments only from Python 3.12
-_PREVIEW.maxlevel, _PREVIEW.maxstring, _PREVIEW.maxlong, _PREVIEW.maxother = 3, 80, 40, 80
 
 
-def _preview(value: Any) -> str:
-    # Bounded: a YAML alias bomb is a list of 2**40 items by reference, and a 5,000-digit integer has no str().
-    return _PREVIEW.repr(value)
+class _Preview(reprlib.Repr):
+    """Bounded quotes of bad values: a YAML alias bomb is a list of 2**40 items by reference, and an integer of more
+    than 4,300 digits has no ``repr()``."""
+
+    def __init__(self) -> None:
+        super().__init__()  # keyword arguments only from Python 3.12
+        self.maxlevel, self.maxstring, self.maxlong, self.maxother = 3, 80, 40, 80
+
+    def repr_int(self, x: int, level: int) -> str:
+        return f"<an integer of {x.bit_length()} bits>" if x.bit_length() > 256 else super().repr_int(x, level)
+
+
+_preview = _Preview().repr
 
 
 def _int64(value: Any) -> bool:

@@ -92,3 +92,32 @@ def test_the_error_frame_names_the_code_and_quotes_the_message_but_never_a_trace
         internal = wire.parse_error_frame(wire.error_frame(error))
     assert internal["error"] == "ENGINE_FAILURE" and "secret" not in json.dumps(internal)
     assert "Traceback" not in json.dumps(internal)
+
+
+LIMITS = wire.DecodeLimits.for_request(keys=12, max_message_bytes=16 * 2**20, max_image_bytes=1000)
+
+
+@pytest.mark.parametrize(("frame", "quoted"), [
+    (b"\x81\xa1a\xdd" + (10**6).to_bytes(4, "big") + b"\x80" * 10**6, "1000000 items in one array"),
+    (b"\xdf" + (10**6).to_bytes(4, "big") + b"\x80\x80" * 10, "1000000 entries in one map"),
+    (b"\x81\xa1a" + b"\x91" * 5000 + b"\xc0", "deeper than msgpack's own limit"),
+    (msgpack.packb({"a": [[[[1]]]]}), "5 deep, above the limit of 4"),
+    (msgpack.packb({f"k{i}": [[{}] * 60] * 20 for i in range(10)}), "map entries and array items in all"),
+    (msgpack.packb({"a": b"\x00" * 1001}), "1001 bytes in one binary, above the limit of 1000"),
+    (msgpack.packb({"a": msgpack.ExtType(1, b"x")}), "ext types are not part of the wire"),
+])
+def test_a_frame_past_a_decoding_bound_is_refused_naming_the_bound(frame, quoted):
+    with pytest.raises(InvalidMessageError) as caught:
+        wire.unpack(frame, LIMITS)
+    assert quoted in str(caught.value) and caught.value.code == ErrorCode.INVALID_MESSAGE
+
+
+def test_what_a_droid_client_sends_fits_the_bounds_derived_for_its_schema():
+    obs = {"observation/exterior_image_1_left": np.zeros((180, 320, 3), np.uint8),
+           "observation/exterior_image_2_left": np.zeros((180, 320, 3), np.uint8),
+           "observation/wrist_image_left": np.zeros((180, 320, 3), np.uint8),
+           "observation/joint_position": [0.1] * 7, "observation/gripper_position": np.zeros(1),
+           "prompt": "pick up the cup", "session_id": "ep-1", "seed": 3, "num_candidates": 8}
+    limits = wire.DecodeLimits.for_request(keys=18, max_message_bytes=16 * 2**20, max_image_bytes=64 * 2**20)
+    decoded = wire.unpack(msgpack_numpy.packb(obs), limits)
+    assert decoded.keys() == obs.keys() and decoded["observation/joint_position"] == [0.1] * 7

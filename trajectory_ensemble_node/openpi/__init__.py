@@ -8,6 +8,8 @@ serves, over OpenPI's msgpack websocket wire, and requests from different connec
 - :mod:`.extras`: the per-request extras (count, reducer, seed, ...), checked by the goal's rules;
 - :mod:`.sessions`: ``session_id`` and ``continue_previous``, with the node's continuity machinery;
 - :mod:`.policy`: one request in, one group submitted, one reply out;
+- :mod:`.connections`: keys and their owner ids, the per-client connection cap, reclaiming idle slots;
+- :mod:`.gate`: the request gate (concurrency and queue);
 - :mod:`.server`: the websocket server (auth, limits, co-batching, shutdown);
 - :mod:`.cli`: the ``serve-openpi`` command.
 

@@ -276,6 +276,19 @@ def test_one_peer_holding_many_idle_connections_leaves_room_for_another(toy_poli
             ws.close()
 
 
+def test_handshakes_that_fail_after_admission_do_not_keep_their_slots(toy_policy):
+    with serving(toy_policy, max_connections=2, handshake_idle_s=60.0) as server:
+        for _ in range(5):  # no Sec-WebSocket-Key: admitted by the hook, then refused by the library (400)
+            with socket.create_connection(("127.0.0.1", server.port)) as raw:
+                raw.sendall(b"GET / HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+                            b"Sec-WebSocket-Version: 13\r\n\r\n")
+                assert raw.recv(4096).startswith(b"HTTP/1.1 400")
+        served = [connect(server.port)[0] for _ in range(2)]
+        for ws in served:
+            assert ask(ws, {"observation/image": IMAGE, "num_candidates": 1})["actions"].shape == (8, 2)
+            ws.close()
+
+
 def test_a_connect_after_sigterm_gets_503_while_the_server_drains(tmp_path):
     env = {"TRAJECTORY_ENSEMBLE_TESTING": "1", "TRAJECTORY_ENSEMBLE_TEST_STEP_DELAY_S": "0.2"}
     with server_process(tmp_path, {}, env=env) as server:

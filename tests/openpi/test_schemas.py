@@ -26,7 +26,8 @@ from trajectory_ensemble_node.ros.goals import plan_goal
 from trajectory_ensemble_node.ros.input_limits import InputLimits
 from trajectory_ensemble_node.ros.params import validate
 
-LIMITS = InputLimits(2000, 0, 64 * 1024 * 1024, 4096 * 4096)
+# The layouts are tested on small arrays; the model's minimum side (16) is tested in test_frames_on_arrival.py.
+LIMITS = InputLimits(2000, 0, 64 * 1024 * 1024, 4096 * 4096, min_image_side=1)
 TOY = get_schema("toy")
 DROID = get_schema("droid")
 VALID_REDUCERS = ("mean", "median", "medoid", "mode", "backward_coherence", "mode_continuity")
@@ -99,7 +100,7 @@ def test_droid_state_and_views_are_checked():
 
 
 def test_the_nodes_image_limits_apply_to_every_view():
-    small = InputLimits(2000, 0, 10_000, 4096 * 4096)
+    small = InputLimits(2000, 0, 10_000, 4096 * 4096, min_image_side=1)
     with pytest.raises(ImageTooLargeError, match="max_image_bytes=10000"):
         TOY.parse({"observation/image": rgb(100, 100)}, extras=EXTRA_KEYS, limits=small)
 

@@ -14,7 +14,11 @@ conditioned on the image and the instruction only. The ``openpi_schema`` paramet
   (optional, float); ``prompt``.
 
 A missing key, a key neither the schema nor the extras know, a wrong dtype or a wrong shape is refused with a named
-:class:`~trajectory_ensemble_node.errors.ObservationSchemaError` whose message lists the keys expected.
+:class:`~trajectory_ensemble_node.errors.ObservationSchemaError` (``OBSERVATION_SCHEMA``, 25) whose message lists the
+keys expected; so is a ragged, non-numeric or non-finite state value. The node's own rules (``ros/input_limits.py``)
+apply to every view where it arrives: over ``max_image_bytes`` / ``max_image_pixels`` is ``IMAGE_TOO_LARGE`` (61), a
+side under the model's minimum (16 pixels for Cosmos 3) is ``FrameDimensionsError``, ``INVALID_FRAME`` (23), as the
+node refuses such a camera frame: a frame the model cannot encode never reaches it.
 """
 
 from __future__ import annotations
@@ -34,8 +38,8 @@ from ..errors import (
     ParameterError,
     UnknownObservationKeyError,
 )
-from ..ros.input_limits import InputLimits, check_image_size
-from ..ros.observations import tile_views
+from ..ros.frames import tile_views
+from ..ros.input_limits import InputLimits, check_image_dimensions, check_image_size, state_values
 
 IMAGE = "H×W×3 uint8"
 
@@ -133,11 +137,13 @@ class ObservationSchema:
         Args:
             obs (`Mapping[str, Any]`): The decoded request.
             extras (`Iterable[str]`): Keys read elsewhere (the per-request extras), so not unknown.
-            limits (`InputLimits`): ``max_image_bytes`` and ``max_image_pixels`` apply to every view.
+            limits (`InputLimits`): ``max_image_bytes``, ``max_image_pixels`` and ``min_image_side`` apply to every
+                view.
 
         Raises:
             MissingObservationKeyError, UnknownObservationKeyError, ObservationArrayError: the named check failed.
             ImageTooLargeError: a view above the image limits.
+            FrameDimensionsError: a view with a side under ``limits.min_image_side`` (``INVALID_FRAME``).
         """
         try:
             return self._parse(obs, extras, limits)
@@ -192,19 +198,18 @@ class ObservationSchema:
         height, width = int(value.shape[0]), int(value.shape[1])
         check_image_size(SimpleNamespace(data=value.reshape(-1), width=width, height=height, encoding="rgb8"),
                          limits)
+        check_image_dimensions(height, width, limits.min_image_side, source=key)
         return value
 
     @staticmethod
     def _state(spec: StateKey, value: Any) -> np.ndarray:
-        array = np.asarray(value) if isinstance(value, (list, tuple, float, int, np.generic)) else value
-        if not isinstance(array, np.ndarray) or array.dtype.kind not in "fiu" or isinstance(value, bool):
+        if not isinstance(value, (list, tuple, float, int, np.generic, np.ndarray)):
             raise ObservationArrayError(f"{spec.key} must be {spec.describe()}, got {type(value).__name__} "
                                         f"{_preview(value)}")
-        if tuple(array.shape) not in spec.shapes:
-            raise ObservationArrayError(f"{spec.key} must have shape {spec.describe()}, got {list(array.shape)}")
-        state = array.astype(np.float64)
-        if not np.isfinite(state).all():
-            raise ObservationArrayError(f"{spec.key} holds NaN or Inf: {state.tolist()}")
+        # The node's rule for state values: numbers only, not ragged, finite (ObservationArrayError, 25).
+        state = state_values(value, what=spec.key)
+        if tuple(state.shape) not in spec.shapes:
+            raise ObservationArrayError(f"{spec.key} must have shape {spec.describe()}, got {list(state.shape)}")
         return state
 
 

@@ -3,14 +3,16 @@
 One ``DiagnosticArray`` carries three statuses, named ``"<node>: <task>"`` as diagnostic_updater names them:
 
 - ``<node>: engine``: the lifecycle state (``lifecycle_state``: unconfigured, inactive, active; ``readiness``:
-  ``loading``, ``warming up``, ``ready``), the model (name, notice, device, ``weights_version``) and every engine metric of the last
-  finished group, keys with their unit (``total_ms``, ``peak_memory_bytes``), plus the node's own ``goal_ms`` and
+  ``not configured``, ``loading``, ``warming up``, ``waiting for first frame on <topics>``, ``ready``), the model
+  (name, notice, device, ``weights_version``) and every engine metric of the last finished group, keys with their unit (``total_ms``, ``peak_memory_bytes``), plus the node's own ``goal_ms`` and
   ``node_overhead_ms``. OK with a message naming the state while the node is not active (a managed node waiting for
-  its manager is no fault); when active, ERROR when the engine thread is gone, WARN when the last goal failed inside the engine, or
-  when the calibrated alarm rule fired for it (``uncertain``: its candidates disagreed more than
+  its manager is no fault); when active, ERROR when the engine thread is gone, OK naming what it waits for until
+  every image topic has delivered its first frame, WARN when the last goal failed inside the engine, or when the
+  calibrated alarm rule fired for it (``uncertain``: its candidates disagreed more than
   ``uncertainty_threshold``, or, with a novelty scorer, the rule's scores passed their thresholds).
 - ``<node>: goals``: goals succeeded / aborted / canceled / preempted / rejected, running and waiting.
-- ``<node>: observations``: age of the newest frame per topic, frames received and rejected per cause, and under
+- ``<node>: observations``: age of the newest frame per topic, frames received and rejected per cause, joint
+  states rejected on arrival (``states_rejected``: ragged), and under
   ``use_sim_time`` the clock jumps seen (``clock_jumps_backward``, ``clock_jumps_forward``). WARN when a topic has
   delivered nothing yet (or nothing since the clock jumped back) or is older than ``max_observation_age_s``.
 
@@ -61,7 +63,9 @@ class DiagnosticsInputs:
         clock_jumps (`Mapping[str, int]`, *optional*): ``backward`` / ``forward`` jumps of the simulated clock
             (``None`` off ``use_sim_time``).
         lifecycle_state (`str`): The managed node's state (``unconfigured``, ``inactive``, ``active``, ...).
-        readiness (`str`): ``loading`` or ``warming up`` while configure runs, else ``ready`` once configured.
+        readiness (`str`): ``loading`` or ``warming up`` while configure runs; once configured ``ready``, or while
+            active ``waiting for first frame on <topics>`` until each topic has delivered something.
+        states_rejected (`int`): Joint states refused on arrival (ragged arrays).
     """
 
     node_name: str
@@ -83,6 +87,7 @@ class DiagnosticsInputs:
     clock_jumps: Mapping[str, int] | None = None
     lifecycle_state: str = "active"
     readiness: str = "ready"
+    states_rejected: int = 0
 
 
 def _kv(key: str, value: Any) -> KeyValue:
@@ -109,6 +114,9 @@ def engine_status(inputs: DiagnosticsInputs) -> DiagnosticStatus:
         level, message = OK, f"{inputs.lifecycle_state}: {doing} ({inputs.notice})"
     elif not inputs.engine_alive:
         level, message = ERROR, f"engine stopped ({inputs.notice})"
+    elif inputs.readiness != "ready":
+        # Not a fault: a camera that has not published yet is what a node just started sees.
+        level, message = OK, f"active: {inputs.readiness} ({inputs.notice})"
     elif inputs.last_error:
         level, message = WARN, f"last goal failed: {inputs.last_error} ({inputs.notice})"
         values.append(_kv("last_error", inputs.last_error))
@@ -176,10 +184,13 @@ def observations_status(inputs: DiagnosticsInputs) -> DiagnosticStatus:
     if inputs.clock_jumps is not None:
         values += [_kv(f"clock_jumps_{way}", inputs.clock_jumps.get(way, 0)) for way in ("backward", "forward")]
     values += [_kv(f"frames_rejected_{cause}", count) for cause, count in inputs.frames_rejected.items()]
+    values.append(_kv("states_rejected", inputs.states_rejected))
     rejected = sum(inputs.frames_rejected.values())
     message = "; ".join(problems) if problems else "observations fresh"
     if rejected:
         message += f"; {rejected} frame(s) rejected"
+    if inputs.states_rejected:
+        message += f"; {inputs.states_rejected} joint state(s) rejected"
     return DiagnosticStatus(level=WARN if problems else OK, name=f"{inputs.node_name}: observations",
                             message=message, hardware_id=inputs.hardware_id, values=values)
 

@@ -1,9 +1,10 @@
 """The observation buffer: the latest good frame per image topic, the latest joint state, stamps and staleness.
 
 Subscriptions hand every incoming message to :class:`ObservationBuffer`; a goal asks it for the current
-:class:`Observation`. A malformed frame (unsupported encoding, wrong ``step``, truncated data) is rejected with a
-named :class:`FrameError`, counted per cause, logged once per cause, and the last good frame stays in place: one
-corrupt message must not blind the robot, nor flood the log at camera rate.
+:class:`Observation`. A malformed frame (unsupported encoding, wrong ``step``, truncated data, a side the model cannot
+encode) is rejected with a named :class:`FrameError`, counted per cause, logged once per cause, and the last good
+frame stays in place: one corrupt message must not blind the robot, nor flood the log at camera rate, nor become the
+frame every later goal fails on. A ragged joint state (arrays of different lengths) is dropped the same way.
 
 Staleness is measured on this host's monotonic clock from when the frame *arrived*, not from its header stamp: the
 stamp may come from another clock (a camera, a bag, simulation time), but how long ago we last heard from the
@@ -21,7 +22,6 @@ not import rclpy.
 
 from __future__ import annotations
 
-import math
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -38,25 +38,14 @@ from ..errors import (  # noqa: F401 - the observation errors are importable fro
     GoalRequestError,
     NoObservationError,
     NonFiniteStateError,
+    ObservationArrayError,
     ObservationError,
     ObservationNotReceivedError,
     StaleObservationError,
     UnsupportedEncodingError,
 )
-
-# encoding -> (bytes per pixel, how to turn the [H, W, C] uint8 array into RGB)
-_ENCODINGS: dict[str, tuple[int, Callable[[np.ndarray], np.ndarray]]] = {
-    "rgb8": (3, lambda a: a),
-    "bgr8": (3, lambda a: a[..., ::-1]),
-    "rgba8": (4, lambda a: a[..., :3]),
-    "bgra8": (4, lambda a: a[..., 2::-1]),
-    "mono8": (1, lambda a: np.repeat(a, 3, axis=-1)),
-}
-SUPPORTED_ENCODINGS = tuple(_ENCODINGS)
-"""Image encodings the buffer converts to RGB uint8; anything else is rejected (cause ``encoding``)."""
-BYTES_PER_PIXEL: dict[str, int] = {encoding: size for encoding, (size, _) in _ENCODINGS.items()}
-"""Bytes per pixel of each supported encoding (a row holds at least ``width * BYTES_PER_PIXEL[encoding]`` bytes)."""
-
+from .frames import BYTES_PER_PIXEL, SUPPORTED_ENCODINGS, image_to_rgb, tile_views  # noqa: F401 - re-exported
+from .input_limits import check_image_dimensions, check_joint_state_shape, check_state  # noqa: F401 - re-exported
 
 FUTURE_STAMP_TOLERANCE_S = 0.5
 """How far after "now" (the node's ROS clock) a frame's stamp may lie. Under ``use_sim_time`` the node's clock trails
@@ -65,74 +54,6 @@ stamped by the simulator at its current time can be ahead by tens of millisecond
 ahead by the whole jump."""
 FRAME_REJECT_CAUSES = ("encoding", "step", "data_length", "dimensions", "size")
 """Every ``FrameError.cause``; diagnostics report a counter for each."""
-
-
-# --- image conversion -----------------------------------------------------------------------------------------------
-
-
-def _as_bytes(data: Any) -> np.ndarray:
-    # rclpy gives uint8[] as array.array('B') (a buffer: no copy); plain lists come from hand-built messages.
-    try:
-        return np.frombuffer(data, np.uint8)
-    except TypeError:
-        return np.asarray(data, dtype=np.uint8).reshape(-1)
-
-
-def image_to_rgb(encoding: str, height: int, width: int, step: int, data: Any) -> np.ndarray:
-    """Convert raw ``sensor_msgs/Image`` fields to an RGB ``uint8`` array ``[height, width, 3]`` (a copy).
-
-    Args:
-        encoding (`str`): One of :data:`SUPPORTED_ENCODINGS`.
-        height (`int`), width (`int`): Image size in pixels, both > 0.
-        step (`int`): Bytes per row; at least ``width * bytes_per_pixel`` (rows may be padded).
-        data (`bytes`, `array.array` or `Sequence[int]`): Exactly ``step * height`` bytes.
-
-    Raises:
-        UnsupportedEncodingError, FrameDimensionsError, FrameStepError, FrameDataLengthError: the named check failed.
-    """
-    if encoding not in _ENCODINGS:
-        raise UnsupportedEncodingError(
-            f"image encoding {encoding!r} is not supported; expected one of {list(SUPPORTED_ENCODINGS)}"
-        )
-    if height <= 0 or width <= 0:
-        raise FrameDimensionsError(f"image is {width}x{height}; both sides must be > 0")
-    channels, to_rgb = _ENCODINGS[encoding]
-    row_bytes = width * channels
-    if step < row_bytes:
-        raise FrameStepError(
-            f"image step {step} is smaller than width*bytes_per_pixel = {width}*{channels} = {row_bytes} ({encoding})"
-        )
-    buffer = _as_bytes(data)
-    if buffer.size != step * height:
-        raise FrameDataLengthError(
-            f"image data has {buffer.size} bytes; step*height = {step}*{height} = {step * height} expected"
-        )
-    rows = buffer.reshape(height, step)[:, :row_bytes].reshape(height, width, channels)
-    # A copy: the frame must not alias the message's buffer, which the middleware owns.
-    return np.array(to_rgb(rows), dtype=np.uint8, order="C", copy=True)
-
-
-def tile_views(images: Sequence[np.ndarray]) -> np.ndarray:
-    """Tile camera views left to right into one composite frame, as DROID's ``concat_view`` inputs are.
-
-    Views of different heights are padded with black at the bottom to the tallest one (never resized, so no view's
-    pixels are resampled).
-
-    Args:
-        images (`Sequence[np.ndarray]`): RGB ``uint8`` arrays ``[H_i, W_i, 3]``, in topic order.
-
-    Returns:
-        `np.ndarray` of shape `[max H_i, sum W_i, 3]`.
-    """
-    if len(images) == 1:
-        return images[0]
-    height = max(image.shape[0] for image in images)
-    padded = [
-        image if image.shape[0] == height
-        else np.concatenate([image, np.zeros((height - image.shape[0], *image.shape[1:]), np.uint8)], axis=0)
-        for image in images
-    ]
-    return np.concatenate(padded, axis=1)
 
 
 # --- the buffer -----------------------------------------------------------------------------------------------------
@@ -225,11 +146,13 @@ class ObservationBuffer:
             clock under ``use_sim_time``; injectable for tests.
         stamp_clock (`Callable[[], float]`, *optional*): Seconds of the clock header stamps are on (the node's ROS
             clock), for the future-stamp rule; ``None`` skips it.
+        min_image_side (`int`): Frames with a side under this are refused (cause ``dimensions``): the model's bound
+            (``InputLimits.min_image_side``); 1 takes every frame that decodes.
     """
 
     def __init__(
         self, image_topics: Sequence[str], state_topic: str = "", clock: Callable[[], float] = time.monotonic,
-        stamp_clock: Callable[[], float] | None = None,
+        stamp_clock: Callable[[], float] | None = None, min_image_side: int = 1,
     ) -> None:
         if not image_topics:
             raise ValueError("ObservationBuffer needs at least one image topic")
@@ -243,6 +166,8 @@ class ObservationBuffer:
         self._frames: dict[str, Frame] = {}
         self._state: JointStateSample | None = None
         self._counters = {topic: _TopicCounters() for topic in self.image_topics}
+        self._state_counters = _TopicCounters(rejected={"shape": 0})
+        self._min_image_side = min_image_side
         self._logged_causes: set[str] = set()
 
     # --- writers (subscription callbacks) ------------------------------------------------------------------------
@@ -261,6 +186,7 @@ class ObservationBuffer:
         counters = self._counters[topic]
         try:
             image = image_to_rgb(msg.encoding, int(msg.height), int(msg.width), int(msg.step), msg.data)
+            check_image_dimensions(image.shape[0], image.shape[1], self._min_image_side, source=f"image on {topic}")
         except FrameError as error:
             self.count_rejection(topic, error.cause, str(error))
             return error
@@ -290,7 +216,7 @@ class ObservationBuffer:
     def _refusals(self, topic: str) -> str:
         # "; 8 frames refused since: <why>": the root cause a goal error carries (caller holds no lock).
         with self._lock:
-            counters = self._counters[topic]
+            counters = self._counters.get(topic, self._state_counters)
             count, last = counters.refused_since_good, counters.last_refusal
         if not count:
             return ""
@@ -304,8 +230,25 @@ class ObservationBuffer:
             self._logged_causes.add(error.cause)
             return True
 
-    def offer_state(self, msg: Any) -> None:
-        """Store a ``sensor_msgs/JointState`` (positions checked for NaN when a goal uses them, not here)."""
+    def offer_state(self, msg: Any) -> ObservationArrayError | None:
+        """Store a ``sensor_msgs/JointState``; a ragged one is refused (counted) and the previous one kept.
+
+        NaN/Inf values are stored and refused when a goal uses them (``check_state``): the state is a measurement of
+        now, so a goal must not be served from an older one while the driver reports NaN.
+
+        Returns:
+            `ObservationArrayError` or `None`: the rejection, if the state was refused (already counted).
+        """
+        try:
+            check_joint_state_shape(msg.name, {"position": msg.position, "velocity": getattr(msg, "velocity", ()),
+                                               "effort": getattr(msg, "effort", ())}, topic=self.state_topic)
+        except ObservationArrayError as error:
+            with self._lock:
+                counters = self._state_counters
+                counters.rejected["shape"] += 1
+                counters.refused_since_good += 1
+                counters.last_refusal = str(error)
+            return error
         sample = JointStateSample(
             self.state_topic, tuple(msg.name), np.asarray(msg.position, dtype=np.float64), msg.header.stamp,
             self._clock(), np.asarray(getattr(msg, "velocity", ()), dtype=np.float64),
@@ -313,6 +256,10 @@ class ObservationBuffer:
         )
         with self._lock:
             self._state = sample
+            self._state_counters.received += 1
+            self._state_counters.refused_since_good = 0
+            self._arrived.notify_all()
+        return None
 
     def clear(self, reason: str) -> bool:
         """Drop every frame and the joint state (the clock jumped back: they belong to the old time line).
@@ -367,7 +314,9 @@ class ObservationBuffer:
             self._check_not_future(topic, frame, age, stamp_now)
         if require_state:
             if state is None:
-                raise NoObservationError(f"no joint state received yet on {self.state_topic}")
+                why = self._refusals(self.state_topic)
+                raise NoObservationError(f"no {'usable ' if why else ''}joint state "
+                                         f"{'on' if why else 'received yet on'} {self.state_topic}{why}")
             age = now - state.received
             if age > max_age_s or age < 0:
                 raise StaleObservationError(
@@ -420,27 +369,44 @@ class ObservationBuffer:
             ObservationNotReceivedError: no such frame on some topic within ``timeout_s`` (the latest stamp is
                 quoted).
         """
+        if self.wait_until(lambda: not self._behind_locked(min_stamp_ns), timeout_s, stopped):
+            return
+        with self._lock:
+            topic, latest = self._behind_locked(min_stamp_ns)[0]
+        raise ObservationNotReceivedError(
+            f"no frame on {topic} stamped at or after {_stamp_text(min_stamp_ns)} within "
+            f"observation_wait_s={timeout_s:g} s (latest: {'none' if latest is None else _stamp_text(latest)})"
+        )
+
+    def wait_until(self, ready: Callable[[], bool], timeout_s: float,
+                   stopped: Callable[[], BaseException | None] = lambda: None) -> bool:
+        """Wait until ``ready()`` (called with the buffer's lock held) holds, woken by every arrival.
+
+        Args:
+            ready (`Callable[[], bool]`): The condition, on the buffer's state.
+            timeout_s (`float`): Seconds to wait on the host's monotonic clock.
+            stopped (`Callable`): Checked whenever the buffer is woken (a message arrived, or :meth:`wake_waiters`);
+                an exception it returns is raised (a cancel, a shutdown).
+
+        Returns:
+            `bool`: whether ``ready()`` held before ``timeout_s``.
+        """
         deadline = time.monotonic() + timeout_s
         while True:
             with self._lock:
-                behind = self._behind_locked(min_stamp_ns)
+                done = ready()
                 left = deadline - time.monotonic()
                 # stopped() is read under the lock wake_waiters() takes, so a stop is seen here or wakes the wait.
-                if behind and left > 0 and stopped() is None:
+                if not done and left > 0 and stopped() is None:
                     self._arrived.wait(left)
-                    behind = self._behind_locked(min_stamp_ns)
-            if not behind:
-                return
+                    done = ready()
+            if done:
+                return True
             stop = stopped()
             if stop is not None:
                 raise stop
             if time.monotonic() >= deadline:
-                topic, latest = behind[0]
-                raise ObservationNotReceivedError(
-                    f"no frame on {topic} stamped at or after {_stamp_text(min_stamp_ns)} within "
-                    f"observation_wait_s={timeout_s:g} s (latest: "
-                    f"{'none' if latest is None else _stamp_text(latest)})"
-                )
+                return False
 
     def wake_waiters(self) -> None:
         """Wake every :meth:`wait_for_stamp` now, so a goal stopped while it waits for its frame ends at once."""
@@ -483,6 +449,41 @@ class ObservationBuffer:
         with self._lock:
             return sum(c.received for c in self._counters.values())
 
+    def states_rejected(self) -> int:
+        """Joint states refused on arrival (ragged)."""
+        with self._lock:
+            return self._state_counters.rejected["shape"]
+
+    def silent(self) -> list[str]:
+        """Image topics that have delivered nothing yet: no frame, good or refused, and no clock reset since.
+
+        A goal may wait for their first frame (``startup_goal_wait_s``); none is returned while a goal has a reason to
+        be refused at once instead: a clock reset, or an image topic whose frames were all refused.
+        """
+        with self._lock:
+            return self._silent_locked()
+
+    def wait_for_first(self, timeout_s: float, stopped: Callable[[], BaseException | None] = lambda: None
+                       ) -> list[str]:
+        """Wait up to ``timeout_s`` until no image topic is :meth:`silent` (a node just activated, a camera starting).
+
+        Returns:
+            `list[str]`: the topics still silent (empty once each has delivered a frame).
+
+        Raises:
+            BaseException: what ``stopped`` returns (a cancel, a shutdown), as :meth:`wait_until`.
+        """
+        self.wait_until(lambda: not self._silent_locked(), timeout_s, stopped)
+        return self.silent()
+
+    def _silent_locked(self) -> list[str]:
+        # A clock reset, or a topic whose every frame was refused, is a reason a goal gives at once: no waiting.
+        refused = any(c.refused_since_good for topic, c in self._counters.items() if topic not in self._frames)
+        if self._cleared_because or refused:
+            return []
+        return [topic for topic in self.image_topics
+                if topic not in self._frames and not self._counters[topic].received]
+
 
 def stamp_ns(stamp: Any) -> int:
     """A ``builtin_interfaces/Time`` (duck-typed) in nanoseconds."""
@@ -491,33 +492,3 @@ def stamp_ns(stamp: Any) -> int:
 
 def _stamp_text(ns: int) -> str:
     return f"{ns // 1_000_000_000}.{ns % 1_000_000_000:09d}"
-
-
-def _named(names_: Sequence[str], values: np.ndarray) -> list[tuple[str, float]]:
-    names = list(names_) + [""] * max(0, len(values) - len(names_))
-    return [(names[i], float(v)) for i, v in enumerate(values)]
-
-
-def check_state(state: JointStateSample, topic: str) -> None:
-    """Refuse a joint state a goal cannot use: empty, or NaN/Inf in positions, velocities or efforts.
-
-    Velocities and efforts may be absent (``JointState`` allows empty arrays), but when given they must be finite:
-    an ``-inf`` velocity means the driver is broken, whatever the positions say.
-
-    Args:
-        state (`JointStateSample`): The latest sample.
-        topic (`str`): Its topic (quoted in the error).
-
-    Raises:
-        NonFiniteStateError: empty, or a non-finite value (the field and the joints are named).
-    """
-    if len(state.positions) == 0:
-        raise NonFiniteStateError(f"joint state on {topic} is empty (no positions)")
-    for field_name, values in (("positions", state.positions), ("velocities", state.velocities),
-                               ("efforts", state.efforts)):
-        bad = [name or str(i) for i, (name, value) in enumerate(_named(state.names, values))
-               if not math.isfinite(value)]
-        if bad:
-            raise NonFiniteStateError(
-                f"joint state on {topic} holds NaN/Inf {field_name} (joints {', '.join(bad[:8])})"
-            )

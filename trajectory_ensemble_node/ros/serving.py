@@ -53,7 +53,7 @@ from .continuity import FRESH_REASONS, NO_PREVIOUS, ChunkMemory, ServedChunk
 from .conversions import stamp_seconds
 from .faults import FaultInjector
 from .goals import GoalPlan, GoalRecord, plan_goal
-from .input_limits import InputLimits, check_image_size, check_instruction, token_counter
+from .input_limits import InputLimits, check_image_size, check_instruction, min_image_side, token_counter
 from .observations import Observation, ObservationBuffer, state_positions
 from .publishing import OutputTopics
 from .startup_checks import (
@@ -122,7 +122,7 @@ class Serving:
         self.faults = (self.model.instrument(FaultInjector) if os.environ.get(node_params.TESTING_ENV) == "1"
                        else None)
         self.limits = InputLimits(p.max_instruction_chars, p.max_instruction_tokens, p.max_image_bytes,
-                                  p.max_image_pixels)
+                                  p.max_image_pixels, min_image_side(self.model.pipe))
         self.count_tokens = token_counter(self.model.pipe)
         check_instruction(p.instruction, self.limits, self.count_tokens, source="the instruction parameter")
         self._lock = threading.Lock()
@@ -133,10 +133,13 @@ class Serving:
         # Under use_sim_time staleness is judged on the simulated clock, so a slowed-down simulation (or a paused
         # one) is not refused as stale; otherwise on the host's monotonic clock, which never jumps.
         self.sim_time = bool(node.get_parameter("use_sim_time").value)
-        # Header stamps are on the ROS clock either way: a frame stamped after "now" is never fresh.
-        self.observations = (
-            ObservationBuffer(self.image_topics, self.state_topic, clock=self.now_s, stamp_clock=self.now_s)
-            if self.sim_time else ObservationBuffer(self.image_topics, self.state_topic, stamp_clock=self.now_s))
+        # Header stamps are on the ROS clock either way: a frame stamped after "now" is never fresh. A frame the model
+        # cannot encode is refused on arrival, so it never becomes the frame every later goal fails on.
+        self.observations = ObservationBuffer(
+            self.image_topics, self.state_topic, stamp_clock=self.now_s,
+            min_image_side=self.limits.min_image_side, **({"clock": self.now_s} if self.sim_time else {}))
+        # A start-jump limit without a current state would pass anything: such goals need a recent state.
+        self.requires_state = bool(p.require_state or self.model.capabilities.uses_state or self.start_jump)
         self.memory = ChunkMemory()
         # A simulator reset or a seek drops what the old time line made meaningless (the node owns the clock feed).
         self.simulated_time = simulated_time
@@ -222,7 +225,7 @@ class Serving:
                 Image, topic, lambda msg, t=topic: self._on_image(t, msg), qos_profile_sensor_data,
                 callback_group=cb))
         self._subscriptions.append(node.create_subscription(
-            JointState, self.state_topic, self.observations.offer_state, qos_profile_sensor_data, callback_group=cb))
+            JointState, self.state_topic, self._on_state, qos_profile_sensor_data, callback_group=cb))
         self._subscriptions.append(node.create_subscription(String, "~/instruction", self._on_instruction, 10,
                                                             callback_group=cb))
 
@@ -246,6 +249,12 @@ class Serving:
                 f"rejected a frame on {topic} ({error.cause}): {error}; keeping the last good frame "
                 f"(further '{error.cause}' rejections are only counted in /diagnostics)"
             )
+
+    def _on_state(self, msg: JointState) -> None:
+        error = self.observations.offer_state(msg)
+        if error is not None:
+            self._node.get_logger().warning(f"rejected a joint state: {error}; keeping the last good one",
+                                            throttle_duration_sec=5.0)
 
     def _on_instruction(self, msg: String) -> None:
         try:
@@ -297,9 +306,7 @@ class Serving:
         """
         p, plan, goal_id = self.params, record.plan, record.goal_id
         assert plan is not None
-        # A start-jump limit without a current state would pass anything: such goals need a recent state.
-        require_state = p.require_state or self.model.capabilities.uses_state or self.start_jump
-        observation = self.observations.latest(p.max_observation_age_s, require_state=require_state)
+        observation = self.observations.latest(p.max_observation_age_s, require_state=self.requires_state)
         epoch, now = self.memory.epoch, self.now_s()
         # Rows of the new chunk execute from its observation's stamp: what has gone since counts toward the frozen
         # ones. A stamp that cannot be on this clock (older than the staleness limit while the frame arrived in

@@ -40,3 +40,26 @@ def test_a_model_directory_with_pickle_weights_is_refused(tmp_path, ros_domain_i
     assert done.returncode == 2, done.stdout + done.stderr
     assert "pickle weights with no safetensors alongside (transformer/diffusion_pytorch_model.bin)" in done.stderr
     assert f"[weights from {model}] loading model" in done.stderr  # rclpy logs to stderr
+
+
+def test_a_refused_novelty_scorer_prints_its_code_on_the_log_and_on_exit(tmp_path, ros_domain_id):
+    """Issue 45, row 9: a start-up refusal prints NAME (code), which the error table lists, not the error's class."""
+    import json
+
+    scorer = tmp_path / "bad.novelty.safetensors"
+    scorer.write_bytes(b"not a safetensors file")
+    threshold = {"spread_threshold": 1.0, "novelty_threshold": 0.5}
+    calibration = tmp_path / "calibration.json"
+    calibration.write_text(json.dumps({
+        "uncertainty": {"threshold": 1.0}, "observation": {"threshold": 0.5, "scorer_sha256": "0" * 64},
+        "combined": {"rule": "novelty", "rules": dict.fromkeys(("spread", "novelty", "either", "both"), threshold)},
+    }))
+    params_file = write_params(tmp_path / "novelty.yaml", {
+        "novelty_scorer_file": str(scorer), "uncertainty_calibration_file": str(calibration),
+        "uncertainty_rule": "novelty"})
+    done = run_node_until_exit(params_file, ros_env_for(ros_domain_id))
+    assert done.returncode == 2, done.stdout + done.stderr
+    # rclpy logs to stderr; the exit message too.
+    assert "configure failed: NOVELTY_SCORER_INVALID (84): novelty scorer" in done.stderr, done.stderr
+    assert "error: NOVELTY_SCORER_INVALID (84): novelty scorer" in done.stderr, done.stderr
+    assert "NoveltyScorerError" not in done.stderr

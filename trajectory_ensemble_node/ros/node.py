@@ -6,7 +6,8 @@
   answer in every state: the action server, ``~/update_weights``, ``/diagnostics``;
 - ``configure`` loads the model and warms it up (:class:`~.serving.Serving`); a failure leaves the node
   unconfigured and is logged and shown on ``/diagnostics``;
-- ``activate`` subscribes to the cameras, the joint state and ``~/instruction``, and goals are served;
+- ``activate`` subscribes to the cameras, the joint state and ``~/instruction``, and goals are served; a goal that
+  finds a camera with no frame yet waits for it up to ``startup_goal_wait_s`` (see *Readiness* below);
 - ``deactivate`` unsubscribes; goals still running end ``NOT_ACTIVE`` at the next denoising step, new ones at once;
 - ``cleanup`` drops the :class:`~.serving.Serving` (the engine stops, the model's memory is returned);
 - ``shutdown`` ends every goal ``SHUTDOWN`` and releases the model.
@@ -14,6 +15,10 @@
 With ``autostart`` (the default) the node configures and activates itself at start, as a plain node did, and a
 failed configure ends the process with status 2 (a launch file or a shell sees it); without it, the node waits
 unconfigured for a lifecycle manager.
+
+**Readiness** (docs/node.md, "When is the node ready?"): under ``autostart`` the node is active before its executor
+spins, so an early goal waits in DDS; a goal that then finds a camera with no frame yet waits for it up to
+``startup_goal_wait_s``. A managed node that is not active ends goals ``NOT_ACTIVE`` at once.
 
 **A goal** (one path, on the goal's own executor thread, :meth:`TrajectoryEnsembleNode._start`): validated into a
 plan, its frame awaited, built into a group request on the latest observation (every refusal decided here, so a bad
@@ -37,7 +42,7 @@ from typing import Any
 import rclpy
 from diagnostic_msgs.msg import DiagnosticArray
 from rclpy._rclpy_pybind11 import RCLError
-from rclpy.action import ActionServer, CancelResponse, GoalResponse
+from rclpy.action import CancelResponse, GoalResponse
 from rclpy.action.server import ServerGoalHandle
 from rclpy.callback_groups import ReentrantCallbackGroup
 from rclpy.exceptions import InvalidHandle
@@ -53,9 +58,11 @@ from ..errors import (
     ErrorCode,
     NotActiveError,
     TrajectoryEnsembleError,
+    describe_error,
     error_table,
 )
 from . import params as node_params
+from .action_server import NotifyingActionServer
 from .clock import SimulatedTime, host_clock
 from .continuity import CONTINUED, NOT_REQUESTED, WEIGHTS_UPDATED
 from .deferred import Deferred
@@ -63,6 +70,7 @@ from .diagnostics import DiagnosticsInputs, build_diagnostics
 from .goal_state import GoalState
 from .goals import GoalRecord, GoalTracker, goal_id_str
 from .guards import ACTION_SERVICE_QOS, DUPLICATE_CHECK_PERIOD_S, report_duplicates, set_parameters, warn_raw_reducer
+from .readiness import READY, FirstObservationGate, readiness_text
 from .results import NOT_SERVED, done_feedback, failure_result, success_result
 from .serving import Serving
 from .weight_updates import serve_update
@@ -79,25 +87,6 @@ CANCEL_ACK_TIMEOUT_S = 5.0
 CLEANUP_WAIT_S = 10.0
 """``cleanup`` waits this long for stopped goals' threads to end before it releases the model."""
 READINESS_UNCONFIGURED = "not configured"
-
-
-class _ActionServer(ActionServer):
-    """rclpy's ``ActionServer``, telling the node when a cancel request has been fully processed.
-
-    rclpy moves an accepted cancel's goal to CANCELING only after the cancel callback returns, and rcl refuses
-    ``canceled()`` before that. The goal's thread, woken by the callback, waits for this moment on an event
-    (:attr:`GoalRecord.cancel_processed`) instead of polling the goal's status.
-    """
-
-    def __init__(self, *args: Any, on_cancel_processed: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._on_cancel_processed = on_cancel_processed
-
-    async def _execute_cancel_request(self, request_header_and_message: Any) -> None:
-        try:
-            await super()._execute_cancel_request(request_header_and_message)
-        finally:
-            self._on_cancel_processed()
 
 
 class TrajectoryEnsembleNode(LifecycleNode):
@@ -133,7 +122,7 @@ class TrajectoryEnsembleNode(LifecycleNode):
         self.diagnostics_pub = self.create_publisher(DiagnosticArray, "/diagnostics", QoSProfile(depth=10))
         # Deep goal/cancel/result queues: with rclpy's default (KEEP_LAST 10) a burst of goals is dropped unanswered.
         # Up in every state, so a client sees the server and an early goal gets NOT_ACTIVE, not silence.
-        self.action_server = _ActionServer(
+        self.action_server = NotifyingActionServer(
             self, GenerateTrajectory, "~/generate_trajectory", execute_callback=self._execute,
             goal_callback=self._on_goal, handle_accepted_callback=self._on_accepted,
             cancel_callback=self._on_cancel, callback_group=self._cb,
@@ -148,6 +137,10 @@ class TrajectoryEnsembleNode(LifecycleNode):
                           lambda: setattr(self, "_same_name_count", report_duplicates(self, self._same_name_count)),
                           callback_group=self._cb, clock=host_clock())
         self.after_result = Deferred(AFTER_RESULT_S, "after-result")
+        # Each waiting goal holds an executor thread (serve.py gives 4 + max_concurrent_goals + 1 or more): leave some
+        # for the subscriptions that end the wait.
+        self.first_observation = FirstObservationGate(p.startup_goal_wait_s, 1 + p.max_concurrent_goals,
+                                                      self.get_logger().info)
         if p.autostart:
             if self.trigger_configure() != TransitionCallbackReturn.SUCCESS:
                 raise self.configure_error or TrajectoryEnsembleError("configure failed")
@@ -175,10 +168,10 @@ class TrajectoryEnsembleNode(LifecycleNode):
                               on_phase=self._set_readiness)
         except TrajectoryEnsembleError as error:
             self.configure_error, self.readiness = error, READINESS_UNCONFIGURED
-            self.get_logger().error(f"configure failed ({type(error).__name__}): {error}")
+            self.get_logger().error(f"configure failed: {describe_error(error)}")
             return TransitionCallbackReturn.FAILURE
         self.serving, self.notice, self.configure_error = serving, serving.notice, None
-        self.readiness = "ready"
+        self.readiness = READY
         warn_raw_reducer(self, p.reducer, p.action_stats_file)
         self._startup(f"configured: {p.domain_name} (width {p.action_dim}), chunk {p.chunk_size}, "
                       f"{p.num_inference_steps} steps, {p.candidate_count}x {p.reducer}, device {serving.device}")
@@ -285,6 +278,8 @@ class TrajectoryEnsembleNode(LifecycleNode):
         """
         record.plan = serving.plan(goal_handle.request)
         warn_raw_reducer(self, record.plan.spec.reducer, self.params.action_stats_file)
+        # Right after activation the camera has not been heard yet: wait for its first frame (startup_goal_wait_s).
+        self.first_observation.await_first(record.goal_id, serving.observations, stopped=record.stop_error)
         wanted = record.plan.min_observation_stamp_ns
         if wanted and not serving.observations.has_stamp(wanted):
             serving.observations.wait_for_stamp(wanted, self.params.observation_wait_s, record.stop_error)
@@ -295,6 +290,13 @@ class TrajectoryEnsembleNode(LifecycleNode):
             observation, request = serving.build(record)
         record.observation = observation
         record.attach(serving.model.submit_request(request))
+
+    def readiness_now(self) -> str:
+        """``readiness`` as ``/diagnostics`` reports it: the configure phase, then what an active node waits for."""
+        serving = self.serving
+        if self.readiness != READY or not self._active or serving is None:
+            return self.readiness
+        return readiness_text(serving.observations.silent())
 
     def _execute(self, goal_handle: ServerGoalHandle) -> GenerateTrajectory.Result:
         goal_id = goal_id_str(goal_handle.goal_id)
@@ -388,7 +390,7 @@ class TrajectoryEnsembleNode(LifecycleNode):
         message = str(error) if isinstance(error, TrajectoryEnsembleError) else f"{type(error).__name__}: {error}"
         state = record.finish(code)
         if state is GoalState.CANCELED:
-            # rclpy marks the goal CANCELING right after the cancel callback; _ActionServer says when it has.
+            # rclpy marks the goal CANCELING right after the cancel callback; NotifyingActionServer says when it has.
             record.cancel_processed.wait(CANCEL_ACK_TIMEOUT_S)
             if goal_handle.is_cancel_requested:
                 goal_handle.canceled()
@@ -434,7 +436,7 @@ class TrajectoryEnsembleNode(LifecycleNode):
         with self._lock:
             last_metrics, last_error = dict(self._last_metrics), self._last_error
         if self.configure_error is not None and self.serving is None:
-            last_error = f"configure failed: {type(self.configure_error).__name__}: {self.configure_error}"
+            last_error = f"configure failed: {describe_error(self.configure_error)}"
         serving, p = self.serving, self.params
         model = serving.model if serving is not None else None
         observations = serving.observations if serving is not None else None
@@ -452,7 +454,8 @@ class TrajectoryEnsembleNode(LifecycleNode):
             frames_rejected=observations.rejected_counts() if observations is not None else {},
             image_topics=observations.image_topics if observations is not None else (),
             clock_jumps=self.simulated_time.jumps if self.simulated_time is not None else None,
-            lifecycle_state=self.lifecycle_state(), readiness=self.readiness,
+            lifecycle_state=self.lifecycle_state(), readiness=self.readiness_now(),
+            states_rejected=observations.states_rejected() if observations is not None else 0,
         )
         try:
             self.diagnostics_pub.publish(build_diagnostics(inputs, self.get_clock().now().to_msg()))

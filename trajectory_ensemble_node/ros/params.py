@@ -93,9 +93,9 @@ PARAMETERS: tuple[ParamSpec, ...] = (
     ParamSpec("max_observation_age_s", 1.0, "observations older than this are refused as stale", "> 0"),
     ParamSpec("observation_wait_s", 1.0, "how long a goal with min_observation_stamp waits for a frame that new "
               "(host clock) before it is refused (OBSERVATION_NOT_RECEIVED)", ">= 0"),
-    ParamSpec("startup_goal_wait_s", 10.0, "how long a goal waits for the first message on a topic that has delivered "
-              "nothing yet (a node just started or activated, a camera starting; host clock) before it is refused "
-              "(NO_OBSERVATION); 0 = refuse at once", ">= 0"),
+    ParamSpec("startup_goal_wait_s", 10.0, "how long a goal waits for the first frame on an image topic that has "
+              "delivered nothing yet (a node just started or activated, a camera starting; host clock) before it is "
+              "refused (NO_OBSERVATION); 0 = refuse at once", ">= 0"),
     ParamSpec("require_state", False, "also refuse goals without a recent, finite ~/observation/state (always on "
               "for models that consume state)"),
     ParamSpec("goal_policy", "preempt", "what a new goal does when max_concurrent_goals are running",

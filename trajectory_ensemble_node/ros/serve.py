@@ -21,7 +21,7 @@ import rclpy
 from rclpy.executors import MultiThreadedExecutor
 from rclpy.signals import SignalHandlerOptions
 
-from ..errors import TrajectoryEnsembleError
+from ..errors import TrajectoryEnsembleError, describe_error
 from .guards import check_params_files
 from .shutdown import arm_exit_deadline, exit_now
 from .node import NODE_NAME, TrajectoryEnsembleNode
@@ -87,7 +87,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         argv (`Sequence[str]`, *optional*): Command line including ROS arguments (``--ros-args -p k:=v``).
 
     Returns:
-        `int`: 0 on a clean shutdown, 2 when parameters or the model are invalid (the error is printed).
+        `int`: 0 on a clean shutdown, 2 when parameters or the model are invalid (the error is printed as
+        ``NAME (code): message``).
     """
     argv = list(sys.argv if argv is None else argv)
     # Our own signal handling: rclpy's would invalidate the context at once, and then the goals still running
@@ -99,7 +100,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         node = TrajectoryEnsembleNode()
     except TrajectoryEnsembleError as error:
-        print(f"[{NODE_NAME}] error: {error}", file=sys.stderr, flush=True)
+        # NAME (code): message, so an operator can look the refusal up in the error table.
+        print(f"[{NODE_NAME}] error: {describe_error(error)}", file=sys.stderr, flush=True)
         rclpy.try_shutdown()
         return 2
     p = node.params

@@ -5,6 +5,7 @@ routes along different paths."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from trajectory_ensemble_lab.pusht.demos import PATH_APART, multimodality, path_distance, run_episode
 from trajectory_ensemble_lab.pusht.expert import ExpertRoute
@@ -33,7 +34,8 @@ def test_the_expert_solves_known_starts_by_the_envs_own_coverage(pusht_pair):
         # The absolute targets alone are the demonstration: sent to a fresh env from the same reset, they succeed.
         info = _replay(ep.env_seed, ep.actions)
         assert info["is_success"] and info["coverage"] > SUCCESS_COVERAGE
-        assert info["coverage"] == ep.coverage
+        # The same pose in two env instances can give coverages one ulp apart (seen: 0.96335371108370[36 vs 33]).
+        assert info["coverage"] == pytest.approx(ep.coverage, abs=1e-12)
     assert short.steps == 55
 
 

@@ -151,6 +151,15 @@ def approach_path(start: np.ndarray, goal: np.ndarray, pose: np.ndarray, side: i
     The path follows the convex hull of the T grown by :data:`CLEARANCE` in that direction, then is pulled tight
     (a waypoint is dropped when the segment past it stays clear of the T). An agent touching the T backs away
     from it first.
+
+    Args:
+        start (`np.ndarray` of shape `(2,)`): The agent's centre now.
+        goal (`np.ndarray` of shape `(2,)`): Where the push starts, outside the T.
+        pose (`np.ndarray` of shape `(3,)`): The T's ``(x, y, angle)``.
+        side (`int`): +1 or -1 (:data:`SIDES`).
+
+    Returns:
+        `list[np.ndarray]`: ``start``, the waypoints, ``goal``.
     """
     body = _outline_polygon(pose)
     grown = body.buffer(CLEARANCE, join_style="mitre")
@@ -246,7 +255,17 @@ class PushTExpert:
         return _along(path, APPROACH_SPEED)[:-1] + [start], _along([start, end], PUSH_SPEED), int(np.sign(sweep))
 
     def rollout(self, state: PushTState, push: Push, budget: int) -> Plan | None:
-        """Roll ``push`` out from ``state`` in the private sim, for at most ``budget`` steps."""
+        """Roll ``push`` out from ``state`` in the private sim, for at most ``budget`` steps.
+
+        Args:
+            state (`PushTState`): Where the env is now.
+            push (`Push`): The push to try.
+            budget (`int`): Control steps left in the episode.
+
+        Returns:
+            `Plan` or `None`: ``None`` when the push cannot start (its start point is off the arena or too near
+            the T).
+        """
         made = self._targets(state, push)
         if made is None:
             return None

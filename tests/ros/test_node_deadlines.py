@@ -1,7 +1,7 @@
 """Per-goal deadlines over real DDS (issue 17): the node fits fewer denoising steps to a deadline it can meet.
 
-One node process (the random tiny model, 8 candidates, 10 steps) serves the module, every physical forward paced to
-at least 1 s (test-only step delay). Two premises make the claim a count rather than a race, on an idle or a loaded
+One node process (the random tiny model, 4 candidates, 8 steps) serves the module, every physical forward paced to
+at least 2 s (test-only step delay). Two premises make the claim a count rather than a race, on an idle or a loaded
 host alike (issue 45: under load 3-5 a fixed deadline fell below the grown encode + step cost, and the goal was
 refused as unmeetable):
 
@@ -9,9 +9,10 @@ refused as unmeetable):
   encoding and post-processing, plus :data:`ROOM_STEPS` of the slowest engine iteration (its total time less queue,
   encode and post-processing, per step). The engine plans from running averages of the same measurements, which
   never exceed their maxima, so the deadline is never refused and at least one step fits;
-- it stays below the least time all 10 steps can be planned to take (10 x 1 s, the pacing, by the engine's own
-  arithmetic), so fewer than 10 steps fit whatever the load. The pacing dominates a tiny model's step on any host,
-  loaded or not; a host where it does not is named by the assertion, not hidden.
+- it stays below the least time all 8 steps can be planned to take (8 x 2 s, the pacing, by the engine's own
+  arithmetic), so fewer than 8 steps fit whatever the load. With both cores busy beside the suite (load 9-11) a goal
+  spent up to 4.8 s encoding and post-processing and 2.7 s an iteration: a deadline of about 11 s, well under 16 s.
+  A host where even that does not hold is named by the assertion, not hidden.
 
 How close goals come to their deadline is a speed figure, reported by ``bench --ros``, not asserted here.
 """
@@ -28,12 +29,12 @@ from builtin_interfaces.msg import Duration  # noqa: E402
 
 pytestmark = [pytest.mark.ros, pytest.mark.slow]
 
-COUNT = 8
-STEPS = 10
-STEP_DELAY_S = 1.0
-ROOM_STEPS = 3  # iterations' worth of time a deadline leaves after encoding and post-processing
+COUNT = 4
+STEPS = 8
+STEP_DELAY_S = 2.0
+ROOM_STEPS = 2  # iterations' worth of time a deadline leaves after encoding and post-processing
 SAFETY = 1.1  # engine/deadline.py's SAFETY_FACTOR: the engine plans with costs inflated by it
-CEILING_S = 0.9 * SAFETY * STEPS * STEP_DELAY_S  # below the least time all 10 paced steps can be planned to take
+CEILING_S = 0.9 * SAFETY * STEPS * STEP_DELAY_S  # below the least time all 8 paced steps can be planned to take
 stamps = Stamps(5500)
 
 
@@ -80,7 +81,7 @@ def test_a_deadline_shorter_than_the_goal_is_met_with_fewer_steps(client):
     metrics = metrics_dict(result)
     assert "deadline_met" not in metrics
     costs = Costs()
-    for _ in range(3):
+    for _ in range(2):
         costs.add(metrics)
         deadline_s = costs.deadline_s()
         nanos = int(deadline_s * 1e9)
@@ -88,7 +89,7 @@ def test_a_deadline_shorter_than_the_goal_is_met_with_fewer_steps(client):
         result = succeeded(client.run_goal(deadline=Duration(sec=nanos // 1_000_000_000,
                                                              nanosec=nanos % 1_000_000_000)))
         metrics = metrics_dict(result)
-        # Fitted after encoding to what is left of the deadline (about ROOM_STEPS steps, and under 10 by the
+        # Fitted after encoding to what is left of the deadline (about ROOM_STEPS steps, and under 8 by the
         # pacing), then possibly stopped early: never more steps than fitted, never none.
         assert result.steps_planned == STEPS and result.steps_used < result.steps_planned
         assert 1 <= result.steps_used <= result.steps_fitted < result.steps_planned, metrics

@@ -30,8 +30,8 @@ EXAMPLES: dict[str, dict[str, int]] = {
     "observation_buffer": {"ci": 100, "soak": 5_000},
     "params_tree": {"ci": 200, "soak": 5_000},
     "params_text": {"ci": 80, "soak": 3_000},
-    "bag_payloads": {"ci": 15, "soak": 600},
-    "bag_files": {"ci": 15, "soak": 600},
+    "bag_payloads": {"ci": 10, "soak": 600},
+    "bag_files": {"ci": 12, "soak": 600},
 }
 """Example budget per target and profile (``settings.max_examples``); the report quotes the counts actually run."""
 

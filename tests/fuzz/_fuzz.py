@@ -20,18 +20,19 @@ COUNTS_ENV = "TRAJECTORY_ENSEMBLE_FUZZ_COUNTS"
 PROFILE = os.environ.get(PROFILE_ENV, "ci")
 
 EXAMPLES: dict[str, dict[str, int]] = {
-    # target: {profile: max_examples}. ci sizes keep the folder near a minute on a loaded 2-core machine; the targets
-    # that write files or run the model get fewer.
-    "wire": {"ci": 400, "soak": 20_000},
-    "wire_arrays": {"ci": 300, "soak": 10_000},
-    "schemas": {"ci": 300, "soak": 10_000},
-    "server": {"ci": 40, "soak": 1_500},
-    "observations": {"ci": 300, "soak": 10_000},
-    "observation_buffer": {"ci": 100, "soak": 5_000},
-    "params_tree": {"ci": 200, "soak": 5_000},
-    "params_text": {"ci": 80, "soak": 3_000},
-    "bag_payloads": {"ci": 10, "soak": 600},
-    "bag_files": {"ci": 12, "soak": 600},
+    # target: {profile: max_examples}. ci sizes keep the folder near a minute and a half on a loaded 2-core machine;
+    # soak sizes near ten minutes: thousands where an example costs milliseconds, hundreds where it writes a bag, runs
+    # the model or parses a large YAML document.
+    "wire": {"ci": 400, "soak": 5_000},
+    "wire_arrays": {"ci": 300, "soak": 2_000},
+    "schemas": {"ci": 300, "soak": 2_500},
+    "server": {"ci": 40, "soak": 400},
+    "observations": {"ci": 300, "soak": 5_000},
+    "observation_buffer": {"ci": 100, "soak": 1_500},
+    "params_tree": {"ci": 200, "soak": 2_000},
+    "params_text": {"ci": 80, "soak": 600},
+    "bag_payloads": {"ci": 10, "soak": 200},
+    "bag_files": {"ci": 12, "soak": 200},
 }
 """Example budget per target and profile (``settings.max_examples``); the report quotes the counts actually run."""
 

@@ -100,7 +100,9 @@ def read_as_replay(path: Path) -> dict[str, int]:
     info = bags.bag_info(path)
     inputs = playback.resolve_inputs(info, opts)
     image_topic = next(topic for topic, (_, msgtype) in inputs.items() if msgtype == bags.IMAGE_TYPE)
-    assert playback.goal_times(info, image_topic, opts)
+    times = playback.goal_times(info, image_topic, opts)
+    # None when the bag (by its metadata) ends before the first goal; never outside it or out of order.
+    assert times == sorted(times) and all(info.start_ns <= t <= info.end_ns for t in times), times
     bags.toy_scene_seeds(info)
     read: dict[str, int] = {}
     for topic, msgtype, _, data in bags.iter_raw(path, [*inputs, REFERENCE_TOPIC]):

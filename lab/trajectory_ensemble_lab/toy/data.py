@@ -8,53 +8,31 @@ Per training state (a scene, initial, mid-episode or closed-loop; see :func:`tas
   the VAE latent of the rendered ``H + 1``-frame clip of the robot following them, encoded like upstream policy clips
   (``_prepare_action_video_conditioning`` -> ``_encode_video`` -> ``_remove_action_video_padding_from_latent``).
 
-Encoding is the slow part of training on CPU (about 0.2 s per clip), so the result is cached in a file keyed by the
-settings that determine it.
+The encoding is the shared trainer's (:func:`~trajectory_ensemble_lab.training.dataset.encode_states`); this module
+renders the toy's states for it. Encoding is the slow part of training on CPU (about 0.2 s per clip), so the result
+is cached in a file keyed by the settings that determine it.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import time
-from dataclasses import dataclass
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import torch
 from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import Cosmos3OmniPipeline
 
-from trajectory_ensemble_node.models.cosmos3 import Branch, encode_conditioning
-from trajectory_ensemble_node.toy import action_condition, task
+from trajectory_ensemble_node.toy import task
+from ..training import dataset as training_dataset
+from ..training.dataset import EncodedDataset, LabelledState, concat_datasets, encode_states
+from .pipeline import TOY_FORMAT
 
+ToyDataset = EncodedDataset
+"""The toy's encoded examples: the shared trainer's data set (every toy example has a clip and a start)."""
 
-
-
-@dataclass
-class ToyDataset:
-    """Encoded training examples.
-
-    Args:
-        branch (`Branch`): Prefix and block template shared by every example (same prompt, same shapes).
-        condition (`torch.Tensor` of shape `[S, C, 1, h, w]`): Clean conditioning latent per state.
-        clips (`torch.Tensor` of shape `[E, C, T, h, w]`): Clip latent per example (frame 0 = its state's condition).
-        actions (`torch.Tensor` of shape `[E, H, 2]`): Expert waypoints per example.
-        state_of (`torch.LongTensor` of shape `[E]`): State index of each example.
-        options (`list[list[int]]`): Example indexes of each state (1 or 2).
-        starts (`torch.Tensor` of shape `[E, 2]`, *optional*): Robot position each example's waypoints start from.
-    """
-
-    branch: Branch
-    condition: torch.Tensor
-    clips: torch.Tensor
-    actions: torch.Tensor
-    state_of: torch.Tensor
-    options: list[list[int]]
-    starts: torch.Tensor | None = None
-
-    @property
-    def num_states(self) -> int:
-        return len(self.options)
+__all__ = ["ToyDataset", "build_dataset", "concat_datasets", "encode_clips", "encode_labelled"]
 
 
 def _cache_key(num_seeds: int, mid_probability: float, pipe: Cosmos3OmniPipeline, closed_loop_states: int = 0,
@@ -95,27 +73,14 @@ def _starts(labelled: list[tuple[task.Scene, list[np.ndarray]]]) -> torch.Tensor
     return torch.tensor(np.stack(rows), dtype=torch.float32)
 
 
-@torch.no_grad()
 def encode_clips(pipe: Cosmos3OmniPipeline, clips: list[list[np.ndarray]]) -> torch.Tensor:
-    """VAE latents of several ``H + 1``-frame clips, as upstream encodes a policy clip.
-
-    Args:
-        pipe (`Cosmos3OmniPipeline`): The pipeline whose VAE encodes.
-        clips (`list[list[np.ndarray]]`): Clips of ``H + 1`` uint8 frames ``[256, 256, 3]``.
+    """VAE latents of several ``H + 1``-frame toy clips ``[256, 256, 3]``, as upstream encodes a policy clip
+    (:func:`~trajectory_ensemble_lab.training.dataset.encode_clips`).
 
     Returns:
         `torch.Tensor` of shape `[len(clips), C, T, h, w]`, float32.
     """
-    frames, sizes = [], []
-    for clip in clips:
-        video, image_size, _, _ = pipe._prepare_action_video_conditioning(
-            clip, task.RESOLUTION_TIER, task.HORIZON + 1, device="cpu", dtype=torch.float32
-        )
-        frames.append(video)
-        sizes.append(image_size)
-    latents = pipe._encode_video(torch.cat(frames, dim=0)).contiguous().float()
-    # Every toy image has the same size, so one padding removal fits all.
-    return pipe._remove_action_video_padding_from_latent(latents, sizes[0])
+    return training_dataset.encode_clips(pipe, clips, task.RESOLUTION_TIER, task.HORIZON + 1)
 
 
 def build_dataset(
@@ -192,93 +157,11 @@ def encode_labelled(
         batch (`int`): Clips per VAE call.
         log (`Callable[[str], None]`): Progress output.
     """
-    if not labelled:
-        raise ValueError("encode_labelled needs at least one labelled state, got none")
-    device = torch.device("cpu")
-    branch: Branch | None = None
-    conditions: list[torch.Tensor] = []
-    actions: list[np.ndarray] = []
-    state_of: list[int] = []
-    options: list[list[int]] = []
-    pending: list[list[np.ndarray]] = []
-    clips: list[torch.Tensor] = []
-    started = time.perf_counter()
-    states = [state for state, _ in labelled]
-    for index, (state, chunks) in enumerate(labelled):
-        image = task.render(state)
-        conditioning = encode_conditioning(
-            pipe,
-            prompt=task.INSTRUCTION,
-            negative_prompt=None,
-            action=action_condition(image),
-            fps=task.FPS,
-            guidance_scale=task.GUIDANCE_SCALE,
-            device=device,
-        )
-        if branch is None:
-            branch = conditioning.branches[0]
-        elif not torch.equal(branch.prefix.input_ids, conditioning.branches[0].prefix.input_ids):
-            raise RuntimeError("toy prompts must tokenize identically so one prefix serves every example")
-        conditions.append(conditioning.x0_vision[:, :, :1].detach().clone())
-        options.append([])
-        for waypoints in chunks:
-            options[-1].append(len(actions))
-            actions.append(waypoints)
-            state_of.append(index)
-            pending.append(task.render_clip(state, waypoints))
-        if len(pending) >= batch or index == len(states) - 1:
-            clips.append(encode_clips(pipe, pending))
-            pending = []
-        if (index + 1) % 100 == 0:
-            log(f"encoded {index + 1}/{len(states)} states ({time.perf_counter() - started:.0f} s)")
-    clip_latents = torch.cat(clips, dim=0)
-    condition = torch.cat(conditions, dim=0)
-    state_index = torch.tensor(state_of, dtype=torch.long)
-    # Frame 0 of a clip must be what inference conditions on; the Wan VAE encodes frame 0 alone in its first causal
-    # chunk, so the two agree up to batching round-off. Use the serving path's latent bit for bit.
-    drift = (clip_latents[:, :, :1] - condition[state_index]).abs().max().item()
-    if drift > 1e-3:
-        raise RuntimeError(f"clip frame 0 differs from the conditioning latent by {drift:.2e}")
-    clip_latents[:, :, :1] = condition[state_index]
-    dataset = ToyDataset(
-        branch=branch,
-        condition=condition,
-        clips=clip_latents,
-        actions=torch.tensor(np.stack(actions), dtype=torch.float32),
-        state_of=state_index,
-        options=options,
-        starts=_starts(labelled),
-    )
-    log(f"encoded {len(states)} states, {len(actions)} examples in {time.perf_counter() - started:.0f} s")
-    return dataset
+    return encode_states(pipe, _rendered(labelled), TOY_FORMAT, count=len(labelled), batch=batch, log=log)
 
 
-def concat_datasets(datasets: list[ToyDataset]) -> ToyDataset:
-    """One dataset holding every state and example of ``datasets``, in order (DAgger's aggregation).
-
-    Every part must share the same prefix (prompt), which one packed forward serves for all examples.
-    """
-    if not datasets:
-        raise ValueError("concat_datasets needs at least one dataset, got none")
-    first = datasets[0]
-    for part in datasets[1:]:
-        if not torch.equal(part.branch.prefix.input_ids, first.branch.prefix.input_ids):
-            raise ValueError("datasets to concatenate must share one prompt prefix")
-    if any(part.starts is None for part in datasets):
-        raise ValueError("datasets to concatenate must all keep their start positions (starts)")
-    state_offset, example_offset = 0, 0
-    state_of, options = [], []
-    for part in datasets:
-        state_of.append(part.state_of + state_offset)
-        options.extend([[example + example_offset for example in option] for option in part.options])
-        state_offset += part.num_states
-        example_offset += len(part.actions)
-    return ToyDataset(
-        branch=first.branch,
-        condition=torch.cat([part.condition for part in datasets]),
-        clips=torch.cat([part.clips for part in datasets]),
-        actions=torch.cat([part.actions for part in datasets]),
-        state_of=torch.cat(state_of),
-        options=options,
-        starts=torch.cat([part.starts for part in datasets]),
-    )
+def _rendered(labelled: list[tuple[task.Scene, list[np.ndarray]]]) -> Iterator[LabelledState]:
+    # Rendered one state at a time, so that only one VAE batch of clips is held at once.
+    for state, chunks in labelled:
+        yield LabelledState(image=task.render(state), chunks=list(chunks),
+                            clips=[task.render_clip(state, waypoints) for waypoints in chunks], start=state.robot)

@@ -1,21 +1,26 @@
-"""The toy pipeline ``train-toy`` trains: its shape, a fresh build or a saved one to start from, and saving it.
+"""The toy pipeline ``train-toy`` trains: its shape, how it is called, and a fresh build or a saved one to start from.
 
-A fresh pipeline is ``build_pipeline(TOY_CONFIG)`` with its VAE rounded through fp16 (so the shipped fp16 VAE encodes
-what training saw), its action heads re-initialized at a trainable scale and its latents normalized per channel on
-toy observations. Saving writes the EMA weights in fp16 safetensors (``save_pretrained``).
+A fresh pipeline is :func:`~trajectory_ensemble_lab.training.pipeline.fresh_pipeline` of :data:`TOY_CONFIG`, its
+latents normalized on the observations of 64 training scenes; making it trainable and saving it are the shared
+trainer's (:mod:`trajectory_ensemble_lab.training.pipeline`).
 """
 
 from __future__ import annotations
 
-import copy
-import math
+from collections.abc import Iterator
 from pathlib import Path
 
-import torch
+import numpy as np
 from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import Cosmos3OmniPipeline
 
-from trajectory_ensemble_node.models.cosmos3 import TinyCosmos3Config, build_pipeline, encode_conditioning
-from trajectory_ensemble_node.toy import action_condition, load_toy_pipeline, task, toy_pipeline_dir
+from trajectory_ensemble_node.models.cosmos3 import TinyCosmos3Config
+from trajectory_ensemble_node.toy import load_toy_pipeline, task, toy_pipeline_dir
+from ..training import pipeline as training_pipeline
+from ..training.dataset import ExampleFormat
+from ..training.pipeline import fresh_pipeline, init_action_heads, round_vae_to_half, save_pipeline
+
+__all__ = ["DEFAULT_OUT", "TOY_CONFIG", "TOY_FORMAT", "init_action_heads", "load_for_training", "normalize_latents",
+           "round_vae_to_half", "save_pipeline"]
 
 TOY_CONFIG = TinyCosmos3Config(
     hidden_size=192,
@@ -42,87 +47,19 @@ DEFAULT_OUT = toy_pipeline_dir()
 """Where ``train-toy`` writes by default: the shipped asset directory of the product."""
 
 
-def init_action_heads(pipe: Cosmos3OmniPipeline, generator: torch.Generator) -> None:
-    """Re-initialize the domain-aware action projections at a trainable scale.
-
-    ``DomainAwareLinear`` keeps its weights in ``nn.Embedding`` tables, which initialize to N(0, 1): an action head
-    whose outputs start at ~sqrt(hidden) times the target scale. Fan-in scaling for the input projection and a small
-    output projection (as for any diffusion output head) start the loss near its noise floor instead.
-    """
-    transformer = pipe.transformer
-    with torch.no_grad():
-        for module, std in (
-            (transformer.action_proj_in, 1.0 / math.sqrt(transformer.config.action_dim)),
-            (transformer.action_proj_out, 0.02),
-        ):
-            module.fc.weight.copy_(torch.randn(module.fc.weight.shape, generator=generator) * std)
-            module.bias.weight.zero_()
+TOY_FORMAT = ExampleFormat(instruction=task.INSTRUCTION, domain_name=task.DOMAIN_NAME, chunk_size=task.HORIZON,
+                           resolution_tier=task.RESOLUTION_TIER, fps=task.FPS, guidance_scale=task.GUIDANCE_SCALE)
+"""How the toy policy is called (``toy.action_condition``, ``toy.request_kwargs``), so how its examples are encoded."""
 
 
 def normalize_latents(pipe: Cosmos3OmniPipeline, num_scenes: int = 64) -> tuple[list[float], list[float]]:
-    """Set the VAE's per-channel latent normalization (``latents_mean`` / ``latents_std``) from toy observations.
-
-    ``build_pipeline`` leaves the random VAE un-normalized (mean 0, std 1), and its raw latents have a std near 0.1
-    with large channel offsets, so moving the target changes the conditioning tokens by about 1% of their norm and
-    the policy learns to ignore them (a first run stayed unconditional for 2000 steps). Real Cosmos 3 checkpoints
-    normalize latents per channel; doing the same here makes scene differences O(1). The statistics go into the VAE
-    config, so ``_encode_video`` applies them in training and in serving alike, and the saved pipeline carries them.
-
-    Args:
-        pipe (`Cosmos3OmniPipeline`): Pipeline whose VAE normalization is still the identity.
-        num_scenes (`int`): Training scenes (seeds ``0 .. num_scenes - 1``) whose observations give the statistics.
-
-    Returns:
-        `tuple`: per-channel means and stds (``z_dim`` floats each).
-    """
-    latents = torch.cat([
-        encode_conditioning(
-            pipe, prompt=task.INSTRUCTION, negative_prompt=None,
-            action=action_condition(task.render(task.make_scene(task.TRAIN_SEED_BASE + seed))),
-            fps=task.FPS, guidance_scale=task.GUIDANCE_SCALE, device=torch.device("cpu"),
-        ).x0_vision[:, :, :1].detach()
-        for seed in range(num_scenes)
-    ])
-    mean = [float(m) for m in latents.mean(dim=(0, 2, 3, 4))]
-    std = [float(s) for s in latents.std(dim=(0, 2, 3, 4))]
-    pipe.vae.register_to_config(latents_mean=mean, latents_std=std)
-    # The pipeline caches these at construction (as from_pretrained will rebuild them from the saved config).
-    pipe._vae_latents_mean = torch.tensor(mean, dtype=pipe.vae.dtype)
-    pipe._vae_latents_inv_std = 1.0 / torch.tensor(std, dtype=pipe.vae.dtype)
-    return mean, std
+    """The VAE's per-channel latent normalization from the observations of training scenes ``0 .. num_scenes - 1``
+    (:func:`~trajectory_ensemble_lab.training.pipeline.normalize_latents`)."""
+    return training_pipeline.normalize_latents(pipe, _scene_images(num_scenes), TOY_FORMAT)
 
 
-def round_vae_to_half(pipe: Cosmos3OmniPipeline) -> None:
-    """Round the VAE weights through fp16 before anything is encoded, so the shipped fp16 VAE encodes exactly what
-    training saw."""
-    with torch.no_grad():
-        for param in pipe.vae.parameters():
-            param.copy_(param.half().float())
-
-
-def save_pipeline(
-    pipe: Cosmos3OmniPipeline, out: Path, dtype: torch.dtype, weights: list[torch.Tensor] | None = None
-) -> int:
-    """``save_pretrained`` (safetensors) a copy of ``pipe`` with weights in ``dtype``; returns the bytes written.
-
-    Args:
-        pipe (`Cosmos3OmniPipeline`): The pipeline being trained (left untouched).
-        out (`Path`): Directory to write.
-        dtype (`torch.dtype`): Storage dtype of the transformer and VAE weights.
-        weights (`list[torch.Tensor]`, *optional*): Replacement values (e.g. EMA) for the transformer's trainable
-            parameters, in ``parameters()`` order.
-    """
-    out.mkdir(parents=True, exist_ok=True)
-    copy_pipe = copy.deepcopy(pipe)
-    if weights is not None:
-        with torch.no_grad():
-            trainable = [p for p in copy_pipe.transformer.parameters() if p.requires_grad]
-            for param, value in zip(trainable, weights, strict=True):
-                param.copy_(value)
-    copy_pipe.transformer.to(dtype)
-    copy_pipe.vae.to(dtype)
-    copy_pipe.save_pretrained(out, safe_serialization=True)
-    return sum(f.stat().st_size for f in out.rglob("*") if f.is_file())
+def _scene_images(num_scenes: int) -> Iterator[np.ndarray]:
+    return (task.render(task.make_scene(task.TRAIN_SEED_BASE + seed)) for seed in range(num_scenes))
 
 
 def load_for_training(init: Path | None, seed: int) -> Cosmos3OmniPipeline:
@@ -138,10 +75,5 @@ def load_for_training(init: Path | None, seed: int) -> Cosmos3OmniPipeline:
         pipe.scheduler = type(pipe.scheduler).from_config(pipe.scheduler.config, flow_shift=TOY_CONFIG.flow_shift)
         print(f"initialized from {init}", flush=True)
         return pipe
-    pipe = build_pipeline(TOY_CONFIG, seed=seed)
-    round_vae_to_half(pipe)
-    init_action_heads(pipe, torch.Generator().manual_seed(seed + 1))
-    latents_mean, latents_std = normalize_latents(pipe)
-    print(f"latent normalization: mean {[round(m, 3) for m in latents_mean]}, "
-          f"std {[round(s, 3) for s in latents_std]}", flush=True)
-    return pipe
+    return fresh_pipeline(TOY_CONFIG, seed, _scene_images(64), TOY_FORMAT,
+                          log=lambda message: print(message, flush=True))

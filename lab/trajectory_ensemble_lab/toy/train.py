@@ -30,6 +30,9 @@ share it at inference. The conventions match what the serving path integrates:
   loop is in ``docs/closed-loop.md``.
 
 The saved pipeline (``save_pretrained``, safetensors, fp16) holds the EMA weights, the VAE and the tokenizer.
+
+The objective, the loop and the encoding are the shared trainer's (:mod:`trajectory_ensemble_lab.training`, which
+``train-pusht`` uses on recorded demonstrations); this command supplies the toy's examples and augmentations.
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ from pathlib import Path
 import torch
 
 from trajectory_ensemble_node.toy import task
+from ..training.fit import add_fit_arguments
 from . import dagger
 from .data import build_dataset
 from .objective import fit, sample_sigmas, training_loss
@@ -86,22 +90,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--demo-speed-prefixed", action="store_true",
                         help="retime only examples with a clean prefix (--prefix-conditioning): the prefix then "
                              "says the speed, and examples without one keep the expert's")
-    parser.add_argument("--steps", type=int, default=3000, help="optimizer steps")
-    parser.add_argument("--batch", type=int, default=8, help="examples packed into one forward")
-    parser.add_argument("--lr", type=float, default=1e-3, help="peak learning rate of the one-cycle schedule")
-    parser.add_argument("--weight-decay", type=float, default=0.01)
-    parser.add_argument("--vision-weight", type=float, default=0.1, help="weight of the noisy-vision MSE")
-    parser.add_argument("--ema", type=float, default=0.999, help="EMA decay of the saved weights (0 disables)")
-    parser.add_argument("--seed", type=int, default=0, help="model init, example sampling and noise")
-    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (1 keeps a shared machine usable)")
-    parser.add_argument("--encode-threads", type=int, default=1, help="torch CPU threads while encoding the dataset")
-    parser.add_argument("--log-every", type=int, default=50)
-    parser.add_argument("--checkpoint-every", type=int, default=1000, help="also save the EMA pipeline every N steps")
-    parser.add_argument("--save-dtype", choices=("float16", "float32"), default="float16")
-    parser.add_argument("--sigma-shift", type=float, default=5.0,
-                        help="half of each batch's sigmas are shifted by this toward high noise (1 = none)")
-    parser.add_argument("--init", type=Path, default=None,
-                        help="continue from this pipeline directory (e.g. the shipped weights) instead of a fresh one")
+    add_fit_arguments(parser)
     dagger.add_arguments(parser)
 
 

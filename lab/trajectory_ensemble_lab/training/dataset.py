@@ -1,0 +1,270 @@
+"""Training examples, encoded once with the serving path's own conditioning and VAE code.
+
+A task hands the trainer :class:`LabelledState` s: a conditioning frame ``[H, W, 3]`` uint8, and per expert option
+of that frame an action chunk ``[chunk, width]`` in the model's normalized units, with an optional target clip (the
+``chunk + 1`` frames the robot would see while following it). Per state this keeps:
+
+- the clean conditioning latent, from :func:`~trajectory_ensemble_node.models.cosmos3.conditioning.encode_conditioning`
+  with exactly the arguments the serving path uses (:class:`ExampleFormat`), so training sees the latent inference
+  will see;
+- per option: its chunk and, when the state has clips, the VAE latent of its clip, encoded like upstream policy clips
+  (``_prepare_action_video_conditioning`` -> ``_encode_video`` -> ``_remove_action_video_padding_from_latent``).
+
+One packed forward serves a whole batch under one text prefix, so every state carries the same instruction.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import Cosmos3OmniPipeline, CosmosActionCondition
+
+from trajectory_ensemble_node.models.cosmos3 import Branch, encode_conditioning
+
+from . import TrainingError
+
+Log = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class ExampleFormat:
+    """How the policy is called, which fixes how its training examples are encoded.
+
+    Args:
+        instruction (`str`): The prompt every example carries.
+        domain_name (`str`): Cosmos 3 embodiment (``pusht``: domain id 4, raw width 2).
+        chunk_size (`int`): Actions per chunk; the clip has ``chunk_size + 1`` frames.
+        resolution_tier (`int`): Upstream resolution tier (256: a 96x96 frame is padded, never scaled up).
+        fps (`float`): Frame rate, in the caption and the mRoPE temporal modulation.
+        guidance_scale (`float`): CFG scale the policy is served with (1.0: no uncond branch).
+    """
+
+    instruction: str
+    domain_name: str
+    chunk_size: int
+    resolution_tier: int
+    fps: float
+    guidance_scale: float = 1.0
+
+    def action_condition(self, image: np.ndarray) -> CosmosActionCondition:
+        """The policy-mode condition for one frame ``[H, W, 3]`` uint8, as the serving path builds it."""
+        return CosmosActionCondition(mode="policy", chunk_size=self.chunk_size, domain_name=self.domain_name,
+                                     resolution_tier=self.resolution_tier, image=image)
+
+
+@dataclass
+class LabelledState:
+    """One conditioning frame and what the expert did from it.
+
+    Args:
+        image (`np.ndarray` of shape `[H, W, 3]`, uint8): The conditioning frame.
+        chunks (`list[np.ndarray]`): Per expert option, the chunk ``[chunk, width]`` in normalized units.
+        clips (`list[list[np.ndarray]]`, *optional*): Per option, the ``chunk + 1`` frames following it (frame 0 =
+            ``image``); ``None`` trains without the vision term.
+        start (`np.ndarray` of shape `[width]`, *optional*): Where the chunk starts from (the toy's retiming needs it).
+    """
+
+    image: np.ndarray
+    chunks: list[np.ndarray]
+    clips: list[list[np.ndarray]] | None = None
+    start: np.ndarray | None = None
+
+
+@dataclass
+class EncodedDataset:
+    """Encoded training examples.
+
+    Args:
+        branch (`Branch`): Prefix and block template shared by every example (same prompt, same shapes).
+        condition (`torch.Tensor` of shape `[S, C, 1, h, w]`): Clean conditioning latent per state.
+        clips (`torch.Tensor` of shape `[E, C, T, h, w]`, *optional*): Clip latent per example (frame 0 = its
+            state's condition); ``None``: the data set has no target clips and trains the actions alone.
+        actions (`torch.Tensor` of shape `[E, chunk, width]`): Expert chunk per example, normalized units.
+        state_of (`torch.LongTensor` of shape `[E]`): State index of each example.
+        options (`list[list[int]]`): Example indexes of each state (several for a state with several expert options).
+        starts (`torch.Tensor` of shape `[E, width]`, *optional*): Where each example's chunk starts from.
+    """
+
+    branch: Branch
+    condition: torch.Tensor
+    clips: torch.Tensor | None
+    actions: torch.Tensor
+    state_of: torch.Tensor
+    options: list[list[int]]
+    starts: torch.Tensor | None = None
+
+    @property
+    def num_states(self) -> int:
+        return len(self.options)
+
+
+@torch.no_grad()
+def encode_clips(pipe: Cosmos3OmniPipeline, clips: list[list[np.ndarray]], resolution_tier: int,
+                 num_frames: int) -> torch.Tensor:
+    """VAE latents of several clips of the same frame size, as upstream encodes a policy clip.
+
+    Args:
+        pipe (`Cosmos3OmniPipeline`): The pipeline whose VAE encodes.
+        clips (`list[list[np.ndarray]]`): Clips of ``num_frames`` uint8 frames ``[H, W, 3]``, all of one size.
+        resolution_tier (`int`): Upstream resolution tier.
+        num_frames (`int`): Frames per clip (``chunk + 1``).
+
+    Returns:
+        `torch.Tensor` of shape `[len(clips), C, T, h, w]`, float32.
+    """
+    frames, sizes = [], []
+    for clip in clips:
+        video, image_size, _, _ = pipe._prepare_action_video_conditioning(
+            clip, resolution_tier, num_frames, device="cpu", dtype=torch.float32
+        )
+        frames.append(video)
+        sizes.append(image_size)
+    if any(not torch.equal(size, sizes[0]) for size in sizes[1:]):
+        raise TrainingError(f"clips encoded together must share one frame size, got {[s.tolist() for s in sizes]}")
+    latents = pipe._encode_video(torch.cat(frames, dim=0)).contiguous().float()
+    return pipe._remove_action_video_padding_from_latent(latents, sizes[0])
+
+
+def encode_states(
+    pipe: Cosmos3OmniPipeline,
+    states: Iterable[LabelledState],
+    example_format: ExampleFormat,
+    *,
+    count: int | None = None,
+    batch: int = 8,
+    log: Log = print,
+) -> EncodedDataset:
+    """Encode labelled states: per state its conditioning latent, per option its chunk and (if given) its clip.
+
+    Args:
+        pipe (`Cosmos3OmniPipeline`): The pipeline being trained (its tokenizer and VAE are used).
+        states (`Iterable[LabelledState]`): The states, read once (a generator keeps memory to one clip batch).
+        example_format (`ExampleFormat`): How the policy is called.
+        count (`int`, *optional*): How many states ``states`` yields, for progress lines only.
+        batch (`int`): Clips per VAE call.
+        log (`Callable[[str], None]`): Progress output.
+
+    Raises:
+        TrainingError: no states, states with and without clips mixed, chunks of another shape, or prompts that do
+            not share one prefix.
+    """
+    device = torch.device("cpu")
+    fmt = example_format
+    branch: Branch | None = None
+    conditions: list[torch.Tensor] = []
+    actions: list[np.ndarray] = []
+    starts: list[np.ndarray] = []
+    state_of: list[int] = []
+    options: list[list[int]] = []
+    pending: list[list[np.ndarray]] = []
+    clips: list[torch.Tensor] = []
+    with_clips: bool | None = None
+    started = time.perf_counter()
+    index = -1
+    iterator = iter(states)
+    state = next(iterator, None)
+    while state is not None:
+        index += 1
+        following = next(iterator, None)
+        has_clips = state.clips is not None
+        if with_clips is None:
+            with_clips = has_clips
+        elif has_clips != with_clips:
+            raise TrainingError(f"state {index} {'has' if has_clips else 'lacks'} target clips, unlike state 0: "
+                                "a data set trains with clips for every example or for none")
+        conditioning = encode_conditioning(
+            pipe, prompt=fmt.instruction, negative_prompt=None, action=fmt.action_condition(state.image),
+            fps=fmt.fps, guidance_scale=fmt.guidance_scale, device=device,
+        )
+        if branch is None:
+            branch = conditioning.branches[0]
+        elif not torch.equal(branch.prefix.input_ids, conditioning.branches[0].prefix.input_ids):
+            raise TrainingError(f"state {index} tokenizes to another prefix than state 0: one packed forward serves "
+                                "every example under one prefix, so the frames must share one size bin")
+        conditions.append(conditioning.x0_vision[:, :, :1].detach().clone())
+        options.append([])
+        for k, chunk in enumerate(state.chunks):
+            if np.shape(chunk)[0] != fmt.chunk_size:
+                raise TrainingError(f"state {index} option {k}: a chunk of {fmt.chunk_size} actions is needed, got "
+                                    f"shape {np.shape(chunk)}")
+            options[-1].append(len(actions))
+            actions.append(chunk)
+            state_of.append(index)
+            if state.start is not None:
+                starts.append(state.start)
+            if has_clips:
+                pending.append(state.clips[k])
+        if pending and (len(pending) >= batch or following is None):
+            clips.append(encode_clips(pipe, pending, fmt.resolution_tier, fmt.chunk_size + 1))
+            pending = []
+        if (index + 1) % 100 == 0:
+            total = f"/{count}" if count is not None else ""
+            log(f"encoded {index + 1}{total} states ({time.perf_counter() - started:.0f} s)")
+        state = following
+    if branch is None:
+        raise TrainingError("encoding needs at least one labelled state, got none")
+    if starts and len(starts) != len(actions):
+        raise TrainingError(f"every state or none must give its start, got {len(starts)} starts for "
+                            f"{len(actions)} examples")
+    condition = torch.cat(conditions, dim=0)
+    state_index = torch.tensor(state_of, dtype=torch.long)
+    clip_latents = None
+    if with_clips:
+        clip_latents = torch.cat(clips, dim=0)
+        # Frame 0 of a clip must be what inference conditions on; the Wan VAE encodes frame 0 alone in its first
+        # causal chunk, so the two agree up to batching round-off. Use the serving path's latent bit for bit.
+        drift = (clip_latents[:, :, :1] - condition[state_index]).abs().max().item()
+        if drift > 1e-3:
+            raise TrainingError(f"clip frame 0 differs from the conditioning latent by {drift:.2e}")
+        clip_latents[:, :, :1] = condition[state_index]
+    dataset = EncodedDataset(
+        branch=branch,
+        condition=condition,
+        clips=clip_latents,
+        actions=torch.tensor(np.stack(actions), dtype=torch.float32),
+        state_of=state_index,
+        options=options,
+        starts=torch.tensor(np.stack(starts), dtype=torch.float32) if starts else None,
+    )
+    log(f"encoded {index + 1} states, {len(actions)} examples in {time.perf_counter() - started:.0f} s")
+    return dataset
+
+
+def concat_datasets(datasets: list[EncodedDataset]) -> EncodedDataset:
+    """One dataset holding every state and example of ``datasets``, in order (DAgger's aggregation).
+
+    Every part must share the same prefix (prompt), which one packed forward serves for all examples.
+
+    Raises:
+        TrainingError: no parts, parts under different prompts, or parts that disagree on starts or clips.
+    """
+    if not datasets:
+        raise TrainingError("concat_datasets needs at least one dataset, got none")
+    first = datasets[0]
+    for part in datasets[1:]:
+        if not torch.equal(part.branch.prefix.input_ids, first.branch.prefix.input_ids):
+            raise TrainingError("datasets to concatenate must share one prompt prefix")
+    if any(part.starts is None for part in datasets):
+        raise TrainingError("datasets to concatenate must all keep their start positions (starts)")
+    if len({part.clips is None for part in datasets}) > 1:
+        raise TrainingError("datasets to concatenate must all have target clips, or all lack them")
+    state_offset, example_offset = 0, 0
+    state_of, options = [], []
+    for part in datasets:
+        state_of.append(part.state_of + state_offset)
+        options.extend([[example + example_offset for example in option] for option in part.options])
+        state_offset += part.num_states
+        example_offset += len(part.actions)
+    return EncodedDataset(
+        branch=first.branch,
+        condition=torch.cat([part.condition for part in datasets]),
+        clips=None if first.clips is None else torch.cat([part.clips for part in datasets]),
+        actions=torch.cat([part.actions for part in datasets]),
+        state_of=torch.cat(state_of),
+        options=options,
+        starts=torch.cat([part.starts for part in datasets]),
+    )

@@ -1,0 +1,128 @@
+"""A fresh Cosmos 3 pipeline made trainable, and saving one: shared by every policy trained here.
+
+A fresh pipeline is ``build_pipeline(config)`` with its VAE rounded through fp16 (so the shipped fp16 VAE encodes
+what training saw), its action heads re-initialized at a trainable scale and its latents normalized per channel on
+the task's own observations (:func:`fresh_pipeline`). Saving writes the EMA weights in safetensors, fp16 by default
+(``save_pretrained``).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+import numpy as np
+import torch
+from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import Cosmos3OmniPipeline
+
+from trajectory_ensemble_node.models.cosmos3 import TinyCosmos3Config, build_pipeline, encode_conditioning
+
+from .dataset import ExampleFormat
+
+
+def init_action_heads(pipe: Cosmos3OmniPipeline, generator: torch.Generator) -> None:
+    """Re-initialize the domain-aware action projections at a trainable scale.
+
+    ``DomainAwareLinear`` keeps its weights in ``nn.Embedding`` tables, which initialize to N(0, 1): an action head
+    whose outputs start at ~sqrt(hidden) times the target scale. Fan-in scaling for the input projection and a small
+    output projection (as for any diffusion output head) start the loss near its noise floor instead.
+    """
+    transformer = pipe.transformer
+    with torch.no_grad():
+        for module, std in (
+            (transformer.action_proj_in, 1.0 / math.sqrt(transformer.config.action_dim)),
+            (transformer.action_proj_out, 0.02),
+        ):
+            module.fc.weight.copy_(torch.randn(module.fc.weight.shape, generator=generator) * std)
+            module.bias.weight.zero_()
+
+
+def normalize_latents(pipe: Cosmos3OmniPipeline, images: Iterable[np.ndarray],
+                      example_format: ExampleFormat) -> tuple[list[float], list[float]]:
+    """Set the VAE's per-channel latent normalization (``latents_mean`` / ``latents_std``) from task observations.
+
+    ``build_pipeline`` leaves the random VAE un-normalized (mean 0, std 1), and its raw latents have a std near 0.1
+    with large channel offsets, so moving the target changes the conditioning tokens by about 1% of their norm and
+    the policy learns to ignore them (a first toy run stayed unconditional for 2000 steps). Real Cosmos 3 checkpoints
+    normalize latents per channel; doing the same here makes scene differences O(1). The statistics go into the VAE
+    config, so ``_encode_video`` applies them in training and in serving alike, and the saved pipeline carries them.
+
+    Args:
+        pipe (`Cosmos3OmniPipeline`): Pipeline whose VAE normalization is still the identity.
+        images (`Iterable[np.ndarray]`): Training observations ``[H, W, 3]`` uint8 whose latents give the statistics.
+        example_format (`ExampleFormat`): How the policy is called (the conditioning they are encoded with).
+
+    Returns:
+        `tuple`: per-channel means and stds (``z_dim`` floats each).
+    """
+    fmt = example_format
+    latents = torch.cat([
+        encode_conditioning(
+            pipe, prompt=fmt.instruction, negative_prompt=None, action=fmt.action_condition(image),
+            fps=fmt.fps, guidance_scale=fmt.guidance_scale, device=torch.device("cpu"),
+        ).x0_vision[:, :, :1].detach()
+        for image in images
+    ])
+    mean = [float(m) for m in latents.mean(dim=(0, 2, 3, 4))]
+    std = [float(s) for s in latents.std(dim=(0, 2, 3, 4))]
+    pipe.vae.register_to_config(latents_mean=mean, latents_std=std)
+    # The pipeline caches these at construction (as from_pretrained will rebuild them from the saved config).
+    pipe._vae_latents_mean = torch.tensor(mean, dtype=pipe.vae.dtype)
+    pipe._vae_latents_inv_std = 1.0 / torch.tensor(std, dtype=pipe.vae.dtype)
+    return mean, std
+
+
+def fresh_pipeline(config: TinyCosmos3Config, seed: int, images: Iterable[np.ndarray], example_format: ExampleFormat,
+                   log: Callable[[str], None] = print) -> Cosmos3OmniPipeline:
+    """A new trainable pipeline of shape ``config``: weights from ``seed``, VAE rounded through fp16, action heads at
+    a trainable scale (from ``seed + 1``), latents normalized on ``images``.
+
+    Args:
+        config (`TinyCosmos3Config`): The model's shape.
+        seed (`int`): Seed of the model init.
+        images (`Iterable[np.ndarray]`): Training observations for :func:`normalize_latents`.
+        example_format (`ExampleFormat`): How the policy is called.
+        log (`Callable[[str], None]`): Where the latent statistics are reported.
+    """
+    pipe = build_pipeline(config, seed=seed)
+    round_vae_to_half(pipe)
+    init_action_heads(pipe, torch.Generator().manual_seed(seed + 1))
+    latents_mean, latents_std = normalize_latents(pipe, images, example_format)
+    log(f"latent normalization: mean {[round(m, 3) for m in latents_mean]}, "
+        f"std {[round(s, 3) for s in latents_std]}")
+    return pipe
+
+
+def round_vae_to_half(pipe: Cosmos3OmniPipeline) -> None:
+    """Round the VAE weights through fp16 before anything is encoded, so the shipped fp16 VAE encodes exactly what
+    training saw."""
+    with torch.no_grad():
+        for param in pipe.vae.parameters():
+            param.copy_(param.half().float())
+
+
+def save_pipeline(
+    pipe: Cosmos3OmniPipeline, out: Path, dtype: torch.dtype, weights: list[torch.Tensor] | None = None
+) -> int:
+    """``save_pretrained`` (safetensors) a copy of ``pipe`` with weights in ``dtype``; returns the bytes written.
+
+    Args:
+        pipe (`Cosmos3OmniPipeline`): The pipeline being trained (left untouched).
+        out (`Path`): Directory to write.
+        dtype (`torch.dtype`): Storage dtype of the transformer and VAE weights.
+        weights (`list[torch.Tensor]`, *optional*): Replacement values (e.g. EMA) for the transformer's trainable
+            parameters, in ``parameters()`` order.
+    """
+    out.mkdir(parents=True, exist_ok=True)
+    copy_pipe = copy.deepcopy(pipe)
+    if weights is not None:
+        with torch.no_grad():
+            trainable = [p for p in copy_pipe.transformer.parameters() if p.requires_grad]
+            for param, value in zip(trainable, weights, strict=True):
+                param.copy_(value)
+    copy_pipe.transformer.to(dtype)
+    copy_pipe.vae.to(dtype)
+    copy_pipe.save_pretrained(out, safe_serialization=True)
+    return sum(f.stat().st_size for f in out.rglob("*") if f.is_file())

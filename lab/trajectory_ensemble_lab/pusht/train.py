@@ -1,0 +1,279 @@
+"""``trajectory-ensemble train-pusht``: the PushT policy, trained by the shared trainer on the expert's demonstrations.
+
+The model is the toy's class, the real ``Cosmos3OmniTransformer`` (:data:`PUSHT_CONFIG`), in the ``pusht`` domain
+(domain id 4, raw width 2). It is conditioned on the rendered 96x96 frame, in which the agent is visible (the policy
+mode has no proprio input), and on :data:`~trajectory_ensemble_lab.pusht.INSTRUCTION`. At resolution tier 256 the
+pipeline pads a 96x96 frame to 256x256 and never scales it up, so the VAE (factor 16) keeps a 6x6 latent: 3x3 vision
+tokens per latent frame after the transformer's 2x2 patches.
+
+Examples (:func:`demo_states`): for every control step ``t`` of every demonstration in the bags, the frame at ``t``
+and the next :data:`CHUNK` expert actions, the tail padded by repeating the last action as Diffusion Policy does.
+Actions are absolute agent targets in env pixels, ``[0, 512]^2``, normalized by a fixed ``minmax`` over ``[0, 512]``
+(:func:`action_stats`): the run writes that file as ``action_stats.json`` beside the saved pipeline, in the shape the
+node's ``action_stats_file`` reads (``action_stats_method: minmax``). Chunk 16 with 8 executed are Diffusion Policy's
+defaults; how many rows run is a serving setting, the chunk is the model's.
+
+The objective, the loop, EMA and saving are the shared trainer's (:mod:`trajectory_ensemble_lab.training`). A target
+clip (the 17 frames that followed) is optional, ``--clips``: its VAE encode costs about 1.1 s per example on one CPU
+core against about 0.1 s for the conditioning frame, so by default the vision positions train toward the latent mean.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import Cosmos3OmniPipeline
+
+from trajectory_ensemble_node.models.cosmos3 import TinyCosmos3Config
+from trajectory_ensemble_node.normalization import ActionNormalizer
+from trajectory_ensemble_node.tools import bags
+from ..training import TrainingError
+from ..training.dataset import EncodedDataset, ExampleFormat, LabelledState, encode_states
+from ..training.fit import add_fit_arguments, fit
+from ..training.pipeline import fresh_pipeline
+from . import INSTRUCTION
+from .recording import EPISODES_KEY, RecordedEpisode, read_demo_bag
+from .sim import CONTROL_HZ
+
+CHUNK = 16
+"""Actions per chunk (Diffusion Policy's prediction horizon); it executes 8 of them."""
+DOMAIN_NAME = "pusht"
+ACTION_WIDTH = 2
+ACTION_RANGE = (0.0, 512.0)
+"""Where a PushT action (the agent's absolute target, env pixels) lies, per channel."""
+RESOLUTION_TIER = 256
+
+PUSHT_FORMAT = ExampleFormat(instruction=INSTRUCTION, domain_name=DOMAIN_NAME, chunk_size=CHUNK,
+                             resolution_tier=RESOLUTION_TIER, fps=float(CONTROL_HZ), guidance_scale=1.0)
+"""How the PushT policy is called: ``pusht``, chunk 16, tier 256, 10 fps (the env's control rate), no CFG."""
+
+PUSHT_CONFIG = TinyCosmos3Config(
+    hidden_size=256,
+    num_layers=3,
+    num_heads=8,
+    num_kv_heads=2,
+    intermediate_size=512,
+    rope_axes_dim=(8, 4, 4),
+    action_dim=8,
+    vae_base_dim=8,
+    vae_z_dim=16,
+    vae_dim_mult=(1, 2, 2, 2),
+    vae_num_res_blocks=1,
+    # The serving schedule's shift; a setting of the saved scheduler config, to be chosen on validation starts.
+    flow_shift=1.0,
+)
+"""Shape of the PushT policy: the toy's layout, wider (hidden 256 against 192), under 10 MB in fp16 with its VAE and
+tokenizer (4 layers of this width would be 10.3 MB)."""
+
+DEFAULT_BAGS = Path("out/pusht/demos/bags")
+DEFAULT_OUT = Path("out/pusht/policy")
+STATS_FILE = "action_stats.json"
+NORMALIZATION_FRAMES = 64
+"""Training frames whose latents set the VAE's per-channel normalization of a fresh pipeline."""
+
+
+def action_stats() -> dict[str, dict[str, dict[str, list[float]]]]:
+    """The PushT action statistics, in the shape the node's ``action_stats_file`` reads (``minmax``, domain entry)."""
+    low, high = ACTION_RANGE
+    return {DOMAIN_NAME: {"action": {"min": [low] * ACTION_WIDTH, "max": [high] * ACTION_WIDTH}}}
+
+
+def action_normalizer() -> ActionNormalizer:
+    """The node's own normalizer over :func:`action_stats` (so training and serving use one formula)."""
+    return ActionNormalizer.from_dict(action_stats(), "minmax", ACTION_WIDTH, DOMAIN_NAME, source="pusht.action_stats")
+
+
+def demo_bags(root: str | Path) -> list[Path]:
+    """The demonstration bags under ``root`` (or ``root`` itself when it is one), in name order.
+
+    Raises:
+        TrainingError: ``root`` holds no rosbag2 folder.
+    """
+    root = Path(root)
+    if (root / "metadata.yaml").is_file():
+        return [root]
+    found = sorted(path for path in root.iterdir() if (path / "metadata.yaml").is_file()) if root.is_dir() else []
+    if not found:
+        raise TrainingError(f"no demonstration bag (a folder with metadata.yaml) at {str(root)!r}")
+    return found
+
+
+def chunk_at(actions: np.ndarray, t: int, chunk: int = CHUNK) -> np.ndarray:
+    """Actions ``t .. t + chunk - 1`` of an episode ``[K, width]``, the tail padded with its last action."""
+    rows = np.minimum(np.arange(t, t + chunk), len(actions) - 1)
+    return actions[rows]
+
+
+def clip_at(frames: np.ndarray, t: int, chunk: int = CHUNK) -> list[np.ndarray]:
+    """The ``chunk + 1`` frames from ``t`` of an episode ``[K + 1, H, W, 3]``, the tail padded with its last frame."""
+    return [frames[min(j, len(frames) - 1)] for j in range(t, t + chunk + 1)]
+
+
+def episode_states(episode: RecordedEpisode, normalizer: ActionNormalizer, *, clips: bool = False,
+                   stride: int = 1) -> Iterator[LabelledState]:
+    """One example per control step ``t`` (every ``stride``-th) of a demonstration: frame ``t``, the next chunk.
+
+    Args:
+        episode (`RecordedEpisode`): Frames ``[K + 1, 96, 96, 3]`` and actions ``[K, 2]`` (env pixels).
+        normalizer (`ActionNormalizer`): Maps actions into the model's units (:func:`action_normalizer`).
+        clips (`bool`): Also give each example its ``CHUNK + 1``-frame target clip.
+        stride (`int`): Control steps between examples.
+    """
+    normalized = normalizer.normalize(torch.as_tensor(episode.actions, dtype=torch.float64)).numpy()
+    for t in range(0, len(episode.actions), stride):
+        yield LabelledState(image=episode.frames[t], chunks=[chunk_at(normalized, t).astype(np.float32)],
+                            clips=[clip_at(episode.frames, t)] if clips else None)
+
+
+def demo_states(bag_paths: Sequence[Path], *, clips: bool = False, stride: int = 1) -> Iterator[LabelledState]:
+    """:func:`episode_states` of every episode of every bag, read one bag at a time."""
+    normalizer = action_normalizer()
+    for path in bag_paths:
+        for episode in read_demo_bag(path):
+            yield from episode_states(episode, normalizer, clips=clips, stride=stride)
+
+
+def listed_episodes(bag_paths: Sequence[Path]) -> list[dict[str, object]]:
+    """The episodes the bags list in their ``custom_data`` (seeds, steps, route), without reading a frame."""
+    return [entry for path in bag_paths
+            for entry in json.loads(bags.bag_info(path).custom_data.get(EPISODES_KEY, "[]"))]
+
+
+def normalization_images(bag_paths: Sequence[Path], count: int = NORMALIZATION_FRAMES) -> list[np.ndarray]:
+    """``count`` training frames spread over the bags: frame 0 and the middle frame of the first episodes."""
+    images: list[np.ndarray] = []
+    for path in bag_paths:
+        for episode in read_demo_bag(path):
+            images.extend([episode.frames[0], episode.frames[len(episode.frames) // 2]])
+            if len(images) >= count:
+                return images[:count]
+    return images
+
+
+def _cache_key(pipe: Cosmos3OmniPipeline, bag_paths: Sequence[Path], clips: bool, stride: int) -> str:
+    # The latents depend on the bags' bytes, the VAE and its normalization, and how examples are cut.
+    digest = hashlib.sha256()
+    for path in bag_paths:
+        for file in sorted(path.iterdir()):
+            if file.is_file():
+                digest.update(file.name.encode())
+                digest.update(hashlib.sha256(file.read_bytes()).digest())
+    for tensor in pipe.vae.state_dict().values():
+        digest.update(tensor.detach().cpu().float().numpy().tobytes())
+    settings = {"format": PUSHT_FORMAT.__dict__, "clips": clips, "stride": stride, "stats": action_stats(),
+                "latents_mean": list(pipe.vae.config.latents_mean), "latents_std": list(pipe.vae.config.latents_std)}
+    digest.update(json.dumps(settings, sort_keys=True).encode())
+    return digest.hexdigest()[:16]
+
+
+def build_pusht_dataset(pipe: Cosmos3OmniPipeline, bag_paths: Sequence[Path], *, clips: bool = False,
+                        stride: int = 1, cache_dir: Path | None = None, log=print) -> EncodedDataset:
+    """Encode every demonstration of ``bag_paths`` (:func:`demo_states`), cached in ``cache_dir`` by content.
+
+    Args:
+        pipe (`Cosmos3OmniPipeline`): The pipeline being trained (its tokenizer and VAE are used).
+        bag_paths (`Sequence[Path]`): Demonstration bags (:func:`demo_bags`).
+        clips (`bool`): Encode each example's target clip too (about 10x the encoding time).
+        stride (`int`): Control steps between examples.
+        cache_dir (`Path`, *optional*): Where to keep the encoded data set between runs.
+        log (`Callable[[str], None]`): Progress output.
+    """
+    if stride < 1:
+        raise TrainingError(f"stride must be an integer >= 1, got {stride!r}")
+    cache = None
+    if cache_dir is not None:
+        cache = Path(cache_dir) / f"pusht_data_{_cache_key(pipe, bag_paths, clips, stride)}.pt"
+    if cache is not None and cache.exists():
+        saved = torch.load(cache, weights_only=False)
+        log(f"loaded encoded dataset {cache} ({len(saved['options'])} states)")
+        return EncodedDataset(**saved)
+    count = sum(math.ceil(int(entry["steps"]) / stride) for entry in listed_episodes(bag_paths))
+    dataset = encode_states(pipe, demo_states(bag_paths, clips=clips, stride=stride), PUSHT_FORMAT, count=count,
+                            log=log)
+    if cache is not None:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        torch.save(dataset.__dict__, cache)
+    return dataset
+
+
+def load_for_training(init: Path | None, seed: int, bag_paths: Sequence[Path]) -> Cosmos3OmniPipeline:
+    """The saved pipeline ``init``, or (``None``) a fresh :data:`PUSHT_CONFIG` one from ``seed``, its latents
+    normalized on the bags' frames."""
+    if init is not None:
+        from trajectory_ensemble_node.catalog import load_model
+
+        pipe, _ = load_model(str(init), "cpu", "float32")
+        print(f"initialized from {init}", flush=True)
+        return pipe
+    return fresh_pipeline(PUSHT_CONFIG, seed, normalization_images(bag_paths), PUSHT_FORMAT,
+                          log=lambda message: print(message, flush=True))
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Register the ``train-pusht`` options on ``parser``."""
+    parser.add_argument("--bags", type=Path, default=DEFAULT_BAGS,
+                        help="a demonstration bag, or a folder of them (make pusht-demos writes out/pusht/demos/bags)")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT,
+                        help="pipeline directory to write (save_pretrained), with action_stats.json")
+    parser.add_argument("--work-dir", type=Path, default=Path("out/pusht/train"),
+                        help="dataset cache, checkpoints, summary")
+    parser.add_argument("--clips", action="store_true",
+                        help="train the vision term on each example's 17 following frames (about 1.1 s of VAE per "
+                             "example on one core); default: toward the latent mean")
+    parser.add_argument("--stride", type=int, default=1, help="control steps between training examples")
+    add_fit_arguments(parser, steps=20000, batch=32, lr=3e-4, vision_weight=0.1, checkpoint_every=1000)
+
+
+def write_stats(directory: Path) -> Path:
+    """Write :func:`action_stats` as ``directory/action_stats.json`` (the node's ``action_stats_file``)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / STATS_FILE
+    path.write_text(json.dumps(action_stats(), indent=1) + "\n")
+    return path
+
+
+def run(args: argparse.Namespace) -> int:
+    """Encode the bags, train, save the pipeline and its action statistics to ``args.out``, a summary to the work
+    dir."""
+    torch.set_num_threads(args.encode_threads)
+    work_dir: Path = args.work_dir
+    work_dir.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    bag_paths = demo_bags(args.bags)
+    episodes = listed_episodes(bag_paths)
+    print(f"{len(bag_paths)} bags, {len(episodes)} episodes, {sum(int(e['steps']) for e in episodes)} steps",
+          flush=True)
+    pipe = load_for_training(args.init, args.seed, bag_paths)
+    dataset = build_pusht_dataset(pipe, bag_paths, clips=args.clips, stride=args.stride, cache_dir=work_dir,
+                                  log=lambda message: print(message, flush=True))
+    encode_s = time.perf_counter() - started
+    print(f"encode {encode_s:.0f} s", flush=True)
+    write_stats(work_dir / "checkpoint")
+    result = fit(pipe, dataset, args, args.out, work_dir)
+    write_stats(args.out)
+    wall = time.perf_counter() - started
+    history = result["loss_history"]
+    summary = {
+        "config": {k: v for k, v in PUSHT_CONFIG.__dict__.items() if k != "extra"},
+        "format": PUSHT_FORMAT.__dict__,
+        "action_stats": action_stats(),
+        "args": {k: str(v) for k, v in vars(args).items() if not k.startswith("_")},
+        "demonstrations": [[e["env_seed"], e["expert_seed"]] for e in episodes],
+        **{k: v for k, v in result.items() if k != "train_seconds"},
+        "train_seconds": result["train_seconds"],
+        "encode_seconds": round(encode_s, 1),
+        "wall_seconds": round(wall, 1),
+        "torch": torch.__version__,
+    }
+    (work_dir / "summary.json").write_text(json.dumps(summary, indent=1))
+    print(f"saved {args.out} ({result['saved_bytes'] / 1e6:.2f} MB) after {wall / 60:.1f} min; final loss "
+          f"{history[-1]['loss']:.4f}", flush=True)
+    return 0 if history and math.isfinite(history[-1]["loss"]) else 1

@@ -114,6 +114,8 @@ def trained(tmp_path_factory):
             _, action, vision = training_loss(pipe, dataset, batch, sigmas, torch.Generator().manual_seed(3), 0.1)
         return action, vision
 
+    # Encoded again from the same cache (what a resumed run does): nothing is re-encoded, the tensors are equal.
+    cached = pusht_train.build_pusht_dataset(pipe, [TEST_BAG], stride=STRIDE, cache_dir=work, log=lambda m: None)
     before = fixed_batch_loss()
     parser = argparse.ArgumentParser()
     pusht_train.add_arguments(parser)
@@ -122,7 +124,7 @@ def trained(tmp_path_factory):
     out = work / "policy"
     result = pusht_train.fit(pipe, dataset, args, out, work)
     pusht_train.write_stats(out)
-    return dataset, before, fixed_batch_loss(), out, result
+    return dataset, before, fixed_batch_loss(), out, result, cached, work
 
 
 def test_the_dataset_has_one_state_per_eighth_step_and_no_clips(trained):
@@ -134,14 +136,23 @@ def test_the_dataset_has_one_state_per_eighth_step_and_no_clips(trained):
     assert tuple(dataset.condition.shape[1:]) == (16, 1, 6, 6)
 
 
+def test_each_bag_is_encoded_once_into_the_cache_and_read_back_equal(trained):
+    dataset, cached, work = trained[0], trained[5], trained[6]
+    assert len(list((work / "pusht_data").glob("*.pt"))) == 1
+    for name in ("condition", "actions", "state_of"):
+        assert torch.equal(getattr(cached, name), getattr(dataset, name))
+    assert cached.options == dataset.options and torch.equal(cached.branch.prefix.input_ids,
+                                                              dataset.branch.prefix.input_ids)
+
+
 def test_thirty_steps_lower_the_loss_of_a_fixed_batch(trained):
-    _, before, after, _, result = trained
+    _, before, after, _, result, _, _ = trained
     assert after[0] < 0.8 * before[0], (before, after)
     assert len(result["loss_history"]) == 3
 
 
 def test_the_saved_pipeline_is_under_10_mb_loads_through_the_catalog_and_serves_a_16_by_2_chunk(trained):
-    _, _, _, out, result = trained
+    _, _, _, out, result, _, _ = trained
     assert result["saved_bytes"] < 10_000_000
     weights = sorted(p.name for p in out.rglob("*.safetensors"))
     assert weights and not list(out.rglob("*.bin")) and not list(out.rglob("*.pt"))

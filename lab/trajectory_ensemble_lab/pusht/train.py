@@ -36,7 +36,7 @@ from trajectory_ensemble_node.models.cosmos3 import TinyCosmos3Config
 from trajectory_ensemble_node.normalization import ActionNormalizer
 from trajectory_ensemble_node.tools import bags
 from ..training import TrainingError
-from ..training.dataset import EncodedDataset, ExampleFormat, LabelledState, encode_states
+from ..training.dataset import EncodedDataset, ExampleFormat, LabelledState, concat_datasets, encode_states
 from ..training.fit import add_fit_arguments, fit
 from ..training.pipeline import fresh_pipeline
 from . import INSTRUCTION
@@ -158,14 +158,13 @@ def normalization_images(bag_paths: Sequence[Path], count: int = NORMALIZATION_F
     return images
 
 
-def _cache_key(pipe: Cosmos3OmniPipeline, bag_paths: Sequence[Path], clips: bool, stride: int) -> str:
-    # The latents depend on the bags' bytes, the VAE and its normalization, and how examples are cut.
+def _cache_key(pipe: Cosmos3OmniPipeline, bag: Path, clips: bool, stride: int) -> str:
+    # A bag's latents depend on its bytes, the VAE and its normalization, and how examples are cut.
     digest = hashlib.sha256()
-    for path in bag_paths:
-        for file in sorted(path.iterdir()):
-            if file.is_file():
-                digest.update(file.name.encode())
-                digest.update(hashlib.sha256(file.read_bytes()).digest())
+    for file in sorted(bag.iterdir()):
+        if file.is_file():
+            digest.update(file.name.encode())
+            digest.update(hashlib.sha256(file.read_bytes()).digest())
     for tensor in pipe.vae.state_dict().values():
         digest.update(tensor.detach().cpu().float().numpy().tobytes())
     settings = {"format": PUSHT_FORMAT.__dict__, "clips": clips, "stride": stride, "stats": action_stats(),
@@ -176,32 +175,46 @@ def _cache_key(pipe: Cosmos3OmniPipeline, bag_paths: Sequence[Path], clips: bool
 
 def build_pusht_dataset(pipe: Cosmos3OmniPipeline, bag_paths: Sequence[Path], *, clips: bool = False,
                         stride: int = 1, cache_dir: Path | None = None, log=print) -> EncodedDataset:
-    """Encode every demonstration of ``bag_paths`` (:func:`demo_states`), cached in ``cache_dir`` by content.
+    """Encode every demonstration of ``bag_paths`` (:func:`demo_states`), one bag at a time.
+
+    Each bag's encoding is cached in ``cache_dir/pusht_data`` by its content, so a stopped run resumes after the
+    last bag it finished and a grown set encodes only its new bags.
 
     Args:
         pipe (`Cosmos3OmniPipeline`): The pipeline being trained (its tokenizer and VAE are used).
         bag_paths (`Sequence[Path]`): Demonstration bags (:func:`demo_bags`).
         clips (`bool`): Encode each example's target clip too (about 10x the encoding time).
         stride (`int`): Control steps between examples.
-        cache_dir (`Path`, *optional*): Where to keep the encoded data set between runs.
+        cache_dir (`Path`, *optional*): Where to keep the encoded bags between runs.
         log (`Callable[[str], None]`): Progress output.
+
+    Raises:
+        TrainingError: ``stride`` below 1, or no bag.
     """
     if stride < 1:
         raise TrainingError(f"stride must be an integer >= 1, got {stride!r}")
-    cache = None
-    if cache_dir is not None:
-        cache = Path(cache_dir) / f"pusht_data_{_cache_key(pipe, bag_paths, clips, stride)}.pt"
-    if cache is not None and cache.exists():
-        saved = torch.load(cache, weights_only=False)
-        log(f"loaded encoded dataset {cache} ({len(saved['options'])} states)")
-        return EncodedDataset(**saved)
-    count = sum(math.ceil(int(entry["steps"]) / stride) for entry in listed_episodes(bag_paths))
-    dataset = encode_states(pipe, demo_states(bag_paths, clips=clips, stride=stride), PUSHT_FORMAT, count=count,
-                            log=log)
-    if cache is not None:
-        cache.parent.mkdir(parents=True, exist_ok=True)
-        torch.save(dataset.__dict__, cache)
-    return dataset
+    if not bag_paths:
+        raise TrainingError("build_pusht_dataset needs at least one bag, got none")
+    total = sum(math.ceil(int(entry["steps"]) / stride) for entry in listed_episodes(bag_paths))
+    parts, done, started = [], 0, time.perf_counter()
+    for index, bag in enumerate(bag_paths):
+        cache = None
+        if cache_dir is not None:
+            cache = Path(cache_dir) / "pusht_data" / f"{_cache_key(pipe, bag, clips, stride)}.pt"
+        if cache is not None and cache.exists():
+            part = EncodedDataset(**torch.load(cache, weights_only=False))
+        else:
+            part = encode_states(pipe, demo_states([bag], clips=clips, stride=stride), PUSHT_FORMAT,
+                                 log=lambda message: None)
+            if cache is not None:
+                cache.parent.mkdir(parents=True, exist_ok=True)
+                torch.save(part.__dict__, cache)
+        parts.append(part)
+        done += part.num_states
+        if (index + 1) % 20 == 0 or index + 1 == len(bag_paths):
+            log(f"encoded {index + 1}/{len(bag_paths)} bags, {done}/{total} states "
+                f"({time.perf_counter() - started:.0f} s)")
+    return parts[0] if len(parts) == 1 else concat_datasets(parts)
 
 
 def load_for_training(init: Path | None, seed: int, bag_paths: Sequence[Path]) -> Cosmos3OmniPipeline:

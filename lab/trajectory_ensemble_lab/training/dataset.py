@@ -240,7 +240,7 @@ def concat_datasets(datasets: list[EncodedDataset]) -> EncodedDataset:
     Every part must share the same prefix (prompt), which one packed forward serves for all examples.
 
     Raises:
-        TrainingError: no parts, parts under different prompts, or parts that disagree on starts or clips.
+        TrainingError: no parts, parts under different prompts, or parts that disagree on having starts or clips.
     """
     if not datasets:
         raise TrainingError("concat_datasets needs at least one dataset, got none")
@@ -248,8 +248,8 @@ def concat_datasets(datasets: list[EncodedDataset]) -> EncodedDataset:
     for part in datasets[1:]:
         if not torch.equal(part.branch.prefix.input_ids, first.branch.prefix.input_ids):
             raise TrainingError("datasets to concatenate must share one prompt prefix")
-    if any(part.starts is None for part in datasets):
-        raise TrainingError("datasets to concatenate must all keep their start positions (starts)")
+    if len({part.starts is None for part in datasets}) > 1:
+        raise TrainingError("datasets to concatenate must all keep their start positions (starts), or all lack them")
     if len({part.clips is None for part in datasets}) > 1:
         raise TrainingError("datasets to concatenate must all have target clips, or all lack them")
     state_offset, example_offset = 0, 0
@@ -266,5 +266,5 @@ def concat_datasets(datasets: list[EncodedDataset]) -> EncodedDataset:
         actions=torch.cat([part.actions for part in datasets]),
         state_of=torch.cat(state_of),
         options=options,
-        starts=torch.cat([part.starts for part in datasets]),
+        starts=None if first.starts is None else torch.cat([part.starts for part in datasets]),
     )

@@ -101,3 +101,22 @@ def test_calibrate_from_bags_exits_2_on_the_same_bag_before_any_node(tmp_path):
                 "--replay-out", str(tmp_path / "replays"))
     _assert_bad_bag(proc)
     assert not out.exists() and not (tmp_path / "replays").exists()
+
+
+def test_an_image_topic_declared_but_never_written_is_a_bad_bag(tmp_path):
+    # Found by the bag fuzzer (tests/fuzz/test_fuzz_bags.py): 0 messages checked, then a bare StopIteration.
+    from rosbags.rosbag2 import StoragePlugin, Writer
+
+    from trajectory_ensemble_node.tools.playback import goal_times
+
+    path = tmp_path / "bag"
+    writer = Writer(path, version=bags.BAG_VERSION, storage_plugin=StoragePlugin.MCAP)
+    writer.open()
+    writer.add_connection(IMAGE_TOPIC, bags.IMAGE_TYPE, typestore=bags.typestore())  # declared, never written
+    reference = writer.add_connection(REFERENCE_TOPIC, bags.JOINT_TRAJECTORY_TYPE, typestore=bags.typestore())
+    writer.write(reference, START_NS, bags.serialize(bags.joint_trajectory_msg(["x"], np.zeros((2, 1)), 0.1, START_NS)))
+    writer.close()
+    with pytest.raises(bags.BagError, match=f"the image topic '{IMAGE_TOPIC}' holds no message"):
+        check_replay_bag(ReplayOptions(bag=path))
+    with pytest.raises(bags.BagError, match="holds no message"):
+        goal_times(bags.bag_info(path), IMAGE_TOPIC, ReplayOptions(bag=path))

@@ -66,8 +66,15 @@ def check_replay_bag(opts: ReplayOptions) -> dict[str, int]:
     picks them) and ``--reference-topic``.
 
     Raises:
-        BagError: the bag is unreadable or lacks an image topic (:func:`.playback.resolve_inputs`).
+        BagError: the bag is unreadable, lacks an image topic (:func:`.playback.resolve_inputs`), or its image topic
+            holds no message.
         CorruptMessageError: see :func:`check_messages`.
     """
     inputs = resolve_inputs(bags.bag_info(opts.bag), opts)
-    return check_messages(opts.bag, [*inputs, *([opts.reference_topic] if opts.reference_topic else [])])
+    counts = check_messages(opts.bag, [*inputs, *([opts.reference_topic] if opts.reference_topic else [])])
+    image_topic = next(topic for topic, (_, msgtype) in inputs.items() if msgtype == bags.IMAGE_TYPE)
+    if not counts[image_topic]:
+        # Declared in the metadata but never written (a recorder stopped before the first frame): no goal can be
+        # scheduled, and the replay would otherwise stop on it after contacting the node.
+        raise bags.BagError(f"bag {opts.bag}: the image topic {image_topic!r} holds no message; nothing to replay")
+    return counts

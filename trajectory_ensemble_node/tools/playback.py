@@ -135,8 +135,14 @@ def resolve_inputs(info: bags.BagInfo, opts: ReplayOptions) -> dict[str, tuple[s
 
 
 def goal_times(info: bags.BagInfo, image_topic: str, opts: ReplayOptions) -> list[int]:
-    """Bag times (ns) of the goals: first image + offset, then every ``goal_every_s``, up to the bag's end."""
-    first_image = next(t for _, _, t, _ in bags.iter_raw(info.path, [image_topic]))
+    """Bag times (ns) of the goals: first image + offset, then every ``goal_every_s``, up to the bag's end.
+
+    Raises:
+        BagError: the image topic holds no message.
+    """
+    first_image = next((t for _, _, t, _ in bags.iter_raw(info.path, [image_topic])), None)
+    if first_image is None:
+        raise bags.BagError(f"bag {info.path}: the image topic {image_topic!r} holds no message; nothing to replay")
     step = int(round(opts.goal_every_s * 1e9))
     times = []
     t = first_image + int(round(opts.goal_offset_s * 1e9))

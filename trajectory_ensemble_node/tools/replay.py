@@ -39,7 +39,7 @@ from typing import Any
 
 from ..errors import ErrorCode
 from . import bags
-from .bag_check import check_messages
+from .bag_check import check_replay_bag
 from .open_loop import GateLimitError, check_gate, check_limit_names, parse_channel_limit
 from .playback import (
     DEFAULT_WAIT_S,
@@ -195,7 +195,7 @@ def replay(opts: ReplayOptions, log: Any = print) -> ReplayReport:
     info = bags.bag_info(opts.bag)
     inputs = resolve_inputs(info, opts)
     # Every message it will read, deserialized before the node is contacted: a damaged recording exits 2, not 1.
-    check_messages(opts.bag, [*inputs, *([opts.reference_topic] if opts.reference_topic else [])])
+    check_replay_bag(opts)
     series = _read_reference(opts)
     image_topic = next(t for t, (_, m) in inputs.items() if m == bags.IMAGE_TYPE)
     scene_seeds = bags.toy_scene_seeds(info)

@@ -91,9 +91,15 @@ def test_clips_cover_the_chunk_and_pad_with_the_last_frame():
     assert all(np.array_equal(f, episode.frames[-1]) for f in tail[1:])
 
 
-def test_no_bag_is_refused_by_name(tmp_path):
+def test_no_bag_is_refused_by_name(tmp_path, capsys):
     with pytest.raises(TrainingError, match="no demonstration bag"):
         pusht_train.demo_bags(tmp_path)
+    parser = argparse.ArgumentParser()
+    pusht_train.add_arguments(parser)
+    args = parser.parse_args(["--bags", str(tmp_path), "--work-dir", str(tmp_path / "work")])
+    assert pusht_train.run(args) == 2
+    assert f"error: INVALID_PARAMETERS (52): no demonstration bag (a folder with metadata.yaml) at {str(tmp_path)!r}" \
+        in capsys.readouterr().err
 
 
 @pytest.fixture(scope="module")

@@ -24,6 +24,7 @@ import argparse
 import hashlib
 import json
 import math
+import sys
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -32,6 +33,7 @@ import numpy as np
 import torch
 from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import Cosmos3OmniPipeline
 
+from trajectory_ensemble_node.errors import TrajectoryEnsembleError, describe_error
 from trajectory_ensemble_node.models.cosmos3 import TinyCosmos3Config
 from trajectory_ensemble_node.normalization import ActionNormalizer
 from trajectory_ensemble_node.tools import bags
@@ -255,7 +257,15 @@ def write_stats(directory: Path) -> Path:
 
 def run(args: argparse.Namespace) -> int:
     """Encode the bags, train, save the pipeline and its action statistics to ``args.out``, a summary to the work
-    dir."""
+    dir. A refused setting or data set prints ``NAME (code): message`` and returns 2."""
+    try:
+        return _train(args)
+    except TrajectoryEnsembleError as error:
+        print(f"error: {describe_error(error)}", file=sys.stderr)
+        return 2
+
+
+def _train(args: argparse.Namespace) -> int:
     torch.set_num_threads(args.encode_threads)
     work_dir: Path = args.work_dir
     work_dir.mkdir(parents=True, exist_ok=True)

@@ -36,6 +36,10 @@ EXAMPLES: dict[str, dict[str, int]] = {
 }
 """Example budget per target and profile (``settings.max_examples``); the report quotes the counts actually run."""
 
+TIMEOUT_S = 300 if PROFILE == "ci" else 3600
+"""Per test function (pytest-timeout): all of a target's examples run in one call, so a hang fails in minutes in
+``ci``; the soak budgets need longer on a loaded machine."""
+
 COUNTS: Counter[str] = Counter()
 """Examples run per target in this session (shrinking included), printed at the end of the session."""
 

@@ -23,14 +23,17 @@ from pathlib import Path
 
 import pytest
 from _fuzz import COUNTS, COUNTS_ENV, PROFILE, PROFILE_ENV
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, Phase, settings
 
 settings.register_profile("ci", deadline=None, derandomize=True, database=None, print_blob=True,
                           # The generated bags and YAML files are written to disk: slower than the health check's
                           # budget for data generation on a loaded machine, and expected to be.
                           suppress_health_check=[HealthCheck.too_slow])
 settings.register_profile("soak", deadline=None, derandomize=False, print_blob=True,
-                          suppress_health_check=[HealthCheck.too_slow])
+                          suppress_health_check=[HealthCheck.too_slow],
+                          # No explain phase: it traces every line of a failing example's replays, which took
+                          # longer than the whole run on a loaded machine; the shrunk example is the report.
+                          phases=[phase for phase in Phase if phase != Phase.explain])
 
 if PROFILE not in ("ci", "soak"):
     raise pytest.UsageError(f"{PROFILE_ENV}={PROFILE!r}; expected ci or soak")

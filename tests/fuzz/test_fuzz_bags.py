@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import pytest
 import yaml
-from _fuzz import check_named, fuzz_settings, record
+from _fuzz import TIMEOUT_S, check_named, fuzz_settings, record
 from hypothesis import event, given
 from hypothesis import strategies as st
 
@@ -31,7 +31,7 @@ from trajectory_ensemble_node.tools.playback import ReplayOptions
 
 bag_check = pytest.importorskip("trajectory_ensemble_node.tools.bag_check")
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(TIMEOUT_S)]
 
 IMAGE_TOPIC, STATE_TOPIC, TEXT_TOPIC, REFERENCE_TOPIC = ("/camera/image_raw", "/joint_states", "/instruction",
                                                          "/reference/actions")
@@ -239,12 +239,9 @@ def test_a_named_bag_error_is_what_both_clis_exit_2_on() -> None:
     assert issubclass(bags.BagError, TrajectoryEnsembleError)
 
 
-@pytest.mark.xfail(strict=True, raises=StopIteration, reason=(
-    "defect found by test_a_bag_folder_with_damaged_files_is_read_whole_or_refused_by_name (tools/playback.py, "
-    "goal_times): a bag that declares its image topic but holds no message on it passes the up-front check (0 "
-    "messages checked) and then raises a bare StopIteration from next() over the image topic; replay ends with a "
-    "traceback instead of a BagError (exit 2)"))
 def test_an_image_topic_without_messages_is_refused_by_name() -> None:
+    """The defect test_a_bag_folder_with_damaged_files_is_read_whole_or_refused_by_name found (a bare StopIteration
+    from ``playback.goal_times``), fixed in b01a045: kept as a fixed example."""
     from rosbags.rosbag2 import StoragePlugin, Writer
 
     with tempfile.TemporaryDirectory(prefix="fuzz_bag_") as folder:

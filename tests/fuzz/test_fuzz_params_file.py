@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 import yaml
-from _fuzz import check_named, fuzz_settings, record
+from _fuzz import TIMEOUT_S, check_named, fuzz_settings, record
 from hypothesis import event, example, given
 from hypothesis import strategies as st
 
@@ -26,7 +26,7 @@ from trajectory_ensemble_node.errors import ErrorCode
 from trajectory_ensemble_node.ros.params import PARAMETER_NAMES, PARAMETERS, NodeParams, validate
 from trajectory_ensemble_node.ros.params_file import read_params_file
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = pytest.mark.timeout(TIMEOUT_S)
 
 NODE = "/trajectory_ensemble"
 INT64 = (-(2**63), 2**63 - 1)

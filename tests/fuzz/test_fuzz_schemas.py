@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from _fuzz import check_named, fuzz_settings, record
+from _fuzz import TIMEOUT_S, check_named, fuzz_settings, record
 from hypothesis import event, example, given
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
@@ -24,7 +24,7 @@ from trajectory_ensemble_node.openpi.extras import EXTRA_KEYS
 from trajectory_ensemble_node.openpi.schemas import SCHEMAS, ParsedObservation, get_schema
 from trajectory_ensemble_node.ros.input_limits import InputLimits
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = pytest.mark.timeout(TIMEOUT_S)
 
 LIMITS = InputLimits(max_instruction_chars=64, max_instruction_tokens=0, max_image_bytes=24 * 24 * 3,
                      max_image_pixels=22 * 22)

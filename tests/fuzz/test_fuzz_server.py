@@ -17,7 +17,7 @@ from typing import Any
 import msgpack
 import numpy as np
 import pytest
-from _fuzz import check_named, fuzz_settings, record
+from _fuzz import TIMEOUT_S, check_named, fuzz_settings, record
 from hypothesis import event, given
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
@@ -34,7 +34,7 @@ WebsocketClientPolicy = pytest.importorskip("openpi_client.websocket_client_poli
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.timeout(600),
+    pytest.mark.timeout(TIMEOUT_S),
     pytest.mark.filterwarnings("ignore:connect\\(\\) must be used as a context manager:DeprecationWarning"),
 ]
 

@@ -17,14 +17,14 @@ from typing import Any
 import msgpack
 import numpy as np
 import pytest
-from _fuzz import check_named, fuzz_settings, record
+from _fuzz import TIMEOUT_S, check_named, fuzz_settings, record
 from hypothesis import example, given
 from hypothesis import strategies as st
 
 from trajectory_ensemble_node.errors import ErrorCode
 from trajectory_ensemble_node.openpi import wire
 
-pytestmark = pytest.mark.timeout(300)  # a hang in the decoder fails here, not at the suite's 600 s
+pytestmark = pytest.mark.timeout(TIMEOUT_S)  # a hang in the decoder fails here, not at the suite's 600 s
 
 WIRE_CODES = {ErrorCode.INVALID_MESSAGE}
 

@@ -26,7 +26,7 @@ from trajectory_ensemble_node.ros.goals import plan_goal
 from trajectory_ensemble_node.ros.input_limits import InputLimits
 from trajectory_ensemble_node.ros.params import validate
 
-# The layouts are tested on small arrays; the model's minimum side (16) is tested in test_frames_on_arrival.py.
+# The layouts are tested on small arrays; the model's minimum side (16) is tested in test_wire_frames_on_arrival.py.
 LIMITS = InputLimits(2000, 0, 64 * 1024 * 1024, 4096 * 4096, min_image_side=1)
 TOY = get_schema("toy")
 DROID = get_schema("droid")

@@ -41,7 +41,7 @@ from ..ros import params as node_params
 from ..ros.continuity import ContinuityDecision
 from ..ros.faults import FaultInjector
 from ..ros.goals import GoalPlan
-from ..ros.input_limits import InputLimits, TokenCounter, check_instruction, token_counter
+from ..ros.input_limits import InputLimits, TokenCounter, check_instruction, min_image_side, token_counter
 from ..ros.startup_checks import load_action_stats, load_novelty, load_uncertainty_threshold
 from ..safety import load_limits
 from .extras import EXTRA_KEYS, RequestExtras, parse_extras, plan_request
@@ -123,7 +123,7 @@ class OpenPIPolicy:
         self.notice = notice
         self.schema = schema or get_schema(params.openpi_schema)
         self.limits = InputLimits(params.max_instruction_chars, params.max_instruction_tokens,
-                                  params.max_image_bytes, params.max_image_pixels)
+                                  params.max_image_bytes, params.max_image_pixels, min_image_side(model.pipe))
         self.count_tokens = count_tokens if count_tokens is not None else token_counter(model.pipe)
         self.sessions = SessionStore()
         self.faults: FaultInjector | None = None

@@ -25,8 +25,8 @@ PACKAGE = "trajectory_ensemble_node"
 LAB = "trajectory_ensemble_lab"
 LAB_ROOT = REPO_ROOT / "lab" / LAB
 
-CORE_MODULES = ("__init__", "_rotations", "continuity", "contract", "errors", "metrics", "normalization", "novelty",
-                "reducers", "safety", "seeding", "stats", "uncertainty")
+CORE_MODULES = ("__init__", "_rotations", "continuity", "contract", "error_codes", "errors", "metrics",
+                "normalization", "novelty", "reducers", "safety", "seeding", "stats", "uncertainty")
 """Top-level modules that form the ROS-free core; every other top-level module or folder is a package of its own."""
 
 RCLPY_ALLOWED = ("ros", "tools")

@@ -11,9 +11,7 @@ Numeric parameters are declared with dynamic typing and converted here, so ``fps
 
 from __future__ import annotations
 
-import math
 import os
-import reprlib
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
@@ -24,6 +22,7 @@ from ..errors import InvalidSpecError, ParameterError
 from ..models.cosmos3 import CFG_MODES, RESOLUTION_TIERS, STEP_CAPTURE_MODES, VIEW_POINTS, embodiment_widths
 from ..normalization import NORMALIZATION_METHODS
 from ..uncertainty import ALARM_RULES
+from .param_values import INT64_RANGE, coerce, preview  # noqa: F401 - INT64_RANGE is importable from here too
 
 _WIDTHS = embodiment_widths()
 
@@ -267,68 +266,6 @@ class NodeParams:
         return 1.0 / self.fps
 
 
-INT64_RANGE = (-(2**63), 2**63 - 1)
-"""What a ROS integer parameter holds; a params file read without rclpy may carry any Python int."""
-
-
-class _Preview(reprlib.Repr):
-    """Bounded quotes of bad values: a YAML alias bomb is a list of 2**40 items by reference, and an integer of more
-    than 4,300 digits has no ``repr()``."""
-
-    def __init__(self) -> None:
-        super().__init__()  # keyword arguments only from Python 3.12
-        self.maxlevel, self.maxstring, self.maxlong, self.maxother = 3, 80, 40, 80
-
-    def repr_int(self, x: int, level: int) -> str:
-        return f"<an integer of {x.bit_length()} bits>" if x.bit_length() > 256 else super().repr_int(x, level)
-
-
-_preview = _Preview().repr
-
-
-def _int64(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and INT64_RANGE[0] <= value <= INT64_RANGE[1]
-
-
-def _coerce(name: str, value: Any, default: Any, problems: list[str]) -> Any:
-    # bool before int: bool is an int subclass, and True must not pass as 1 (nor 1 as True).
-    if isinstance(default, bool):
-        if isinstance(value, bool):
-            return value
-    elif isinstance(default, int):
-        if _int64(value):
-            return value
-    elif isinstance(default, float):
-        # Finite only: NaN fails every bound silently, and Inf passes them (observation_wait_s: .inf overflows the
-        # wait, fps: .inf makes dt 0). An integer past the float range has no float.
-        if isinstance(value, (int, float)) and not isinstance(value, bool) and (
-                isinstance(value, float) or abs(value) <= 2**1023) and math.isfinite(value):
-            return float(value)
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            problems.append(f"{name}: expected a finite number, got {_preview(value)}")
-            return default
-    elif isinstance(default, str):
-        if isinstance(value, str):
-            return value
-    elif isinstance(default, list) and default and isinstance(default[0], int):
-        # An integer list: rclpy hands over an array.array('q') or a list; never bools.
-        if hasattr(value, "tolist"):
-            value = value.tolist()
-        if isinstance(value, (list, tuple)) and value and all(_int64(v) for v in value):
-            return tuple(value)
-    elif isinstance(default, list):
-        if value is None:  # an empty YAML list has no type; rclpy leaves it unset
-            return ()
-        if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
-            return tuple(v for v in value if v != "")
-    if isinstance(default, list) and default and isinstance(default[0], int):
-        problems.append(f"{name}: expected a non-empty list of 64-bit integers, got {_preview(value)}")
-        return tuple(default)
-    kind = {bool: "bool", int: "64-bit integer", float: "number", str: "string", list: "list of strings"}[type(default)]
-    problems.append(f"{name}: expected a {kind}, got {_preview(value)} ({type(value).__name__})")
-    return default if not isinstance(default, list) else tuple(v for v in default if v)
-
-
 def check_fault_injection(value: str, env: Mapping[str, str] | None = None) -> None:
     """Refuse ``fault_injection`` outside tests, and names that are no fault.
 
@@ -382,9 +319,9 @@ def validate(raw: Mapping[str, Any], *, env: Mapping[str, str] | None = None) ->
     # key=str: a params file read without rclpy may have non-string keys (``1: 2``), which do not sort with names.
     unknown = sorted(set(raw) - set(PARAMETER_NAMES), key=str)
     for name in unknown:
-        label = name if isinstance(name, str) else _preview(name)
+        label = name if isinstance(name, str) else preview(name)
         problems.append(f"{label}: unknown parameter (known: {', '.join(PARAMETER_NAMES)})")
-    values = {spec.name: _coerce(spec.name, raw.get(spec.name, spec.default), spec.default, problems)
+    values = {spec.name: coerce(spec.name, raw.get(spec.name, spec.default), spec.default, problems)
               for spec in PARAMETERS}
     p = values
 

@@ -222,7 +222,9 @@ def measure(clients: tuple[int, ...], candidates: tuple[int, ...], rate: float, 
                         # Alternating order, each pair adjacent in time: drift in the machine's load favours neither.
                         for mode in MODES if repetition % 2 == 0 else MODES[::-1]:
                             limits = ServerLimits(idle_timeout_s=0.0, max_concurrent=k if mode == "cobatched" else 1,
-                                                  max_queued=max(k, 1), max_connections=max(64, k + 1))
+                                                  max_queued=max(k, 1), max_connections=max(64, k + 1),
+                                                  # K simulated robots share one host and no key: one "client".
+                                                  max_connections_per_client=0)
                             thread = ServerThread(OpenPIServer(policy, limits, port=0)).start()
                             try:
                                 runs[mode].append(_run_clients(thread.port, k, n, rate, duration, images, counter))

@@ -107,7 +107,7 @@ def test_the_product_install_imports_nothing_of_the_source_tree_or_the_lab(produ
     assert commands.returncode == 0, commands.stderr
     for name in ("serve", "demo", "replay", "sim", "send-goal", "diagnostics", "params", "calibrate", "docs"):
         assert f"    {name}" in commands.stdout, name
-    for lab_command in ("bench", "train-toy", "train-grpo"):
+    for lab_command in ("bench", "train-toy", "train-grpo", "pusht-demos", "train-pusht"):
         assert f"    {lab_command} " not in commands.stdout, lab_command
     assert "warning" not in commands.stderr
 

@@ -23,13 +23,12 @@ from __future__ import annotations
 
 import collections
 import threading
+from dataclasses import dataclass
 from typing import NamedTuple
 
-from dataclasses import dataclass
-
 from ..contract import EnsembleResult
-from ..errors import GoalRequestError
 from ..engine.validity import to_model_space
+from ..errors import GoalRequestError
 from ..normalization import ActionNormalizer
 from ..ros.continuity import ChunkMemory, ContinuityDecision, ServedChunk
 from ..ros.goals import GoalPlan

@@ -3,7 +3,7 @@
 The action server is discoverable from the node's construction on, so a client's ``wait_for_server()`` can return
 while the model still loads. Under ``autostart`` that costs nothing: the node configures and activates before its
 executor spins, and a goal sent meanwhile waits in DDS. What remains is the moment after activation: the new
-subscriptions match the camera's publisher a little later, and a camera may still be starting. A goal that finds a
+subscriptions match the camera's publisher a little later, and a camera may still be starting. A goal that finds an
 image topic that has delivered nothing yet therefore waits for its first frame, up to ``startup_goal_wait_s``, and
 ends ``NO_OBSERVATION`` after that (nav2's lifecycle nodes likewise serve only once active; a client of this node need
 not know about the camera's start-up). A topic whose frames were all refused, or that a clock jump cleared, has a

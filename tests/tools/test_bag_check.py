@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 
 from trajectory_ensemble_node.tools import bags
 from trajectory_ensemble_node.tools.bag_check import CorruptMessageError, check_messages, check_replay_bag
@@ -120,3 +121,16 @@ def test_an_image_topic_declared_but_never_written_is_a_bad_bag(tmp_path):
         check_replay_bag(ReplayOptions(bag=path))
     with pytest.raises(bags.BagError, match="holds no message"):
         goal_times(bags.bag_info(path), IMAGE_TOPIC, ReplayOptions(bag=path))
+
+
+@pytest.mark.parametrize("field", ["name", "type"])
+def test_a_topic_whose_metadata_is_not_text_is_a_bad_bag(tmp_path, field):
+    # Found by the bag fuzzer's soak run: an mcap bag's metadata.yaml naming a topic by a list reached a dict key in
+    # resolve_inputs as a TypeError instead of exit 2.
+    bag = write_bag(tmp_path / "bag", corrupt_index=None)
+    meta_path = bag / "metadata.yaml"
+    meta = yaml.safe_load(meta_path.read_text(encoding="utf-8"))
+    meta["rosbag2_bagfile_information"]["topics_with_message_count"][0]["topic_metadata"][field] = []
+    meta_path.write_text(yaml.safe_dump(meta), encoding="utf-8")
+    with pytest.raises(bags.BagError, match="must be text"):
+        check_replay_bag(ReplayOptions(bag=bag, reference_topic=REFERENCE_TOPIC))

@@ -255,14 +255,17 @@ def bag_info(path: str | Path) -> BagInfo:
             topics = tuple(BagTopic(c.topic, c.msgtype, c.msgcount) for c in reader.connections)
             start, end, count = reader.start_time, reader.end_time, reader.message_count
         meta = yaml.safe_load((path / "metadata.yaml").read_text(encoding="utf-8"))["rosbag2_bagfile_information"]
+        custom = dict(meta.get("custom_data") or {})
     except BagError:
         raise
     except Exception as error:  # noqa: BLE001 - rosbags raises several types; callers need one, with the reason
         raise BagError(f"cannot read bag {path}: {type(error).__name__}: {error}") from error
-    if count == 0:
-        raise BagError(f"bag {path} holds no messages")
-    return BagInfo(path, str(meta.get("storage_identifier", "")), int(start), int(end), topics,
-                   dict(meta.get("custom_data") or {}))
+    # rosbags takes an mcap bag's topic names from metadata.yaml as written: anything but text is a damaged file.
+    bad = next((t for t in topics if not (isinstance(t.name, str) and isinstance(t.msgtype, str))), None)
+    if bad is not None or count == 0:
+        raise BagError(f"bag {path} holds no messages" if bad is None else
+                       f"bag {path}: metadata.yaml names a topic {bad.name!r} of type {bad.msgtype!r}; both must be text")
+    return BagInfo(path, str(meta.get("storage_identifier", "")), int(start), int(end), topics, custom)
 
 
 def iter_raw(path: str | Path, topics: Sequence[str]) -> Iterator[tuple[str, str, int, bytes]]:

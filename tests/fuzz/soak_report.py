@@ -64,11 +64,14 @@ DEFECTS = [
     ("params: a list alias bomb as a value; an integer of more than 4,300 digits inside a bad value",
      "`repr()` never returned; `ValueError`", "fixed: bad values are quoted through a bounded preview"),
     ("OpenPI schemas: a ragged state list (`observation/joint_position: [[1.0], [1.0, 2.0]]`)", "`ValueError` "
-     "(an anonymous `ENGINE_FAILURE` frame on the wire)", "fixed in `openpi/schemas.py` (H2, issue 45 row 2): "
+     "(an anonymous `ENGINE_FAILURE` frame on the wire)", "fixed in `openpi/schemas.py` (36d612c, issue 45 row 7): "
      "`OBSERVATION_SCHEMA`"),
     ("replay: a bag that declares its image topic but holds no frame on it", "bare `StopIteration` from "
-     "`playback.goal_times` after the up-front check passed (0 messages)", "fixed in b01a045 (H3): refused by the "
+     "`playback.goal_times` after the up-front check passed (0 messages)", "fixed in b01a045: refused by the "
      "up-front check, `BagError`; `test_fuzz_bags.py::test_an_image_topic_without_messages_is_refused_by_name`"),
+    ("replay: an mcap bag whose `metadata.yaml` names a topic (or its type) by a list", "`TypeError` (unhashable) "
+     "in `playback.resolve_inputs`", "fixed in `tools/bags.py` `bag_info`: `BagError` (exit 2); "
+     "`test_bag_check.py::test_a_topic_whose_metadata_is_not_text_is_a_bad_bag`"),
 ]
 
 

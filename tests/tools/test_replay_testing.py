@@ -88,6 +88,12 @@ def _mentioning(text: str) -> list[int]:
     return [pid for pid in found if pid != os.getpid()]
 
 
+def _sigint_not_ignored() -> None:
+    # A suite started as a background job of a non-interactive shell (nohup, `make test &`) inherits SIGINT ignored,
+    # and Python then never turns Ctrl-C into KeyboardInterrupt: the inner run would finish instead of stopping.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_failed_or_interrupted_test_leaves_no_node(tmp_path: Path) -> None:
     """Acceptance 3: a test whose assertion fails while its node runs, and one interrupted (SIGINT, as Ctrl-C)
     during its replay: afterwards neither node's pid nor process group, nor the replay, is alive."""
@@ -99,7 +105,7 @@ def test_failed_or_interrupted_test_leaves_no_node(tmp_path: Path) -> None:
     env = {**os.environ, "REPLAY_TEST_OUT": str(out), "REPLAY_TEST_BAG": str(bag)}
     inner = subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_inner.py"],
                              cwd=tmp_path / "inner", env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                             text=True, start_new_session=True)
+                             text=True, start_new_session=True, preexec_fn=_sigint_not_ignored)
     try:
         # The second test's replay has started (its node is up) when its output folder appears.
         deadline = time.monotonic() + 600

@@ -63,7 +63,7 @@ def array_maps(draw: st.DrawFn) -> dict[Any, Any]:
         dtype, shape = draw(dtype_values), draw(shape_values)
         try:
             size = math.prod(shape) * np.dtype(dtype.decode() if isinstance(dtype, bytes) else dtype).itemsize
-        except Exception:  # noqa: BLE001 - a nonsense dtype or shape: any data will do
+        except (TypeError, ValueError, OverflowError):  # a nonsense dtype or shape: any data will do
             size = None
         if isinstance(size, int) and 0 <= size <= 4096 and draw(st.booleans()):
             data = draw(st.binary(min_size=size, max_size=size))  # exactly right: must decode

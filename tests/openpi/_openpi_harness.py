@@ -34,6 +34,20 @@ def toy_image(seed: int = 3) -> np.ndarray:
     return render(heldout_scenes(1, seed=seed)[0])
 
 
+def raw_client(url: str, headers: Mapping[str, str] | None = None, **kwargs: Any) -> tuple[Any, dict[str, Any]]:
+    """A plain ``websockets`` sync client (the library openpi-client uses) and the metadata it read first.
+
+    Args:
+        url (`str`): ``ws://HOST:PORT`` with the path.
+        headers (`Mapping[str, str]`, *optional*): Extra handshake headers (``Authorization``).
+        **kwargs: Passed to ``websockets.sync.client.connect``.
+    """
+    connect = pytest.importorskip("websockets.sync.client").connect
+    unpackb = pytest.importorskip("openpi_client.msgpack_numpy").unpackb
+    ws = connect(url, compression=None, max_size=None, additional_headers=headers, **kwargs)
+    return ws, unpackb(ws.recv())
+
+
 def wait_until(predicate, timeout: float = 60.0, what: str = "a condition") -> None:
     """Poll ``predicate`` every 10 ms until it holds; fail after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout

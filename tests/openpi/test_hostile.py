@@ -25,13 +25,12 @@ import urllib.request
 import msgpack
 import numpy as np
 import pytest
-from _openpi_harness import server_process, serving, toy_image, wait_until
+from _openpi_harness import raw_client, server_process, serving, toy_image, wait_until
 
 from trajectory_ensemble_node.errors import ErrorCode
 from trajectory_ensemble_node.openpi import parse_error_frame
 
 psutil = pytest.importorskip("psutil")
-websockets_sync = pytest.importorskip("websockets.sync.client")
 msgpack_numpy = pytest.importorskip("openpi_client.msgpack_numpy")
 WebsocketClientPolicy = pytest.importorskip("openpi_client.websocket_client_policy").WebsocketClientPolicy
 from websockets.exceptions import InvalidStatus
@@ -50,10 +49,7 @@ CONTINUE = {"observation/image": IMAGE, "num_candidates": 2, "stamp": 10.25, "co
 
 def connect(port: int, key: str | None = None, **kwargs):
     """A raw websockets client (its metadata read), as an attacker would write one."""
-    headers = {"Authorization": f"Bearer {key}"} if key else None
-    ws = websockets_sync.connect(f"ws://127.0.0.1:{port}", compression=None, max_size=None,
-                                 additional_headers=headers, **kwargs)
-    return ws, msgpack_numpy.unpackb(ws.recv())
+    return raw_client(f"ws://127.0.0.1:{port}", {"Authorization": f"Bearer {key}"} if key else None, **kwargs)
 
 
 def ask(ws, request: dict):

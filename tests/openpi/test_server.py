@@ -14,7 +14,7 @@ import urllib.request
 
 import numpy as np
 import pytest
-from _openpi_harness import serving, toy_image, wait_until
+from _openpi_harness import raw_client, serving, toy_image, wait_until
 
 from trajectory_ensemble_node.errors import ErrorCode
 from trajectory_ensemble_node.openpi import OpenPIPolicy, get_schema, parse_error_frame
@@ -36,8 +36,7 @@ GOOD = {"observation/image": IMAGE, "num_candidates": 1, "seed": 5}
 
 def connect(url: str, path: str = "/", headers: dict[str, str] | None = None):
     """A plain websockets client (the library openpi-client uses), its metadata already read."""
-    ws = websockets_sync.connect(url + path, compression=None, max_size=None, additional_headers=headers)
-    return ws, msgpack_numpy.unpackb(ws.recv())
+    return raw_client(url + path, headers)
 
 
 def error_of(frame) -> dict:

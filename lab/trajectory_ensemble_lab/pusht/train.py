@@ -21,6 +21,7 @@ core against about 0.1 s for the conditioning frame, so by default the vision po
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
 import json
 import math
@@ -34,9 +35,9 @@ import torch
 from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import Cosmos3OmniPipeline
 
 from trajectory_ensemble_node.errors import TrajectoryEnsembleError, describe_error
-from trajectory_ensemble_node.models.cosmos3 import TinyCosmos3Config
 from trajectory_ensemble_node.normalization import ActionNormalizer
 from trajectory_ensemble_node.tools import bags
+from ..toy.pipeline import TOY_CONFIG
 from ..training import TrainingError
 from ..training.dataset import EncodedDataset, ExampleFormat, LabelledState, concat_datasets, encode_states
 from ..training.fit import add_fit_arguments, fit
@@ -57,18 +58,8 @@ PUSHT_FORMAT = ExampleFormat(instruction=INSTRUCTION, domain_name=DOMAIN_NAME, c
                              resolution_tier=RESOLUTION_TIER, fps=float(CONTROL_HZ), guidance_scale=1.0)
 """How the PushT policy is called: ``pusht``, chunk 16, tier 256, 10 fps (the env's control rate), no CFG."""
 
-PUSHT_CONFIG = TinyCosmos3Config(
-    hidden_size=256,
-    num_layers=3,
-    num_heads=8,
-    num_kv_heads=2,
-    intermediate_size=512,
-    rope_axes_dim=(8, 4, 4),
-    action_dim=8,
-    vae_base_dim=8,
-    vae_z_dim=16,
-    vae_dim_mult=(1, 2, 2, 2),
-    vae_num_res_blocks=1,
+PUSHT_CONFIG = dataclasses.replace(
+    TOY_CONFIG, hidden_size=256, num_heads=8, intermediate_size=512,
     # The serving schedule's shift; a setting of the saved scheduler config, to be chosen on validation starts.
     flow_shift=1.0,
 )

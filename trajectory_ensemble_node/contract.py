@@ -15,8 +15,9 @@ seed range in :func:`~trajectory_ensemble_node.seeding.check_seed`, a reducer's 
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any, Protocol, TypeVar
 
 import torch
 
@@ -295,6 +296,49 @@ class CandidateGroup:
         return len(self.candidate_ids)
 
 
+class Report(Protocol):
+    """A typed finding of a finished group (counters, steps, validity, continuity, uncertainty, novelty)."""
+
+    def as_metrics(self) -> dict[str, Any]:
+        """The flat key -> value entries diagnostics and the wires carry."""
+        ...
+
+
+ReportT = TypeVar("ReportT")
+
+
+class MetricsView(dict):
+    """A result's flat metrics: read-only, derived from its reports (a copy, ``dict(view)``, can be changed)."""
+
+    def _read_only(self, *args: object, **kwargs: object) -> None:
+        raise TypeError("EnsembleResult.metrics is derived from its reports and read-only; copy it with dict()")
+
+    __setitem__ = __delitem__ = update = pop = popitem = setdefault = clear = __ior__ = _read_only  # type: ignore
+
+    def __reduce__(self) -> tuple[type, tuple[dict[str, Any]]]:
+        return MetricsView, (dict(self),)
+
+
+def flatten_reports(reports: Iterable[Report], extra: Mapping[str, Any] | None = None) -> MetricsView:
+    """The flat metrics of ``reports`` in order (later ones update earlier keys in place; a report with
+    ``fills_gaps`` only adds keys not yet there), then ``extra``.
+
+    Args:
+        reports (`Iterable[Report]`): The group's reports.
+        extra (`Mapping[str, Any]`, *optional*): Entries given as they are (e.g. by a caller that has no reports).
+    """
+    flat: dict[str, Any] = {}
+    for report in reports:
+        entries = report.as_metrics()
+        if getattr(report, "fills_gaps", False):
+            for key, value in entries.items():
+                flat.setdefault(key, value)
+        else:
+            flat.update(entries)
+    flat.update(extra or {})
+    return MetricsView(flat)
+
+
 @dataclass(frozen=True, eq=False)
 class EnsembleResult:
     """The one result of a candidate group. Construction refuses anything but the complete group.
@@ -306,7 +350,8 @@ class EnsembleResult:
         candidate_ids (`tuple[int, ...]`): Ids of the candidates that went into ``action``; must equal
             ``group.candidate_ids``.
         seeds (`tuple[int, ...]`): One uint64 seed per candidate, in candidate order.
-        metrics (`dict[str, float | int | str | None]`, defaults to `{}`): Per-group measurements.
+        metrics (`dict[str, Any]`, defaults to `{}`): Per-group measurements given as they are; once built,
+            ``metrics`` is the read-only flat view of ``reports`` followed by these (:func:`flatten_reports`).
         candidates (`torch.Tensor` of shape `[N, H, D]`, *optional*): All candidates ordered by candidate id;
             required when ``spec.return_candidates``.
         base_seed (`int`, *optional*): The request's seed; defaults to ``seeds[0]`` and must equal it.
@@ -314,6 +359,8 @@ class EnsembleResult:
         candidate_valid (`tuple[bool, ...]`, *optional*): Per candidate, whether it passed the validity checks and
             went into ``action``; rows of ``candidates`` flagged invalid may hold NaN/Inf (shown, never reduced).
         verdicts (`tuple`, *optional*): Per candidate, its ``safety.CandidateVerdict`` (reasons when dropped).
+        reports (`tuple[Report, ...]`): The group's typed reports, in the order their entries are flattened;
+            read one with :meth:`report`.
 
     Raises:
         PartialGroupError: If the ids, seeds or candidates do not describe exactly the whole group, or a shape is
@@ -326,12 +373,13 @@ class EnsembleResult:
     action: torch.Tensor
     candidate_ids: tuple[int, ...]
     seeds: tuple[int, ...]
-    metrics: dict[str, float | int | str | None] = field(default_factory=dict)
+    metrics: Mapping[str, Any] = field(default_factory=dict)
     candidates: torch.Tensor | None = None
     base_seed: int | None = None
     rollout: object | None = None
     candidate_valid: tuple[bool, ...] | None = None
     verdicts: tuple[object, ...] | None = None
+    reports: tuple[Any, ...] = ()
 
     def __post_init__(self) -> None:
         if not isinstance(self.group, CandidateGroup) or not isinstance(self.spec, CandidateTrajectorySpec):
@@ -366,7 +414,16 @@ class EnsembleResult:
         object.__setattr__(self, "candidate_ids", ids)
         object.__setattr__(self, "seeds", seeds)
         object.__setattr__(self, "base_seed", base_seed)
-        object.__setattr__(self, "metrics", dict(self.metrics))
+        object.__setattr__(self, "reports", tuple(self.reports))
+        object.__setattr__(self, "metrics", flatten_reports(self.reports, self.metrics))
+
+    def report(self, kind: type[ReportT]) -> ReportT | None:
+        """The result's report of type ``kind`` (e.g. ``UncertaintyReport``), ``None`` when it has none.
+
+        Args:
+            kind (`type`): The report class.
+        """
+        return next((r for r in self.reports if isinstance(r, kind)), None)
 
     def _check_tensors(self) -> None:
         rid, size, action, candidates = self.group.request_id, self.group.size, self.action, self.candidates

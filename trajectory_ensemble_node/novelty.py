@@ -22,6 +22,7 @@ A fitted scorer is one small safetensors file (tensors plus string metadata); pi
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,39 @@ DEFAULT_OUTPUT = 64
 DEFAULT_FIT_STEPS = 2000
 DEFAULT_K = 1
 _MIN_SCALE = 1e-6
+
+
+@dataclass(frozen=True)
+class NoveltyReport:
+    """A group's observation novelty as a result reports it (``None``: not reported).
+
+    Args:
+        score (`float`, *optional*): ``novelty_score``, the scorer's score of the group's observation embedding.
+        fault (`str`, *optional*): ``novelty_fault``, why a non-finite score was read as novel.
+        threshold (`float`, *optional*): ``novelty_threshold``, the calibrated threshold in force.
+        novel (`bool`, *optional*): ``novel``, the score above the threshold (or a node window's mean above it).
+        score_window (`float`, *optional*): ``novelty_score_window``, the mean over a node's aggregation window.
+    """
+
+    score: float | None = None
+    fault: str | None = None
+    threshold: float | None = None
+    novel: bool | None = None
+    score_window: float | None = None
+
+    def as_metrics(self) -> dict[str, Any]:
+        """The entries that are set, in the order results carry them."""
+        entries = (("novelty_score", self.score), ("novelty_fault", self.fault),
+                   ("novelty_threshold", self.threshold), ("novel", self.novel),
+                   ("novelty_score_window", self.score_window))
+        return {key: value for key, value in entries if value is not None}
+
+    @classmethod
+    def from_metrics(cls, metrics: Mapping[str, Any]) -> NoveltyReport | None:
+        """The novelty entries of a flat metrics mapping; ``None`` when it has none (no scorer configured)."""
+        report = cls(metrics.get("novelty_score"), metrics.get("novelty_fault"), metrics.get("novelty_threshold"),
+                     metrics.get("novel"), metrics.get("novelty_score_window"))
+        return None if report == cls() else report
 
 
 @dataclass(frozen=True)

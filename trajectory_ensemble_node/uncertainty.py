@@ -33,14 +33,14 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from .errors import NoveltyScorerError
-from .novelty import NoveltyScorer, file_sha256, load_scorer
+from .novelty import NoveltyReport, NoveltyScorer, file_sha256, load_scorer
 from .reducers import MODE_DISTANCE_THRESHOLD, mode_clusters
 
 ALARM_RULES = ("spread", "novelty", "either", "both")
@@ -69,20 +69,91 @@ class Uncertainty:
             if not math.isfinite(value) or value < 0:
                 raise ValueError(f"uncertainty {name} must be finite and >= 0, got {value!r}")
 
-    def metrics(self, threshold: float | None = None) -> dict[str, float | int | bool | str]:
-        """Flat metrics entries; with ``threshold``, also ``uncertain`` (score above it) and the threshold."""
-        out: dict[str, float | int | bool | str] = {
-            "uncertainty_modes": self.modes,
-            "uncertainty_mode_share": self.mode_share,
-            "uncertainty_spread": self.spread,
-            "uncertainty_step_std": ",".join(f"{v:.4g}" for v in self.step_std),
-            "uncertainty_step_std_max": max(self.step_std) if self.step_std else 0.0,
-            "uncertainty_score": self.score,
-        }
-        if threshold is not None:
-            out["uncertainty_threshold"] = float(threshold)
-            out["uncertain"] = bool(self.score > threshold)
+    def report(self, threshold: float | None = None) -> UncertaintyReport:
+        """The spread as a result reports it; with ``threshold``, also ``uncertain`` (score above it)."""
+        return UncertaintyReport(
+            modes=self.modes, mode_share=self.mode_share, spread=self.spread, step_std=self.step_std,
+            step_std_max=max(self.step_std) if self.step_std else 0.0, score=self.score,
+            threshold=None if threshold is None else float(threshold),
+            uncertain=None if threshold is None else bool(self.score > threshold))
+
+    def metrics(self, threshold: float | None = None) -> dict[str, Any]:
+        """:meth:`report` flattened (:meth:`UncertaintyReport.as_metrics`)."""
+        return self.report(threshold).as_metrics()
+
+
+@dataclass(frozen=True)
+class UncertaintyReport:
+    """A group's uncertainty as a result reports it: the spread, the alarm's verdict, novelty, a node's window.
+
+    ``None``: not reported (e.g. ``rule`` without a novelty scorer, ``window`` outside a node's aggregation window).
+
+    Args:
+        modes (`int`): ``uncertainty_modes``. mode_share (`float`): ``uncertainty_mode_share``.
+        spread (`float`): ``uncertainty_spread``.
+        step_std (`tuple[float, ...]`, length H): ``uncertainty_step_std``, numbers in process; a wire sends them
+            as text (:func:`~trajectory_ensemble_node.metrics.numbers_text`).
+        step_std_max (`float`): ``uncertainty_step_std_max``. score (`float`): ``uncertainty_score``.
+        rule (`str`): ``uncertainty_rule``, with a novelty scorer. uncertain (`bool`): ``uncertain``.
+        threshold (`float`): ``uncertainty_threshold``, the spread threshold in force.
+        novelty (`NoveltyReport`): the novelty entries.
+        window (`int`), score_window (`float`): ``uncertainty_window``, ``uncertainty_score_window``.
+    """
+
+    modes: int | None = None
+    mode_share: float | None = None
+    spread: float | None = None
+    step_std: tuple[float, ...] | None = None
+    step_std_max: float | None = None
+    score: float | None = None
+    rule: str | None = None
+    uncertain: bool | None = None
+    threshold: float | None = None
+    novelty: NoveltyReport | None = None
+    window: int | None = None
+    score_window: float | None = None
+
+    @property
+    def novelty_score(self) -> float | None:
+        """``novelty_score``, ``None`` without a scorer."""
+        return None if self.novelty is None else self.novelty.score
+
+    @property
+    def novel(self) -> bool | None:
+        """``novel``, ``None`` without a scorer and a novelty threshold."""
+        return None if self.novelty is None else self.novelty.novel
+
+    def as_metrics(self) -> dict[str, Any]:
+        """The entries that are set, in the order results carry them (the verdict after the spread; with a rule,
+        ``uncertainty_rule, uncertain, uncertainty_threshold``, else ``uncertainty_threshold, uncertain``)."""
+        verdict = ((("uncertainty_rule", self.rule), ("uncertain", self.uncertain),
+                    ("uncertainty_threshold", self.threshold)) if self.rule is not None else
+                   (("uncertainty_threshold", self.threshold), ("uncertain", self.uncertain)))
+        entries = (("uncertainty_modes", self.modes), ("uncertainty_mode_share", self.mode_share),
+                   ("uncertainty_spread", self.spread), ("uncertainty_step_std", self.step_std),
+                   ("uncertainty_step_std_max", self.step_std_max), ("uncertainty_score", self.score), *verdict)
+        out = {key: value for key, value in entries if value is not None}
+        if self.novelty is not None:
+            out.update(self.novelty.as_metrics())
+        window = (("uncertainty_window", self.window), ("uncertainty_score_window", self.score_window))
+        out.update((key, value) for key, value in window if value is not None)
         return out
+
+    @classmethod
+    def from_metrics(cls, metrics: Mapping[str, Any]) -> UncertaintyReport:
+        """The uncertainty entries of a flat metrics mapping (all ``None`` when it has none, e.g. a failed group).
+
+        ``uncertainty_step_std`` is read as the numbers it is in process; text (a wire's) is not parsed back.
+        """
+        step_std = metrics.get("uncertainty_step_std")
+        return cls(
+            modes=metrics.get("uncertainty_modes"), mode_share=metrics.get("uncertainty_mode_share"),
+            spread=metrics.get("uncertainty_spread"),
+            step_std=tuple(float(v) for v in step_std) if isinstance(step_std, (tuple, list)) else None,
+            step_std_max=metrics.get("uncertainty_step_std_max"), score=metrics.get("uncertainty_score"),
+            rule=metrics.get("uncertainty_rule"), uncertain=metrics.get("uncertain"),
+            threshold=metrics.get("uncertainty_threshold"), novelty=NoveltyReport.from_metrics(metrics),
+            window=metrics.get("uncertainty_window"), score_window=metrics.get("uncertainty_score_window"))
 
 
 def estimate_uncertainty(candidates: torch.Tensor, threshold: float = MODE_DISTANCE_THRESHOLD) -> Uncertainty:
@@ -203,32 +274,51 @@ class NoveltyCheck:
     scorer: NoveltyScorer
     alarm: AlarmRule
 
-    def metrics(self, uncertainty: Uncertainty, embedding: torch.Tensor) -> dict[str, float | int | bool | str]:
+    def report(self, uncertainty: Uncertainty, embedding: torch.Tensor) -> UncertaintyReport:
+        """The group's spread, novelty and the rule's verdict.
+
+        Args:
+            uncertainty (`Uncertainty`): The group's spread.
+            embedding (`torch.Tensor` of shape `[D]`): The group's observation embedding.
+        """
+        return alarm_report(uncertainty.report(None), self.scorer.score(embedding), self.alarm)
+
+    def metrics(self, uncertainty: Uncertainty, embedding: torch.Tensor) -> dict[str, Any]:
         """The novelty entries and the rule's verdict, to update :meth:`Uncertainty.metrics` with.
 
         Args:
             uncertainty (`Uncertainty`): The group's spread.
             embedding (`torch.Tensor` of shape `[D]`): The group's observation embedding.
         """
-        novelty = self.scorer.score(embedding)
-        return alarm_metrics(uncertainty.score, novelty, self.alarm)
+        return alarm_metrics(uncertainty.score, self.scorer.score(embedding), self.alarm)
 
 
-def alarm_metrics(spread: float, novelty: float | None, alarm: AlarmRule) -> dict[str, float | int | bool | str]:
-    """``novelty_score``, ``novelty_threshold``, ``novel``, ``uncertainty_rule``, ``uncertainty_threshold`` (the
-    spread threshold in force; absent under ``novelty``) and ``uncertain``, decided by ``alarm``."""
-    uncertain, novel = alarm.decide(spread, novelty)
-    out: dict[str, float | int | bool | str] = {"uncertainty_rule": alarm.rule, "uncertain": uncertain}
-    if alarm.spread_threshold is not None and alarm.rule != "novelty":
-        out["uncertainty_threshold"] = alarm.spread_threshold
+def alarm_report(spread: UncertaintyReport, novelty: float | None, alarm: AlarmRule) -> UncertaintyReport:
+    """``spread`` with the rule's verdict and the novelty entries, decided by ``alarm``: ``uncertainty_rule``,
+    ``uncertain``, ``uncertainty_threshold`` (the spread threshold in force; absent under ``novelty``),
+    ``novelty_score``, ``novelty_fault`` (a non-finite score), ``novelty_threshold`` and ``novel``.
+
+    Args:
+        spread (`UncertaintyReport`): The spread entries (``score`` is what the rule compares).
+        novelty (`float`, *optional*): The novelty score; ``None`` without a scorer.
+        alarm (`AlarmRule`): The rule and its thresholds.
+    """
+    uncertain, novel = alarm.decide(float(spread.score or 0.0), novelty)
+    report = NoveltyReport()
     if novelty is not None:
-        out["novelty_score"] = float(novelty)
-        if not math.isfinite(novelty):
-            out["novelty_fault"] = f"novelty score {float(novelty)!r} is not finite: read as novel and uncertain"
-        if alarm.novelty_threshold is not None:
-            out["novelty_threshold"] = alarm.novelty_threshold
-            out["novel"] = bool(novel)
-    return out
+        fault = (None if math.isfinite(novelty) else
+                 f"novelty score {float(novelty)!r} is not finite: read as novel and uncertain")
+        with_threshold = alarm.novelty_threshold is not None
+        report = NoveltyReport(float(novelty), fault, alarm.novelty_threshold,
+                               bool(novel) if with_threshold else None)
+    threshold = alarm.spread_threshold if alarm.spread_threshold is not None and alarm.rule != "novelty" else None
+    return replace(spread, rule=alarm.rule, uncertain=uncertain, threshold=threshold,
+                   novelty=None if report == NoveltyReport() else report)
+
+
+def alarm_metrics(spread: float, novelty: float | None, alarm: AlarmRule) -> dict[str, Any]:
+    """The verdict and novelty entries of :func:`alarm_report` alone, for a bare spread score."""
+    return replace(alarm_report(UncertaintyReport(score=spread), novelty, alarm), score=None).as_metrics()
 
 
 def load_calibration(path: str | Path, scorer_path: str | Path, rule: str = "") -> NoveltyCheck:
@@ -263,12 +353,18 @@ def load_calibration(path: str | Path, scorer_path: str | Path, rule: str = "") 
 
 
 def group_uncertainty_metrics(candidates: torch.Tensor, threshold: float | None, novelty: NoveltyCheck | None = None,
-                              embedding: torch.Tensor | None = None) -> dict[str, float | int | bool | str]:
-    """A finished group's uncertainty entries (what the engine adds to its metrics).
+                              embedding: torch.Tensor | None = None) -> dict[str, Any]:
+    """:func:`group_uncertainty` flattened (what the engine adds to its metrics)."""
+    return group_uncertainty(candidates, threshold, novelty, embedding).as_metrics()
 
-    Without ``novelty`` these are exactly :meth:`Uncertainty.metrics` (the spread and ``uncertain`` against
-    ``threshold``); with it, the spread entries plus the novelty entries and the rule's verdict, against the rule's
-    own thresholds (:func:`alarm_metrics`).
+
+def group_uncertainty(candidates: torch.Tensor, threshold: float | None, novelty: NoveltyCheck | None = None,
+                      embedding: torch.Tensor | None = None) -> UncertaintyReport:
+    """A finished group's uncertainty report.
+
+    Without ``novelty`` this is exactly :meth:`Uncertainty.report` (the spread and ``uncertain`` against
+    ``threshold``); with it, the spread plus the novelty entries and the rule's verdict, against the rule's own
+    thresholds (:func:`alarm_report`).
 
     Args:
         candidates (`torch.Tensor` of shape `[N, H, D]`): The valid candidates, normalized space.
@@ -282,10 +378,8 @@ def group_uncertainty_metrics(candidates: torch.Tensor, threshold: float | None,
     """
     uncertainty = estimate_uncertainty(candidates)
     if novelty is None:
-        return uncertainty.metrics(threshold)
+        return uncertainty.report(threshold)
     if embedding is None:
         raise NoveltyScorerError("a novelty scorer is configured but the model returned no observation embedding")
     # The rule's own thresholds replace ``threshold`` (``either`` calibrates the spread at alpha / 2).
-    out = uncertainty.metrics(None)
-    out.update(novelty.metrics(uncertainty, embedding))
-    return out
+    return novelty.report(uncertainty, embedding)

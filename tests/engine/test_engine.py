@@ -8,7 +8,7 @@ import pytest
 import torch
 from _cosmos3 import FPS, PROMPT, STEPS, candidate_spec, fresh_pipe, policy, upstream_action, within_rule
 
-from trajectory_ensemble_node.engine import scheduler as scheduler_module
+from trajectory_ensemble_node.engine import completion as scheduler_module  # reduce_candidates is called there
 from trajectory_ensemble_node.errors import (
     AbortReason,
     EngineShutdownError,

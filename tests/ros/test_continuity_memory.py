@@ -137,7 +137,7 @@ def test_new_parameters_are_checked_and_quote_the_bad_value(tmp_path):
 def test_results_map_the_engine_metrics_onto_typed_fields():
     metrics = {"steps_planned": 10, "steps_fitted": 4, "steps_used": 3, "uncertain": True, "uncertainty_score": 0.5,
                "uncertainty_threshold": 0.04, "uncertainty_modes": 2, "uncertainty_mode_share": 0.75,
-               "uncertainty_spread": 0.9, "uncertainty_step_std": "0.1,0.2", "valid_candidates": 6,
+               "uncertainty_spread": 0.9, "uncertainty_step_std": (0.1, 0.2), "valid_candidates": 6,
                "dropped_candidates": 2, "clamped_candidates": 0, "dropped_non_finite": 1, "dropped_max": 1,
                "dropped_min": 0, "action_clamped": False, "context_frozen": 2, "context_shift": 4,
                "context_guidance": "prefix", "seam_jump": 0.25}

@@ -21,7 +21,9 @@ it).
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -259,16 +261,57 @@ class ExecutionContext:
         held = self.previous_at(torch.tensor([float(k)]))[0]
         return float(torch.linalg.vector_norm(chunk[k].detach().cpu().float() - held))
 
+    def report(self, chunk: torch.Tensor) -> ContinuityReport:
+        """What a result reports about the context: frozen count, shift, overlap, guidance mode and seam jump.
+
+        Args:
+            chunk (`torch.Tensor` of shape `[H, D]`): The new chunk, in the model's normalized space.
+        """
+        return ContinuityReport(self.frozen, self.shift, self.offset, self.overlap, self.guidance,
+                                self.seam_jump(chunk))
+
     def metrics(self, chunk: torch.Tensor) -> dict[str, float | int | str]:
-        """What a result reports about the context: frozen count, shift, overlap, guidance mode and seam jump."""
-        return {
-            "context_frozen": self.frozen,
-            "context_shift": self.shift,
-            "context_offset": self.offset,
-            "context_overlap": self.overlap,
-            "context_guidance": self.guidance,
-            "seam_jump": self.seam_jump(chunk),
-        }
+        """:meth:`report` flattened."""
+        return self.report(chunk).as_metrics()
+
+
+_CONTINUITY_KEYS = ("context_frozen", "context_shift", "context_offset", "context_overlap", "context_guidance",
+                    "seam_jump")
+
+
+@dataclass(frozen=True)
+class ContinuityReport:
+    """How a continued chunk was decided (``None`` everywhere: the group continued nothing).
+
+    Args:
+        frozen (`int`): ``context_frozen``, actions frozen to the old chunk. shift (`int`): ``context_shift``.
+        offset (`float`): ``context_offset``. overlap (`int`): ``context_overlap``.
+        guidance (`str`): ``context_guidance``, the guidance mode. seam_jump (`float`): ``seam_jump``.
+    """
+
+    frozen: int | None = None
+    shift: int | None = None
+    offset: float | None = None
+    overlap: int | None = None
+    guidance: str | None = None
+    seam_jump: float | None = None
+
+    @property
+    def continued(self) -> bool:
+        """Whether the group continued a chunk (its result carries the context entries)."""
+        return self.frozen is not None
+
+    def as_metrics(self) -> dict[str, float | int | str]:
+        """The context entries; none for a group that continued nothing."""
+        if not self.continued:
+            return {}
+        values = (self.frozen, self.shift, self.offset, self.overlap, self.guidance, self.seam_jump)
+        return dict(zip(_CONTINUITY_KEYS, values))
+
+    @classmethod
+    def from_metrics(cls, metrics: Mapping[str, Any]) -> ContinuityReport:
+        """The context entries of a flat metrics mapping."""
+        return cls(*(metrics.get(key) for key in _CONTINUITY_KEYS))
 
 
 OUTLIER_WINDOW = 16

@@ -25,6 +25,7 @@ bit-identical to an engine without this module.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -202,18 +203,60 @@ def plan_steps(costs: StepCosts, adapter: Any, state: Any, remaining_ms: float, 
     return steps
 
 
+@dataclass(frozen=True)
+class StepsReport:
+    """A group's denoising steps as a result reports them (``None``: not reported).
+
+    Args:
+        planned (`int`): ``steps_planned``, the steps the request asked for.
+        fitted (`int`): ``steps_fitted``, what fits the deadline.
+        used (`int`): ``steps_used``, taken; fewer when the group stopped early.
+        deadline_ms (`float`, *optional*): ``deadline_ms``, with a deadline.
+        deadline_met (`bool`, *optional*): ``deadline_met``, with a deadline.
+    """
+
+    planned: int | None = None
+    fitted: int | None = None
+    used: int | None = None
+    deadline_ms: float | None = None
+    deadline_met: bool | None = None
+
+    def as_metrics(self) -> dict[str, Any]:
+        """``steps_planned``, ``steps_fitted``, ``steps_used`` (always, as results carry them), and with a deadline
+        ``deadline_ms`` and ``deadline_met``."""
+        out: dict[str, Any] = {"steps_planned": self.planned, "steps_fitted": self.fitted, "steps_used": self.used}
+        if self.deadline_ms is not None:
+            out["deadline_ms"] = self.deadline_ms
+            out["deadline_met"] = self.deadline_met
+        return out
+
+    @classmethod
+    def from_metrics(cls, metrics: Mapping[str, Any]) -> StepsReport:
+        """The step entries of a flat metrics mapping."""
+        return cls(metrics.get("steps_planned"), metrics.get("steps_fitted"), metrics.get("steps_used"),
+                   metrics.get("deadline_ms"), metrics.get("deadline_met"))
+
+
+def steps_report(extras: Mapping[str, Any], steps_fitted: int | None, deadline_s: float | None,
+                 met: bool | None) -> StepsReport:
+    """The steps of a finished group. Without a deadline all three counts are equal.
+
+    Args:
+        extras (`Mapping[str, Any]`): The adapter's extras of the group's first output (``num_inference_steps``,
+            ``steps_requested``, ``steps_used``).
+        steps_fitted (`int`, *optional*): What the deadline planning fitted.
+        deadline_s (`float`, *optional*): The request's deadline.
+        met (`bool`, *optional*): Whether the group finished by it.
+    """
+    steps = extras.get("num_inference_steps")
+    return StepsReport(
+        planned=extras.get("steps_requested", steps), fitted=steps_fitted or steps,
+        used=extras.get("steps_used", steps),
+        deadline_ms=None if deadline_s is None else 1000.0 * deadline_s,
+        deadline_met=None if deadline_s is None else bool(met))
+
+
 def step_metrics(extras: dict[str, Any], steps_fitted: int | None, deadline_s: float | None,
                  met: bool | None) -> dict[str, Any]:
-    """``steps_planned`` (the steps the request asked for), ``steps_fitted`` (what fits the deadline),
-    ``steps_used`` (taken; fewer when the group stopped early), and with a deadline ``deadline_ms`` and
-    ``deadline_met``. Without a deadline all three are equal."""
-    steps = extras.get("num_inference_steps")
-    out: dict[str, Any] = {
-        "steps_planned": extras.get("steps_requested", steps),
-        "steps_fitted": steps_fitted or steps,
-        "steps_used": extras.get("steps_used", steps),
-    }
-    if deadline_s is not None:
-        out["deadline_ms"] = 1000.0 * deadline_s
-        out["deadline_met"] = bool(met)
-    return out
+    """:func:`steps_report` flattened."""
+    return steps_report(extras, steps_fitted, deadline_s, met).as_metrics()

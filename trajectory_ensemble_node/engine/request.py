@@ -33,7 +33,7 @@ class EngineConfig:
         max_batch_candidates (`int`): Most candidates in one physical forward. A group is admitted atomically
             when it fits next to the running groups.
         oversize_policy (`str`): What a group larger than ``max_batch_candidates`` does:
-            ``"microbatch"`` runs it as lockstep microbatches (same step for every slice, one shared scheduler state),
+            ``"microbatch"`` runs it as lockstep microbatches (same step for every slice, one shared stepper state),
             ``"sequential"`` runs its candidates one after another through the plain count=1 path (the documented
             fallback; ``fallback_reason`` says why), ``"reject"`` refuses it at submission. Never truncated.
         max_retries (`int`): How many times a group whose forward raised is rerun whole, from its seeds.

@@ -1,7 +1,7 @@
 """One admitted group inside the engine: where it is, what it has cost so far, and the metrics it reports.
 
 The scheduler (:mod:`.scheduler`) moves a :class:`GroupRun` through admission, denoising and completion; the run
-itself only keeps the books, so the metric keys a result carries have one home.
+itself only keeps the books, so the counters a result reports have one home.
 """
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from typing import Any
 
 import torch
 
-from ..metrics import now_ms, peak_memory_bytes
+from ..metrics import AdapterExtras, GroupCounters, now_ms, peak_memory_bytes
 from .adapter import CandidateOutput
-from .deadline import step_metrics
+from .deadline import StepsReport, steps_report
 from .request import GroupHandle, GroupRequest
 
 
@@ -55,9 +55,9 @@ class GroupRun:
         self.physical_forwards = 0
         self.denoise_ms = 0.0
 
-    def metrics(self, reduce_ms: float, extras: dict[str, Any], device: torch.device,
-                weights_version: int) -> dict[str, Any]:
-        """The engine's metrics of the finished group: counts, timings, memory, steps, and the adapter's extras.
+    def reports(self, reduce_ms: float, extras: dict[str, Any], device: torch.device,
+                weights_version: int) -> tuple[GroupCounters, StepsReport, AdapterExtras]:
+        """The engine's reports of the finished group: counts, timings, memory, steps, and the adapter's extras.
 
         Args:
             reduce_ms (`float`): Time spent screening and reducing the candidates.
@@ -68,26 +68,25 @@ class GroupRun:
         """
         finished = now_ms()
         postprocess_ms = sum(float(out.extras.get("postprocess_ms", 0.0)) for out in self.outputs)
-        metrics: dict[str, Any] = {
-            "candidate_count": self.request.count,
-            "physical_forwards": self.physical_forwards,
-            "microbatches": self.microbatches,
-            "fallback_reason": self.fallback_reason,
-            "co_batched_groups_max": self.co_batched_max,
-            "num_inference_steps": self.outputs[0].extras.get("num_inference_steps"),
-            "retries": self.retries,
-            "queue_ms": self.admitted_ms - self.submitted_ms,
-            "encode_ms": self.encode_ms,
-            "denoise_ms": self.denoise_ms,
-            "action_postprocess_ms": postprocess_ms,
-            "reduce_ms": reduce_ms,
-            "total_ms": finished - self.submitted_ms,
-            "peak_memory_bytes": peak_memory_bytes(device),
-            "weights_version": weights_version,
-        }
-        metrics.update(step_metrics(self.outputs[0].extras, self.steps_fitted, self.request.deadline_s,
-                                    None if self.deadline_ms is None else finished <= self.deadline_ms))
-        for key, value in extras.items():
-            if key not in ("rollout", "postprocess_ms") and isinstance(value, (int, float, str, type(None))):
-                metrics.setdefault(key, value)
-        return metrics
+        counters = GroupCounters(
+            candidate_count=self.request.count,
+            physical_forwards=self.physical_forwards,
+            microbatches=self.microbatches,
+            fallback_reason=self.fallback_reason,
+            co_batched_groups_max=self.co_batched_max,
+            num_inference_steps=self.outputs[0].extras.get("num_inference_steps"),
+            retries=self.retries,
+            queue_ms=self.admitted_ms - self.submitted_ms,
+            encode_ms=self.encode_ms,
+            denoise_ms=self.denoise_ms,
+            action_postprocess_ms=postprocess_ms,
+            reduce_ms=reduce_ms,
+            total_ms=finished - self.submitted_ms,
+            peak_memory_bytes=peak_memory_bytes(device),
+            weights_version=weights_version,
+        )
+        steps = steps_report(self.outputs[0].extras, self.steps_fitted, self.request.deadline_s,
+                             None if self.deadline_ms is None else finished <= self.deadline_ms)
+        scalars = tuple((key, value) for key, value in extras.items()
+                        if key not in ("rollout", "postprocess_ms") and isinstance(value, (int, float, str, type(None))))
+        return counters, steps, AdapterExtras(scalars)

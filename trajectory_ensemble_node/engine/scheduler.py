@@ -9,9 +9,11 @@ One engine iteration advances every running group by exactly one denoising step:
 3. running groups with a cancel request end CANCELED (or PREEMPTED) before any more model work;
 4. the candidates of all running groups are packed into as few physical forwards as capacity allows
    (co-batching unrelated groups, microbatching oversize ones) and the model runs;
-5. each group takes its scheduler step, reports progress, and when done is post-processed and reduced.
+5. each group takes its stepper step, reports progress, and when done is post-processed and completed (screened,
+   reduced and reported, in :mod:`.completion`).
 
-Groups at different steps share a forward: each token carries its own timestep.
+Groups at different steps share a forward: each token carries its own timestep. This module decides *when* a group
+advances, ends or fails; :mod:`.completion` decides *what* a finished group returns.
 """
 
 from __future__ import annotations
@@ -25,25 +27,15 @@ from typing import Any
 
 import torch
 
-from ..contract import EnsembleResult
-from ..errors import (
-    CapacityError,
-    EngineShutdownError,
-    GroupAbortedError,
-    GroupFailedError,
-    GroupOutOfMemoryError,
-    TrajectoryEnsembleError,
-)
+from ..errors import CapacityError, EngineShutdownError, GroupAbortedError, TrajectoryEnsembleError
 from ..metrics import now_ms
 from ..seeding import make_generators
-from .adapter import OBSERVATION_EMBEDDING, CandidateModelAdapter, ForwardAborted, Slice
-from ..uncertainty import group_uncertainty_metrics
+from .adapter import CandidateModelAdapter, ForwardAborted, Slice
+from .completion import complete_group, named_failure
 from .deadline import StepCosts, plan_steps, refuse_unmeetable
 from .heap import trim_heap
-from .reduction import reduce_candidates
 from .request import EngineConfig, GroupHandle, GroupRequest, ProgressEvent
 from .run import GroupRun
-from .validity import DEFAULT_CHECK, check_reduced, screen_candidates, to_model_space, validity_metrics
 
 logger = logging.getLogger("trajectory_ensemble.engine")
 
@@ -401,56 +393,13 @@ class GroupEngine:
         self._complete(run)
 
     def _complete(self, run: GroupRun) -> None:
-        request = run.request
-        self._progress(run, "reducing", request.count)
+        self._progress(run, "reducing", run.request.count)
         try:
-            candidates = torch.cat([out.candidates for out in run.outputs], dim=0)
-            started = now_ms()
-            # Invalid candidates (always NaN/Inf; limits when given) are dropped before the reducer sees them.
-            check = request.validity or DEFAULT_CHECK
-            screening = screen_candidates(candidates, request.normalizer, check, request.request_id)
-            action, reduced_raw = reduce_candidates(
-                screening.survivors,
-                request.spec,
-                request.reducer,
-                request.normalizer,
-                reduce_before_denormalize=self.adapter.capabilities.reduce_before_denormalize,
-                context=request.context,
-            )
-            candidates = reduced_raw if screening.raw is None else screening.raw
-            if request.reducer is None and screening.raw is not None:
-                action = screening.raw[0].clone()  # the plain path publishes its (clamped) candidate untouched
-            action, action_clamped = check_reduced(action, check, request.request_id)
-            reduce_ms = now_ms() - started
-            self.costs.observe("post_ms", reduce_ms + float(run.outputs[-1].extras.get("postprocess_ms", 0.0)))
-            extras: dict[str, Any] = {}
-            for out in run.outputs:
-                extras.update(out.extras)
-            metrics = run.metrics(reduce_ms, extras, self.device, self.adapter.weights_version)
-            metrics.update(validity_metrics(screening, action_clamped))
-            if request.context is not None:
-                model_action = action if request.normalizer is None else to_model_space(action, request.normalizer)
-                metrics.update(request.context.metrics(model_action))
-            # In model (normalized) space, over the candidates that were reduced.
-            metrics.update(group_uncertainty_metrics(screening.survivors, request.uncertainty_threshold,
-                                                     request.novelty, extras.get(OBSERVATION_EMBEDDING)))
-            result = EnsembleResult(
-                group=request.group,
-                spec=request.spec,
-                action=action.float().cpu(),
-                candidate_ids=request.group.candidate_ids,
-                seeds=request.seeds,
-                metrics=metrics,
-                candidates=candidates.float().cpu() if request.spec.return_candidates else None,
-                base_seed=request.base_seed,
-                rollout=extras.get("rollout"),
-                candidate_valid=screening.valid,
-                verdicts=screening.report.verdicts,
-            )
+            result = complete_group(run, self.adapter, self.device, self.costs)
         except BaseException as exc:  # noqa: BLE001
             self._fail(run, self._named(run, exc, "reducing"))
             return
-        run.handle.metrics = metrics
+        run.handle.metrics = dict(result.metrics)
         run.handle._finish(result, None)
 
     # --- failure paths ---------------------------------------------------------------------------------------------
@@ -466,17 +415,7 @@ class GroupEngine:
         self._fail(run, self._named(run, exc, "denoising"))
 
     def _named(self, run: GroupRun, exc: BaseException, stage: str) -> BaseException:
-        if isinstance(exc, TrajectoryEnsembleError):
-            return exc
-        request_id = run.request.request_id
-        if isinstance(exc, torch.OutOfMemoryError) or "out of memory" in str(exc).lower():
-            error: GroupFailedError = GroupOutOfMemoryError(request_id, f"out of memory while {stage}: {exc}")
-        else:
-            error = GroupFailedError(request_id, f"{type(exc).__name__} while {stage}: {exc}")
-        error.__cause__ = exc
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
-        return error
+        return named_failure(run, exc, stage)
 
     def _fail(self, run: GroupRun, error: BaseException | None) -> None:
         assert error is not None

@@ -16,14 +16,15 @@ results stay bit-identical.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 
 from ..errors import InvalidSpecError, ReducedTrajectoryInvalidError, TooFewValidCandidatesError
 from ..normalization import ActionNormalizer
-from ..safety import ActionLimits, ValidityReport, check_trajectories
+from ..safety import REASONS, ActionLimits, ValidityReport, check_trajectories
 
 POSITION_POLICIES = ("drop", "clamp")
 
@@ -180,8 +181,57 @@ def check_reduced(action: torch.Tensor, check: ValidityCheck, request_id: str) -
     return action, False
 
 
+@dataclass(frozen=True)
+class ValidityCounts:
+    """How a group's candidates fared in the validity checks, as a result reports it (``None``: not reported).
+
+    Args:
+        valid (`int`): ``valid_candidates``. dropped (`int`): ``dropped_candidates``.
+        clamped (`int`): ``clamped_candidates``.
+        dropped_by_reason (`tuple[int, ...]`, one per :data:`~trajectory_ensemble_node.safety.REASONS`):
+            ``dropped_<reason>`` (a candidate with several reasons counts under each).
+        action_clamped (`bool`, *optional*): ``action_clamped``, whether the reduced trajectory was clamped; absent
+            for a group that never got one.
+    """
+
+    valid: int | None = None
+    dropped: int | None = None
+    clamped: int | None = None
+    dropped_by_reason: tuple[int | None, ...] = (None,) * len(REASONS)
+    action_clamped: bool | None = None
+
+    def dropped_for(self, reason: str) -> int | None:
+        """``dropped_<reason>``."""
+        return self.dropped_by_reason[REASONS.index(reason)]
+
+    def as_metrics(self) -> dict[str, Any]:
+        """The counts, ``dropped_<reason>`` in :data:`REASONS` order, then ``action_clamped`` when set."""
+        out: dict[str, Any] = {"valid_candidates": self.valid, "dropped_candidates": self.dropped,
+                               "clamped_candidates": self.clamped}
+        out.update((f"dropped_{reason}", count) for reason, count in zip(REASONS, self.dropped_by_reason))
+        if self.action_clamped is not None:
+            out["action_clamped"] = self.action_clamped
+        return out
+
+    @classmethod
+    def from_metrics(cls, metrics: Mapping[str, Any]) -> ValidityCounts:
+        """The validity entries of a flat metrics mapping (a result's, or a refused group's ``error.counts``)."""
+        return cls(metrics.get("valid_candidates"), metrics.get("dropped_candidates"),
+                   metrics.get("clamped_candidates"),
+                   tuple(metrics.get(f"dropped_{reason}") for reason in REASONS), metrics.get("action_clamped"))
+
+
+def validity_counts(report: ValidityReport, action_clamped: bool | None = None) -> ValidityCounts:
+    """The counts of a checked set of candidates.
+
+    Args:
+        report (`ValidityReport`): The candidates' verdicts.
+        action_clamped (`bool`, *optional*): Whether the reduced trajectory was clamped.
+    """
+    return ValidityCounts.from_metrics(report.counts()) if action_clamped is None else replace(
+        ValidityCounts.from_metrics(report.counts()), action_clamped=action_clamped)
+
+
 def validity_metrics(screening: Screening, action_clamped: bool) -> dict[str, Any]:
-    """Per-group counts for the result metrics."""
-    metrics: dict[str, Any] = dict(screening.report.counts())
-    metrics["action_clamped"] = action_clamped
-    return metrics
+    """Per-group counts for the result metrics (:class:`ValidityCounts` flattened)."""
+    return validity_counts(screening.report, action_clamped).as_metrics()

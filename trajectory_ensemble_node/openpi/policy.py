@@ -34,8 +34,9 @@ from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import CosmosActionConditi
 from ..catalog import load_model
 from ..contract import EnsembleResult, check_reducer, reducers_for_width
 from ..engine import GroupHandle, GroupRequest
-from ..engine.deadline import check_deadline
+from ..engine.deadline import StepsReport, check_deadline
 from ..errors import InvalidSpecError, ParameterError
+from ..metrics import wire_metrics
 from ..models.cosmos3 import Cosmos3ActionModel
 from ..ros import params as node_params
 from ..ros.continuity import ContinuityDecision
@@ -44,6 +45,7 @@ from ..ros.goals import GoalPlan
 from ..ros.input_limits import InputLimits, TokenCounter, check_instruction, min_image_side, token_counter
 from ..ros.startup_checks import load_action_stats, load_novelty, load_uncertainty_threshold
 from ..safety import load_limits
+from ..uncertainty import UncertaintyReport
 from .extras import EXTRA_KEYS, RequestExtras, parse_extras, plan_request
 from .schemas import ObservationSchema, ParsedObservation, get_schema
 from .sessions import Caller, SessionKey, SessionStore, decide, remember, session_key
@@ -263,7 +265,8 @@ class OpenPIPolicy:
         estimate = remember(self.sessions.memory(job.session), result, job.plan, stamp=job.stamp, dt=self.params.dt,
                             normalizer=self.model.normalizer_for(self.params.domain_name),
                             latency_s=time.monotonic() - job.arrival)
-        metrics = {k: v for k, v in result.metrics.items() if isinstance(v, (bool, int, float, str)) or v is None}
+        metrics = wire_metrics(result.metrics)
+        uncertainty = UncertaintyReport.from_metrics(result.metrics)
         status = job.decision.status if job.decision is not None else ""
         metrics["continuity"] = status
         metrics["latency_estimate_ms"] = None if estimate is None else estimate * 1000.0
@@ -275,12 +278,12 @@ class OpenPIPolicy:
             "base_seed": int(result.base_seed),
             "seeds": [int(s) for s in result.seeds],
             "metrics": metrics,
-            "uncertain": metrics.get("uncertain"),
+            "uncertain": uncertainty.uncertain,
             # Observation novelty (novelty_scorer_file), as the node's result.uncertainty carries it; None without.
-            "novelty_score": metrics.get("novelty_score"),
-            "novel": metrics.get("novel"),
-            "uncertainty_rule": metrics.get("uncertainty_rule"),
-            "steps_used": metrics.get("steps_used"),
+            "novelty_score": uncertainty.novelty_score,
+            "novel": uncertainty.novel,
+            "uncertainty_rule": uncertainty.rule,
+            "steps_used": StepsReport.from_metrics(result.metrics).used,
             "continuity": status,
             "session_id": job.extras.session_id,
         }

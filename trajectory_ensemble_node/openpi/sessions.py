@@ -29,6 +29,7 @@ from typing import NamedTuple
 from ..contract import EnsembleResult
 from ..engine.validity import to_model_space
 from ..errors import GoalRequestError
+from ..metrics import GroupCounters
 from ..normalization import ActionNormalizer
 from ..ros.continuity import ChunkMemory, ContinuityDecision, ServedChunk
 from ..ros.goals import GoalPlan
@@ -176,6 +177,6 @@ def remember(memory: ChunkMemory, result: EnsembleResult, plan: GoalPlan, *, sta
     """
     action = result.action if normalizer is None else to_model_space(result.action, normalizer)
     memory.remember(ServedChunk(action.float(), stamp, dt, plan.instruction,
-                                int(result.metrics.get("weights_version") or 0)))
+                                int(GroupCounters.from_metrics(result.metrics).weights_version or 0)))
     memory.observe_latency(latency_s)
     return memory.estimator.estimate

@@ -20,6 +20,7 @@ from trajectory_ensemble_msgs.msg import ActionTrajectory, CandidateArray
 from trajectory_msgs.msg import JointTrajectory, JointTrajectoryPoint
 
 from ..contract import EnsembleResult
+from ..metrics import numbers_text
 
 
 def make_header(stamp: Time, frame_id: str) -> Header:
@@ -141,9 +142,12 @@ def joint_trajectory_msg(
 
 
 def format_value(value: Any) -> str:
-    """A metric value as diagnostics text: floats with 3 decimals, ``None`` as ``""``, the rest via ``str``."""
+    """A metric value as diagnostics text: floats with 3 decimals, ``None`` as ``""``, numbers in a sequence as
+    :func:`~trajectory_ensemble_node.metrics.numbers_text`, the rest via ``str``."""
     if value is None:
         return ""
+    if isinstance(value, (tuple, list)):
+        return numbers_text(value)
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, float):

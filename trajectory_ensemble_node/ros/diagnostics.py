@@ -33,6 +33,8 @@ from builtin_interfaces.msg import Time
 from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
 from std_msgs.msg import Header
 
+from ..novelty import NoveltyReport
+from ..uncertainty import UncertaintyReport
 from .conversions import format_value, metrics_key_values
 
 OK = DiagnosticStatus.OK
@@ -120,7 +122,7 @@ def engine_status(inputs: DiagnosticsInputs) -> DiagnosticStatus:
     elif inputs.last_error:
         level, message = WARN, f"last goal failed: {inputs.last_error} ({inputs.notice})"
         values.append(_kv("last_error", inputs.last_error))
-    elif bool(inputs.last_metrics.get("uncertain", False)):
+    elif bool(UncertaintyReport.from_metrics(inputs.last_metrics).uncertain):
         # Not a failure: the trajectory was published. The caller decides what uncertainty means for the task.
         level = WARN
         message = f"last goal uncertain: {uncertain_reason(inputs.last_metrics)} ({inputs.notice})"
@@ -133,21 +135,22 @@ def engine_status(inputs: DiagnosticsInputs) -> DiagnosticStatus:
 def uncertain_reason(metrics: Mapping[str, Any]) -> str:
     """Why a goal is ``uncertain``, in the words of its rule: the scores against their thresholds (window means when
     the node aggregates over a window)."""
-    window = metrics.get("uncertainty_window")
+    report = UncertaintyReport.from_metrics(metrics)
+    novelty = report.novelty or NoveltyReport()
+    window = report.window
     suffix = f" (mean of {window} goals)" if isinstance(window, int) and window > 1 else ""
 
-    def value(key: str) -> float:
-        return float(metrics.get(f"{key}_window", metrics.get(key)) or 0.0)
+    def value(own: float | None, mean: float | None) -> float:
+        return float((own if mean is None else mean) or 0.0)
 
-    spread = (f"score {value('uncertainty_score'):.4g} vs threshold "
-              f"{float(metrics.get('uncertainty_threshold') or 0):.4g}")
-    rule = str(metrics.get("uncertainty_rule") or "")
+    spread = (f"score {value(report.score, report.score_window):.4g} vs threshold "
+              f"{float(report.threshold or 0):.4g}")
+    rule = str(report.rule or "")
     if not rule:  # no novelty scorer: today's message
-        return (f"score {float(metrics.get('uncertainty_score') or 0):.4g} > threshold "
-                f"{float(metrics.get('uncertainty_threshold') or 0):.4g}")
-    novelty = (f"novelty {value('novelty_score'):.4g} vs threshold "
-               f"{float(metrics.get('novelty_threshold') or 0):.4g}")
-    parts = {"spread": spread, "novelty": novelty}.get(rule, f"{spread}, {novelty}")
+        return f"score {float(report.score or 0):.4g} > threshold {float(report.threshold or 0):.4g}"
+    seen = (f"novelty {value(novelty.score, novelty.score_window):.4g} vs threshold "
+            f"{float(novelty.threshold or 0):.4g}")
+    parts = {"spread": spread, "novelty": seen}.get(rule, f"{spread}, {seen}")
     return f"rule {rule}: {parts}{suffix}"
 
 

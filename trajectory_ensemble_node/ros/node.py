@@ -61,6 +61,7 @@ from ..errors import (
     describe_error,
     error_table,
 )
+from ..metrics import GroupCounters
 from . import params as node_params
 from .action_server import NotifyingActionServer
 from .clock import SimulatedTime, host_clock
@@ -352,12 +353,13 @@ class TrajectoryEnsembleNode(LifecycleNode):
         # goal_ms counts from acceptance, so executor scheduling delays show up in node_overhead_ms.
         goal_ms = (time.monotonic() - record.accepted) * 1000.0
         metrics = dict(result.metrics)
+        engine_ms = float(GroupCounters.from_metrics(result.metrics).total_ms or 0.0)
         metrics["goal_ms"] = goal_ms
-        metrics["node_overhead_ms"] = goal_ms - float(metrics.get("total_ms") or 0.0)
+        metrics["node_overhead_ms"] = goal_ms - engine_ms
         metrics["observation_age_ms"] = observation.age_s * 1000.0
         decision = record.continuity
-        metrics["continuity"] = decision.status if decision is not None else ""
-        serving.uncertainty_window.observe(metrics, continued=metrics["continuity"] == CONTINUED)
+        status = metrics["continuity"] = decision.status if decision is not None else ""
+        serving.uncertainty_window.observe(metrics, continued=status == CONTINUED)
         if decision is not None and decision.latency_s is not None:
             metrics["frozen_latency_ms"] = decision.latency_s * 1000.0
         if decision is not None and decision.status not in (CONTINUED, NOT_REQUESTED):
@@ -365,7 +367,7 @@ class TrajectoryEnsembleNode(LifecycleNode):
         serving.remember(record, result, metrics)
         context = decision.context if decision is not None else None
         response = success_result(trajectory, metrics, base_seed=result.base_seed,
-                                  continuity_status=metrics["continuity"],
+                                  continuity_status=status,
                                   previous_stamp=context.previous_stamp if context is not None else None)
         # The last feedback carries the goal's metrics (validity counts, uncertainty, steps, seam jump).
         goal_handle.publish_feedback(done_feedback(response))
@@ -379,7 +381,7 @@ class TrajectoryEnsembleNode(LifecycleNode):
         self.after_result.log(
             self.get_logger(), "info",
             f"goal {record.goal_id}: {result.size}x {result.spec.reducer} -> {trajectory.horizon}x"
-            f"{trajectory.action_dim} in {goal_ms:.0f} ms (engine {float(metrics.get('total_ms') or 0.0):.0f} ms)"
+            f"{trajectory.action_dim} in {goal_ms:.0f} ms (engine {engine_ms:.0f} ms)"
         )
         return response
 

@@ -1,8 +1,9 @@
 """A goal's action result and last feedback: trajectory or error, and the report (denoising steps, uncertainty,
 candidate validity, continuity).
 
-The engine reports all of it as flat per-group metrics (``metrics`` in the result, the final feedback and
-``/diagnostics`` carry those as KeyValues); this module maps them onto the typed result fields, so a behaviour tree
+The engine reports all of it as typed reports, flattened into per-group metrics (``metrics`` in the result, the
+final feedback and ``/diagnostics`` carry those as KeyValues); this module reads the reports back from the node's
+metrics (``from_metrics``, which also sees the node's window entries) and maps them onto the typed result fields, so a behaviour tree
 reads ``result.uncertain`` or ``result.validity.dropped`` instead of parsing strings. Pure functions of their
 arguments (no node, no clock, no DDS).
 """
@@ -17,21 +18,25 @@ from builtin_interfaces.msg import Time
 from trajectory_ensemble_msgs.action import GenerateTrajectory
 from trajectory_ensemble_msgs.msg import ActionTrajectory, CandidateValidity, Continuity, Uncertainty
 
+from ..engine.context import ContinuityReport
+from ..engine.deadline import StepsReport
+from ..engine.validity import ValidityCounts
 from ..errors import ErrorCode
+from ..metrics import GroupCounters, numbers_as_sent
+from ..novelty import NoveltyReport
 from ..safety import REASONS
+from ..uncertainty import UncertaintyReport
 from .conversions import metrics_key_values, seconds_to_time
 
 NOT_SERVED = "not served"
 """``continuity.status`` of a goal that failed before its continuity was decided (refused, canceled early)."""
 
 
-def _int(metrics: Mapping[str, Any], key: str) -> int:
-    value = metrics.get(key)
+def _int(value: Any) -> int:
     return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else 0
 
 
-def _float(metrics: Mapping[str, Any], key: str, default: float = 0.0) -> float:
-    value = metrics.get(key)
+def _float(value: Any, default: float = 0.0) -> float:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else default
 
 
@@ -39,38 +44,40 @@ def uncertainty_msg(metrics: Mapping[str, Any]) -> Uncertainty:
     """``Uncertainty`` from the ``uncertainty_*`` and ``novelty_*`` metrics (zeros when absent, e.g. a failed group).
 
     ``window`` is 1 for a scored goal without an aggregation window (its own scores are the window's), 0 for a goal
-    that scored nothing.
+    that scored nothing. ``step_std`` carries the values the metrics text carries (4 significant digits).
     """
-    step_std = metrics.get("uncertainty_step_std") or ""
-    scored = "uncertainty_score" in metrics
-    score, novelty = _float(metrics, "uncertainty_score"), _float(metrics, "novelty_score")
+    report = UncertaintyReport.from_metrics(metrics)
+    novelty = report.novelty or NoveltyReport()
+    scored = report.score is not None
+    score, novelty_score = _float(report.score), _float(novelty.score)
     return Uncertainty(
         score=score,
-        threshold=_float(metrics, "uncertainty_threshold"),
-        modes=_int(metrics, "uncertainty_modes"),
-        mode_share=_float(metrics, "uncertainty_mode_share"),
-        spread=_float(metrics, "uncertainty_spread"),
-        step_std=[float(v) for v in str(step_std).split(",") if v],
-        novelty_score=novelty,
-        novelty_threshold=_float(metrics, "novelty_threshold"),
-        novel=bool(metrics.get("novel", False)),
-        rule=str(metrics.get("uncertainty_rule") or ""),
-        window=_int(metrics, "uncertainty_window") or (1 if scored else 0),
-        window_score=_float(metrics, "uncertainty_score_window", score),
-        window_novelty_score=_float(metrics, "novelty_score_window", novelty),
+        threshold=_float(report.threshold),
+        modes=_int(report.modes),
+        mode_share=_float(report.mode_share),
+        spread=_float(report.spread),
+        step_std=list(numbers_as_sent(report.step_std or ())),
+        novelty_score=novelty_score,
+        novelty_threshold=_float(novelty.threshold),
+        novel=bool(novelty.novel or False),
+        rule=str(report.rule or ""),
+        window=_int(report.window) or (1 if scored else 0),
+        window_score=_float(report.score_window, score),
+        window_novelty_score=_float(novelty.score_window, novelty_score),
     )
 
 
 def validity_msg(metrics: Mapping[str, Any]) -> CandidateValidity:
     """``CandidateValidity`` from the validity counts; only reasons that dropped something are listed."""
-    reasons = [reason for reason in REASONS if _int(metrics, f"dropped_{reason}") > 0]
+    counts = ValidityCounts.from_metrics(metrics)
+    reasons = [reason for reason in REASONS if _int(counts.dropped_for(reason)) > 0]
     return CandidateValidity(
-        valid=_int(metrics, "valid_candidates"),
-        dropped=_int(metrics, "dropped_candidates"),
-        clamped=_int(metrics, "clamped_candidates"),
+        valid=_int(counts.valid),
+        dropped=_int(counts.dropped),
+        clamped=_int(counts.clamped),
         drop_reasons=reasons,
-        drop_counts=[_int(metrics, f"dropped_{reason}") for reason in reasons],
-        action_clamped=bool(metrics.get("action_clamped", False)),
+        drop_counts=[_int(counts.dropped_for(reason)) for reason in reasons],
+        action_clamped=bool(counts.action_clamped or False),
     )
 
 
@@ -82,14 +89,15 @@ def continuity_msg(metrics: Mapping[str, Any], status: str, previous_stamp: floa
         status (`str`): ``continuity.status``: ``"continued"``, ``"not requested"`` or why the goal started fresh.
         previous_stamp (`float`, *optional*): Seconds; the continued chunk's observation stamp.
     """
-    continued = "context_frozen" in metrics
-    seam = metrics.get("seam_jump")
+    report = ContinuityReport.from_metrics(metrics)
+    continued = report.continued
+    seam = report.seam_jump
     return Continuity(
         continued=continued,
         status=status,
-        frozen_actions=_int(metrics, "context_frozen"),
-        shift=_int(metrics, "context_shift"),
-        guidance=str(metrics.get("context_guidance") or "") if continued else "",
+        frozen_actions=_int(report.frozen),
+        shift=_int(report.shift),
+        guidance=str(report.guidance or "") if continued else "",
         seam_jump=float(seam) if isinstance(seam, (int, float)) and math.isfinite(seam) else math.nan,
         previous_stamp=seconds_to_time(previous_stamp) if continued and previous_stamp is not None else Time(),
     )
@@ -105,10 +113,11 @@ def fill_report(response: Any, metrics: Mapping[str, Any], *, continuity_status:
         continuity_status (`str`): See :func:`continuity_msg`.
         previous_stamp (`float`, *optional*): See :func:`continuity_msg`.
     """
-    response.steps_planned = _int(metrics, "steps_planned")
-    response.steps_fitted = _int(metrics, "steps_fitted")
-    response.steps_used = _int(metrics, "steps_used")
-    response.uncertain = bool(metrics.get("uncertain", False))
+    steps = StepsReport.from_metrics(metrics)
+    response.steps_planned = _int(steps.planned)
+    response.steps_fitted = _int(steps.fitted)
+    response.steps_used = _int(steps.used)
+    response.uncertain = bool(UncertaintyReport.from_metrics(metrics).uncertain or False)
     response.uncertainty = uncertainty_msg(metrics)
     response.validity = validity_msg(metrics)
     response.continuity = continuity_msg(metrics, continuity_status, previous_stamp)
@@ -127,7 +136,8 @@ def success_result(trajectory: ActionTrajectory, metrics: Mapping[str, Any], *, 
     """
     response = GenerateTrajectory.Result(
         error_code=int(ErrorCode.OK), trajectory=trajectory, base_seed=int(base_seed),
-        weights_version=int(metrics.get("weights_version") or 0), metrics=metrics_key_values(metrics),
+        weights_version=int(GroupCounters.from_metrics(metrics).weights_version or 0),
+        metrics=metrics_key_values(metrics),
     )
     fill_report(response, metrics, continuity_status=continuity_status, previous_stamp=previous_stamp)
     return response

@@ -45,6 +45,7 @@ from ..errors import (
     TooFewValidCandidatesError,
     TrajectoryEnsembleError,
 )
+from ..metrics import GroupCounters
 from ..models.cosmos3 import Cosmos3ActionModel, RolloutSpec, resolve_device
 from ..safety import load_limits
 from . import params as node_params
@@ -357,7 +358,7 @@ class Serving:
         action = result.action if normalizer is None else to_model_space(result.action, normalizer)
         # A goal decided before a clock jump belongs to the old time line: its chunk and latency are not kept.
         chunk = ServedChunk(action.float(), stamp_seconds(observation.stamp), self.params.dt, plan.instruction,
-                            int(metrics.get("weights_version") or 0))
+                            int(GroupCounters.from_metrics(metrics).weights_version or 0))
         self.memory.remember(chunk, epoch=record.epoch)
         if record.decided_clock is not None:
             # Published just now: publication - stamp = what had gone at the decision + the serving latency.

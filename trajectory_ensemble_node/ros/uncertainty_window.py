@@ -20,7 +20,7 @@ from collections import deque
 from collections.abc import MutableMapping
 from typing import Any
 
-from ..uncertainty import AlarmRule
+from ..uncertainty import AlarmRule, UncertaintyReport
 
 
 class UncertaintyWindow:
@@ -52,10 +52,11 @@ class UncertaintyWindow:
                 ``novelty_score_window``, and ``uncertain`` / ``novel`` decided on the means.
             continued (`bool`): Whether the goal continued the previous chunk; False starts a new window.
         """
-        spread = metrics.get("uncertainty_score")
+        report = UncertaintyReport.from_metrics(metrics)
+        spread = report.score
         if not isinstance(spread, (int, float)) or isinstance(spread, bool):
             return  # no candidates were scored (nothing to aggregate)
-        novelty = metrics.get("novelty_score")
+        novelty = report.novelty_score
         novelty = float(novelty) if isinstance(novelty, (int, float)) and not isinstance(novelty, bool) else None
         with self._lock:
             if not continued:

@@ -44,12 +44,13 @@ import numpy as np
 import torch
 
 from trajectory_ensemble_node.contract import CandidateTrajectorySpec
+from trajectory_ensemble_node.metrics import GroupCounters
 from trajectory_ensemble_node.novelty import SCORER_KINDS, EmbeddingSpec
 from trajectory_ensemble_node.provenance import git_commit, utc_now
 from trajectory_ensemble_node.stats import auroc, conformal_threshold, wilson
 from trajectory_ensemble_node.toy import load_toy_pipeline, request_kwargs, task
 from trajectory_ensemble_node.tools import bag_calibration, novelty_calibration
-from trajectory_ensemble_node.uncertainty import NoveltyCheck
+from trajectory_ensemble_node.uncertainty import NoveltyCheck, UncertaintyReport
 from trajectory_ensemble_node.toy.shifted import FAMILIES, SHIFTED_SEED_BASE, collides_shifted, render_shifted, shifted_scenes
 
 CALIBRATION_SEED_BASE = task.HELDOUT_SEED_BASE + 100_000
@@ -95,7 +96,7 @@ def _score(model: Any, images: Sequence[np.ndarray], spec: CandidateTrajectorySp
         model.run_until_idle()
         for handle in handles:
             result = handle.result()
-            scores.append(float(result.metrics["uncertainty_score"]))
+            scores.append(float(UncertaintyReport.from_metrics(result.metrics).score))
             chunks.append(result.action.numpy().astype(np.float64))
             metrics.append(result.metrics)
         print(f"{label}: {len(scores)}/{len(images)} ({time.perf_counter() - started:.0f} s)", flush=True)
@@ -145,7 +146,7 @@ def _measure_cost(model: Any, image: np.ndarray, spec: CandidateTrajectorySpec, 
             model.novelty = check if state == "on" else None
             result = model.generate(**request_kwargs(image), spec=spec, base_seed=base_seed)
             if index:
-                times[state].append(float(result.metrics["total_ms"]))
+                times[state].append(float(GroupCounters.from_metrics(result.metrics).total_ms))
     model.novelty = check
     off, on = float(np.median(times["off"])), float(np.median(times["on"]))
     # The work the feature adds, timed alone (a group-time difference this small is below the machine's noise):
@@ -170,8 +171,8 @@ def _novelty_report(args: argparse.Namespace, model: Any, fit: novelty_calibrati
                     spec: CandidateTrajectorySpec) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
     """The ``observation`` and ``combined`` sections and the novelty scores (see the module docstring, step 3)."""
     (in_images, in_metrics, in_failed), (sh_images, sh_metrics, sh_failed) = heldout, shifted
-    in_novelty = [float(m["novelty_score"]) for m in in_metrics]
-    sh_novelty = [float(m["novelty_score"]) for m in sh_metrics]
+    in_novelty = [float(UncertaintyReport.from_metrics(m).novelty_score) for m in in_metrics]
+    sh_novelty = [float(UncertaintyReport.from_metrics(m).novelty_score) for m in sh_metrics]
     held_goals = novelty_calibration.Goals(in_spread, in_novelty, in_failed)
     shift_goals = novelty_calibration.Goals(sh_spread, sh_novelty, sh_failed)
     figures = novelty_calibration.evaluate_rules(fit.rules, held_goals, shift_goals, args.alpha, seed=args.base_seed)

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ErrorCode
+from ..metrics import GroupCounters
 from . import bags
 from .open_loop import GoalComparison, compare_goal, match_channels, summarize
 from .plots import (
@@ -294,9 +295,10 @@ class GoalOutcome:
                 name = str(self.error_code)
             return f"{head} code {self.error_code} {name}: {self.error_message}"
         stamp = f"{self.stamp_ns // 1_000_000_000}.{self.stamp_ns % 1_000_000_000:09d}" if self.stamp_ns else "-"
-        engine = self.metrics.get("total_ms")
-        forwards = self.metrics.get("physical_forwards")
-        count = self.metrics.get("candidate_count", len(self.candidates) if self.candidates is not None else "?")
+        counters = GroupCounters.from_metrics(self.metrics)
+        engine, forwards = counters.total_ms, counters.physical_forwards
+        count = counters.candidate_count
+        count = (len(self.candidates) if self.candidates is not None else "?") if count is None else count
         spread = f"{self.spread:.3f}" if self.spread is not None else "-"
         engine_text = f"{engine:7.1f}" if isinstance(engine, float) else "      -"
         return (f"{head} stamp {stamp} {'ok' if self.stamp_ok else 'MISMATCH'}  latency {self.latency_ms:7.1f} ms "

@@ -1,9 +1,9 @@
 """The engine-facing Cosmos 3 adapter: one physical forward over candidate slices of one or more groups.
 
-Per group it holds the stacked candidate latents ``[N, ...]`` and a private scheduler state. Per physical forward it
+Per group it holds the stacked candidate latents ``[N, ...]`` and a private stepper state. Per physical forward it
 packs every slice's blocks (both CFG branches, cond and uncond prefixes of any lengths) into one sequence, runs the
 transformer once with the fan-out attention layout, and stores each group's masked velocities. The group's step
-then applies CFG and its scheduler, exactly as the upstream loop does for one sample.
+then applies CFG and its stepper, exactly as the upstream loop does for one sample.
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ class Cosmos3Request:
 
 @dataclass
 class Cosmos3GroupState:
-    """Stacked candidate latents and scheduler state of one admitted group."""
+    """Stacked candidate latents and stepper state of one admitted group."""
 
     request: Cosmos3Request
     conditioning: GroupConditioning

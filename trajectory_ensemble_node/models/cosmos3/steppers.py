@@ -1,8 +1,10 @@
-"""Per-group scheduler state: how a group's latents advance by one denoising step.
+"""Per-group stepper state: how a group's latents advance by one denoising step.
 
-Each group owns its schedulers (deep copies of the pipeline's serving scheduler), so groups at different steps, with
-different step counts, can share one physical forward, and the serving scheduler is never mutated. The step math
-is elementwise per sample, so one scheduler over the stacked ``[N, ...]`` candidates equals N separate ones.
+"Stepper" names the diffusers noise scheduler (UniPC) as this package uses it, so that "scheduler" keeps one
+meaning: the engine's request scheduling (:mod:`trajectory_ensemble_node.engine.scheduler`). Each group owns its
+stepper state (deep copies of the pipeline's serving noise scheduler), so groups at different steps, with different
+step counts, can share one physical forward, and the pipeline's own is never mutated. The step math is elementwise
+per sample, so one stepper state over the stacked ``[N, ...]`` candidates equals N separate ones.
 """
 
 from __future__ import annotations
@@ -36,11 +38,11 @@ class GroupStepper(Protocol):
 class ServingStepper:
     """The upstream serving step: one UniPC state for vision and a deep-copied one for actions.
 
-    Reproduces ``Cosmos3OmniPipeline.__call__``: ``set_timesteps`` on the serving scheduler (here on a private copy),
-    then a deep copy for the action stream, each stepped once per denoising step.
+    Reproduces ``Cosmos3OmniPipeline.__call__``: ``set_timesteps`` on the serving noise scheduler (here on a private
+    copy, the vision stepper state), then a deep copy for the action stream, each stepped once per denoising step.
 
     Args:
-        serving (`SchedulerMixin`): The pipeline's scheduler; only copied, never mutated.
+        serving (`SchedulerMixin`): The pipeline's noise scheduler; only copied, never mutated.
         num_inference_steps (`int`): Denoising steps.
         device (`torch.device`): Device of the timesteps.
         use_native_flow_schedule (`bool`): Mirrors the pipeline config flag of the same name.
@@ -56,23 +58,34 @@ class ServingStepper:
         use_native_flow_schedule: bool = False,
         has_action: bool = True,
     ) -> None:
-        self.vision_scheduler = copy.deepcopy(serving)
+        self.vision_state = copy.deepcopy(serving)
         if use_native_flow_schedule:
-            num_train = self.vision_scheduler.config.num_train_timesteps
+            num_train = self.vision_state.config.num_train_timesteps
             sigmas = np.linspace(1.0 - 1.0 / num_train, 0.0, num_inference_steps + 1)[:-1]
-            self.vision_scheduler.set_timesteps(num_inference_steps, device=device, sigmas=sigmas)
+            self.vision_state.set_timesteps(num_inference_steps, device=device, sigmas=sigmas)
         else:
-            self.vision_scheduler.set_timesteps(num_inference_steps, device=device)
-        self.timesteps = self.vision_scheduler.timesteps
-        self.action_scheduler = copy.deepcopy(self.vision_scheduler) if has_action else None
+            self.vision_state.set_timesteps(num_inference_steps, device=device)
+        self.timesteps = self.vision_state.timesteps
+        self.action_state = copy.deepcopy(self.vision_state) if has_action else None
 
     @property
     def num_steps(self) -> int:
         return len(self.timesteps)
 
+    # The names from before "stepper state" (a doc or an issue may quote them).
+    @property
+    def vision_scheduler(self) -> UniPCMultistepScheduler:
+        """Old name of :attr:`vision_state`."""
+        return self.vision_state
+
+    @property
+    def action_scheduler(self) -> UniPCMultistepScheduler | None:
+        """Old name of :attr:`action_state`."""
+        return self.action_state
+
     @property
     def sigmas(self) -> torch.Tensor:
-        return self.vision_scheduler.sigmas
+        return self.vision_state.sigmas
 
     def step(
         self,
@@ -84,7 +97,7 @@ class ServingStepper:
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Advance ``[N, C, T, H, W]`` vision and ``[N, A, D]`` action latents by step ``index``."""
         t = self.timesteps[index]
-        vision = self.vision_scheduler.step(velocity_vision, t, vision, return_dict=False)[0]
-        if velocity_action is not None and action is not None and self.action_scheduler is not None:
-            action = self.action_scheduler.step(velocity_action, t, action, return_dict=False)[0]
+        vision = self.vision_state.step(velocity_vision, t, vision, return_dict=False)[0]
+        if velocity_action is not None and action is not None and self.action_state is not None:
+            action = self.action_state.step(velocity_action, t, action, return_dict=False)[0]
         return vision, action

@@ -18,7 +18,6 @@ import torch
 from .contract import DEFAULT_MAX_CANDIDATES, EnsembleResult, allowed_reducers
 from .engine import EngineConfig, GroupEngine, GroupHandle, GroupRequest
 from .engine.adapter import AdapterCapabilities, CandidateModelAdapter
-from .errors import EngineShutdownError, GroupCanceledError, GroupPreemptedError
 from .normalization import ActionNormalizer
 
 _T = TypeVar("_T")
@@ -98,22 +97,8 @@ class EnsembleService:
         return handle
 
     def _count_outcome(self, handle: GroupHandle) -> None:
-        # Runs on the engine thread as the group ends (the handle is done: result() returns or raises at once).
-        try:
-            handle.result(timeout=0)
-            error: BaseException | None = None
-        except BaseException as exc:  # noqa: BLE001 - only sorted into a count here; the caller sees it itself
-            error = exc
-        if error is None:
-            outcome = "succeeded"
-        elif isinstance(error, GroupPreemptedError):
-            outcome = "preempted"
-        elif isinstance(error, GroupCanceledError):
-            outcome = "canceled"
-        elif isinstance(error, EngineShutdownError):
-            outcome = "shutdown"
-        else:
-            outcome = "failed"
+        # Runs on the engine thread as the group ends, so its status is final (engine/status.py derives the count).
+        outcome = handle.status.service_counter
         with self._outcomes_lock:
             self._outcomes[outcome] += 1
 

@@ -8,6 +8,7 @@ from .deadline import StepCosts
 from .reduction import reduce_candidates
 from .request import OVERSIZE_POLICIES, EngineConfig, GroupHandle, GroupRequest, ProgressEvent
 from .scheduler import GroupEngine
+from .status import GroupStatus
 from .validity import POSITION_POLICIES, ValidityCheck, ValidityPolicy
 
 __all__ = [
@@ -21,6 +22,7 @@ __all__ = [
     "GroupEngine",
     "GroupHandle",
     "GroupRequest",
+    "GroupStatus",
     "LatencyEstimator",
     "ProgressEvent",
     "reduce_candidates",

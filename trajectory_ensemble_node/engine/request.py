@@ -20,6 +20,7 @@ from ..reducers import Reducer
 from ..uncertainty import NoveltyCheck
 from .context import ExecutionContext
 from .deadline import check_deadline
+from .status import GroupStatus, status_for_error
 from .validity import ValidityCheck
 
 OVERSIZE_POLICIES = ("microbatch", "sequential", "reject")
@@ -149,6 +150,7 @@ class GroupHandle:
         self._error: BaseException | None = None
         self._cancel: GroupAbortedError | None = None
         self._callbacks: list[Callable[[GroupHandle], None]] = []
+        self._status = GroupStatus.WAITING
         self.metrics: dict[str, Any] = {}
 
     @property
@@ -172,6 +174,11 @@ class GroupHandle:
                 cls = GroupPreemptedError if reason == AbortReason.PREEMPTED else GroupCanceledError
                 self._cancel = cls(self.request_id, message or f"group {self.request_id} {reason.value}")
             return True
+
+    @property
+    def status(self) -> GroupStatus:
+        """Where the group is (``WAITING``, ``RUNNING``) or how it ended (a ``FINISHED_*`` status with its reason)."""
+        return self._status
 
     @property
     def cancel_requested(self) -> GroupAbortedError | None:
@@ -199,11 +206,18 @@ class GroupHandle:
 
     # --- engine side ---------------------------------------------------------------------------------------------
 
+    def _mark(self, status: GroupStatus) -> None:
+        """Engine side: the group was admitted (``RUNNING``) or queued again for a retry (``WAITING``)."""
+        with self._lock:
+            if not self._done.is_set():
+                self._status = status
+
     def _finish(self, result: EnsembleResult | None, error: BaseException | None) -> None:
         with self._lock:
             if self._done.is_set():
                 return
             self._result, self._error = result, error
+            self._status = status_for_error(error)
             self._done.set()
             callbacks, self._callbacks = self._callbacks, []
         for callback in callbacks:

@@ -87,6 +87,6 @@ class GroupRun:
         )
         steps = steps_report(self.outputs[0].extras, self.steps_fitted, self.request.deadline_s,
                              None if self.deadline_ms is None else finished <= self.deadline_ms)
-        scalars = tuple((key, value) for key, value in extras.items()
-                        if key not in ("rollout", "postprocess_ms") and isinstance(value, (int, float, str, type(None))))
+        scalars = tuple((key, value) for key, value in extras.items() if key not in ("rollout", "postprocess_ms")
+                        and isinstance(value, (int, float, str, type(None))))
         return counters, steps, AdapterExtras(scalars)

@@ -36,6 +36,7 @@ from .deadline import StepCosts, plan_steps, refuse_unmeetable
 from .heap import trim_heap
 from .request import EngineConfig, GroupHandle, GroupRequest, ProgressEvent
 from .run import GroupRun
+from .status import GroupStatus
 
 logger = logging.getLogger("trajectory_ensemble.engine")
 
@@ -258,6 +259,7 @@ class GroupEngine:
             run.admitted_ms = now_ms()
             if self._prepare(run):
                 self._running.append(run)
+                run.handle._mark(GroupStatus.RUNNING)
 
     def _prepare(self, run: GroupRun) -> bool:
         request = run.request
@@ -409,6 +411,7 @@ class GroupEngine:
         if run.retries < budget and not isinstance(exc, TrajectoryEnsembleError):
             logger.warning("group %s failed (%s); rerunning it whole from its seeds", run.request.request_id, exc)
             run.restart()
+            run.handle._mark(GroupStatus.WAITING)
             with self._lock:
                 self._queue.appendleft(run)
             return

@@ -15,9 +15,10 @@ Every accepted ``GenerateTrajectory`` goal is in exactly one :class:`GoalState`:
 ``INACTIVE``  the node was not active when it came, or was deactivated before it finished (lifecycle)
 ============  ======================================================================================================
 
-The terminal states are the ways a goal ends, one for each kind of :class:`~trajectory_ensemble_node.errors.ErrorCode`
-(vLLM's habit: one named reason for every way a request ends): :func:`terminal_state` maps the code a goal ends with
-to its state, so the state and the ``error_code`` of a result can never disagree.
+The terminal states are the ways a goal ends, one for each finished
+:class:`~trajectory_ensemble_node.engine.status.GroupStatus` (vLLM's habit: one named reason for every way a request
+ends): :func:`terminal_state` maps the code a goal ends with to its group status and that to its state, so the
+state, the counters and the ``error_code`` of a result can never disagree.
 
 :func:`next_state` is the one place that decides whether a transition may happen. A transition out of a terminal
 state is *too late* (a cancel that arrives after the goal committed to its result) and is refused by returning
@@ -28,7 +29,7 @@ from __future__ import annotations
 
 import enum
 
-from ..errors import ErrorCode, error_table
+from ..engine.status import FINISHED, GroupStatus, status_for_code
 
 
 class GoalState(str, enum.Enum):
@@ -92,16 +93,18 @@ def next_state(current: GoalState, to: GoalState) -> GoalState | None:
     return to
 
 
-_KIND_STATE = {"refusal": GoalState.REFUSED, "observation": GoalState.REFUSED, "configuration": GoalState.REFUSED,
-               "engine failure": GoalState.FAILED}
-_LIFECYCLE_STATE = {ErrorCode.CANCELED: GoalState.CANCELED, ErrorCode.PREEMPTED: GoalState.PREEMPTED,
-                    ErrorCode.SHUTDOWN: GoalState.SHUTDOWN, ErrorCode.NOT_ACTIVE: GoalState.INACTIVE}
-_CODE_KIND = {name: kind for name, _, kind, _ in error_table()}
-"""Each code's kind, read once (every ending goal asks)."""
+GOAL_STATE_OF: dict[GroupStatus, GoalState] = {
+    GroupStatus.FINISHED_SUCCEEDED: GoalState.SUCCEEDED, GroupStatus.FINISHED_REFUSED: GoalState.REFUSED,
+    GroupStatus.FINISHED_FAILED: GoalState.FAILED, GroupStatus.FINISHED_CANCELED: GoalState.CANCELED,
+    GroupStatus.FINISHED_PREEMPTED: GoalState.PREEMPTED, GroupStatus.FINISHED_SHUTDOWN: GoalState.SHUTDOWN,
+    GroupStatus.FINISHED_DEACTIVATED: GoalState.INACTIVE,
+}
+"""The terminal goal state of each way a group ends: a goal's ending is its group's status seen from the node."""
 
 
 def terminal_state(code: int) -> GoalState:
-    """The terminal state of a goal that ends with ``code``.
+    """The terminal state of a goal that ends with ``code`` (through its group status,
+    :func:`~trajectory_ensemble_node.engine.status.status_for_code`).
 
     Args:
         code (`int`): An :class:`~trajectory_ensemble_node.errors.ErrorCode` value.
@@ -109,18 +112,9 @@ def terminal_state(code: int) -> GoalState:
     Raises:
         ValueError: ``code`` is no :class:`ErrorCode`.
     """
-    error = ErrorCode(code)
-    if error == ErrorCode.OK:
-        return GoalState.SUCCEEDED
-    if error in _LIFECYCLE_STATE:
-        return _LIFECYCLE_STATE[error]
-    return _KIND_STATE[_CODE_KIND[error.name]]
+    return GOAL_STATE_OF[status_for_code(code)]
 
 
-OUTCOME_COUNTER: dict[GoalState, str] = {
-    GoalState.SUCCEEDED: "succeeded", GoalState.REFUSED: "aborted", GoalState.FAILED: "aborted",
-    GoalState.CANCELED: "canceled", GoalState.PREEMPTED: "preempted", GoalState.SHUTDOWN: "aborted",
-    GoalState.INACTIVE: "aborted",
-}
-"""The ``/diagnostics`` goal counter (``goals_<name>``) each terminal state adds to; ``rejected`` counts goals the
-action server never accepted."""
+OUTCOME_COUNTER: dict[GoalState, str] = {GOAL_STATE_OF[status]: status.goal_counter for status in FINISHED}
+"""The ``/diagnostics`` goal counter (``goals_<name>``) each terminal state adds to (its group status's); ``rejected``
+counts goals the action server never accepted."""

@@ -30,6 +30,7 @@ from typing import Any
 from ..contract import CandidateTrajectorySpec, check_request
 from ..engine import GroupHandle, ProgressEvent
 from ..engine.context import GUIDANCE_MODES
+from ..engine.status import ABORT_ERRORS, GOAL_COUNTERS, GroupStatus
 from ..errors import (  # noqa: F401 - GoalRejectedError and GoalRequestError are importable from here too
     AbortReason,
     DelayTooLongError,
@@ -44,14 +45,15 @@ from ..errors import (  # noqa: F401 - GoalRejectedError and GoalRequestError ar
     NotActiveError,
 )
 from ..seeding import fresh_base_seed
-from .goal_state import OUTCOME_COUNTER, GoalState, next_state, terminal_state
+from .goal_state import GOAL_STATE_OF, OUTCOME_COUNTER, GoalState, next_state, terminal_state
 from .observations import stamp_ns
 from .params import NodeParams
 
 MAX_QUEUED_GOALS = 8
 """With ``goal_policy: queue``, goals waiting beyond this many are rejected (each waiting goal holds a thread)."""
 
-GOAL_OUTCOMES = ("succeeded", "aborted", "canceled", "preempted", "rejected")
+GOAL_OUTCOMES = GOAL_COUNTERS
+"""``("succeeded", "aborted", "canceled", "preempted", "rejected")``, derived from the group statuses."""
 
 
 def goal_id_str(goal_id: Any) -> str:
@@ -181,10 +183,10 @@ def _plan_continuity(goal: Any, params: NodeParams) -> tuple[bool, int, str, flo
 
 
 _STOPS: dict[GoalState, tuple[type[GroupAbortedError], AbortReason]] = {
-    GoalState.CANCELED: (GroupCanceledError, AbortReason.CANCELED),
-    GoalState.PREEMPTED: (GroupPreemptedError, AbortReason.PREEMPTED),
-    GoalState.SHUTDOWN: (EngineShutdownError, AbortReason.SHUTDOWN),
-    GoalState.INACTIVE: (NotActiveError, AbortReason.DEACTIVATED),
+    GOAL_STATE_OF[status]: (ABORT_ERRORS[status.reason], status.reason)
+    for status in (GroupStatus.FINISHED_CANCELED, GroupStatus.FINISHED_PREEMPTED, GroupStatus.FINISHED_SHUTDOWN,
+                   GroupStatus.FINISHED_DEACTIVATED)
+    if status.reason is not None
 }
 """The states another thread can stop a goal in, with the error it ends with and the reason its group is canceled."""
 

@@ -3,9 +3,9 @@ candidate validity, continuity).
 
 The engine reports all of it as typed reports, flattened into per-group metrics (``metrics`` in the result, the
 final feedback and ``/diagnostics`` carry those as KeyValues); this module reads the reports back from the node's
-metrics (``from_metrics``, which also sees the node's window entries) and maps them onto the typed result fields, so a behaviour tree
-reads ``result.uncertain`` or ``result.validity.dropped`` instead of parsing strings. Pure functions of their
-arguments (no node, no clock, no DDS).
+metrics (``from_metrics``, which also sees the node's window entries) and maps them onto the typed result fields,
+so a behaviour tree reads ``result.uncertain`` or ``result.validity.dropped`` instead of parsing strings. Pure
+functions of their arguments (no node, no clock, no DDS).
 """
 
 from __future__ import annotations

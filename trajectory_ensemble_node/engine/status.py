@@ -1,0 +1,139 @@
+"""How far a group got and how it ended: one status, from which every counter, goal outcome and diagnostic derives.
+
+Like vLLM's ``RequestStatus``, a group is ``WAITING`` (queued), then ``RUNNING`` (admitted), then in exactly one
+``FINISHED_*`` status; each finished status but success and refusal carries its finish reason
+(:class:`~trajectory_ensemble_node.errors.AbortReason`). The error code a group or a goal ends with decides its
+finished status (:func:`status_for_code`), and the status decides the rest:
+
+=========================  ===============  ==============  ==============  ===============================
+status                     finish reason    service count   goal counter    error codes
+=========================  ===============  ==============  ==============  ===============================
+``FINISHED_SUCCEEDED``     --               ``succeeded``   ``succeeded``   ``OK``
+``FINISHED_REFUSED``       --               ``failed``      ``aborted``     refusal, observation, configuration
+``FINISHED_FAILED``        ``FAILED``       ``failed``      ``aborted``     engine failure
+``FINISHED_CANCELED``      ``CANCELED``     ``canceled``    ``canceled``    ``CANCELED``
+``FINISHED_PREEMPTED``     ``PREEMPTED``    ``preempted``   ``preempted``   ``PREEMPTED``
+``FINISHED_SHUTDOWN``      ``SHUTDOWN``     ``shutdown``    ``aborted``     ``SHUTDOWN``
+``FINISHED_DEACTIVATED``   ``DEACTIVATED``  ``failed``      ``aborted``     ``NOT_ACTIVE``
+=========================  ===============  ==============  ==============  ===============================
+
+The service count is :meth:`~trajectory_ensemble_node.service.EnsembleService.outcome_counts`; the goal counter is the
+node's ``/diagnostics`` ``goals_<name>`` (``rejected`` counts goals the action server never accepted: they never
+became a group). The node's goal states (``ros/goal_state.py``) are these statuses seen from a goal.
+"""
+
+from __future__ import annotations
+
+import enum
+
+from ..error_codes import ErrorCode, error_table
+from ..errors import (
+    AbortReason,
+    EngineShutdownError,
+    GroupAbortedError,
+    GroupCanceledError,
+    GroupFailedError,
+    GroupPreemptedError,
+    NotActiveError,
+    TrajectoryEnsembleError,
+)
+
+
+class GroupStatus(str, enum.Enum):
+    """Where a group is, or how it ended (module docstring)."""
+
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED_SUCCEEDED = "finished_succeeded"
+    FINISHED_REFUSED = "finished_refused"
+    FINISHED_FAILED = "finished_failed"
+    FINISHED_CANCELED = "finished_canceled"
+    FINISHED_PREEMPTED = "finished_preempted"
+    FINISHED_SHUTDOWN = "finished_shutdown"
+    FINISHED_DEACTIVATED = "finished_deactivated"
+
+    @property
+    def finished(self) -> bool:
+        """Whether the group has ended (a ``FINISHED_*`` status)."""
+        return self.value.startswith("finished_")
+
+    @property
+    def reason(self) -> AbortReason | None:
+        """The finish reason of an aborted group; ``None`` while live, on success and on a refusal."""
+        return _REASONS.get(self)
+
+    @property
+    def service_counter(self) -> str:
+        """The :meth:`EnsembleService.outcome_counts` key this ending adds to (``""`` while live)."""
+        return _SERVICE_COUNTER.get(self, "")
+
+    @property
+    def goal_counter(self) -> str:
+        """The node's ``goals_<name>`` counter this ending adds to (``""`` while live)."""
+        return _GOAL_COUNTER.get(self, "")
+
+
+FINISHED = tuple(status for status in GroupStatus if status.finished)
+"""The ways a group ends, in table order."""
+
+_REASONS = {
+    GroupStatus.FINISHED_FAILED: AbortReason.FAILED, GroupStatus.FINISHED_CANCELED: AbortReason.CANCELED,
+    GroupStatus.FINISHED_PREEMPTED: AbortReason.PREEMPTED, GroupStatus.FINISHED_SHUTDOWN: AbortReason.SHUTDOWN,
+    GroupStatus.FINISHED_DEACTIVATED: AbortReason.DEACTIVATED,
+}
+_SERVICE_COUNTER = {
+    GroupStatus.FINISHED_SUCCEEDED: "succeeded", GroupStatus.FINISHED_REFUSED: "failed",
+    GroupStatus.FINISHED_FAILED: "failed", GroupStatus.FINISHED_CANCELED: "canceled",
+    GroupStatus.FINISHED_PREEMPTED: "preempted", GroupStatus.FINISHED_SHUTDOWN: "shutdown",
+    GroupStatus.FINISHED_DEACTIVATED: "failed",
+}
+# Only a client's own cancel or a preemption is counted apart; every other goal that ended without a trajectory
+# is "aborted" (the action server's own word).
+_GOAL_COUNTER = {
+    GroupStatus.FINISHED_SUCCEEDED: "succeeded", GroupStatus.FINISHED_REFUSED: "aborted",
+    GroupStatus.FINISHED_FAILED: "aborted", GroupStatus.FINISHED_CANCELED: "canceled",
+    GroupStatus.FINISHED_PREEMPTED: "preempted", GroupStatus.FINISHED_SHUTDOWN: "aborted",
+    GroupStatus.FINISHED_DEACTIVATED: "aborted",
+}
+
+REJECTED = "rejected"
+"""The goal counter of goals the action server never accepted (they never became a group, so have no status)."""
+
+GOAL_COUNTERS = (*dict.fromkeys(status.goal_counter for status in FINISHED), REJECTED)
+"""Every ``goals_<name>`` counter, in the order ``/diagnostics`` lists them."""
+
+_BY_CODE = {ErrorCode.OK: GroupStatus.FINISHED_SUCCEEDED, ErrorCode.CANCELED: GroupStatus.FINISHED_CANCELED,
+            ErrorCode.PREEMPTED: GroupStatus.FINISHED_PREEMPTED, ErrorCode.SHUTDOWN: GroupStatus.FINISHED_SHUTDOWN,
+            ErrorCode.NOT_ACTIVE: GroupStatus.FINISHED_DEACTIVATED}
+_BY_KIND = {"refusal": GroupStatus.FINISHED_REFUSED, "observation": GroupStatus.FINISHED_REFUSED,
+            "configuration": GroupStatus.FINISHED_REFUSED, "engine failure": GroupStatus.FINISHED_FAILED}
+_CODE_KIND = {name: kind for name, _, kind, _ in error_table()}
+
+ABORT_ERRORS: dict[AbortReason, type[GroupAbortedError]] = {
+    AbortReason.CANCELED: GroupCanceledError, AbortReason.PREEMPTED: GroupPreemptedError,
+    AbortReason.FAILED: GroupFailedError, AbortReason.SHUTDOWN: EngineShutdownError,
+    AbortReason.DEACTIVATED: NotActiveError,
+}
+"""The named error a group aborted for each reason ends with."""
+
+
+def status_for_code(code: int) -> GroupStatus:
+    """The finished status of a group (or goal) that ends with ``code``.
+
+    Args:
+        code (`int`): An :class:`~trajectory_ensemble_node.errors.ErrorCode` value.
+
+    Raises:
+        ValueError: ``code`` is no :class:`ErrorCode` (quoted).
+    """
+    error = ErrorCode(code)
+    return _BY_CODE.get(error) or _BY_KIND[_CODE_KIND[error.name]]
+
+
+def status_for_error(error: BaseException | None) -> GroupStatus:
+    """The finished status of a group that ended with ``error`` (``None``: it succeeded); an error that is not one
+    of this package's named errors is an engine failure."""
+    if error is None:
+        return GroupStatus.FINISHED_SUCCEEDED
+    code = error.code if isinstance(error, TrajectoryEnsembleError) else ErrorCode.ENGINE_FAILURE
+    return status_for_code(code)

@@ -52,8 +52,7 @@ from .params import NodeParams
 MAX_QUEUED_GOALS = 8
 """With ``goal_policy: queue``, goals waiting beyond this many are rejected (each waiting goal holds a thread)."""
 
-GOAL_OUTCOMES = GOAL_COUNTERS
-"""``("succeeded", "aborted", "canceled", "preempted", "rejected")``, derived from the group statuses."""
+GOAL_OUTCOMES = GOAL_COUNTERS  # ("succeeded", "aborted", "canceled", "preempted", "rejected"), from GroupStatus
 
 
 def goal_id_str(goal_id: Any) -> str:
@@ -183,10 +182,9 @@ def _plan_continuity(goal: Any, params: NodeParams) -> tuple[bool, int, str, flo
 
 
 _STOPS: dict[GoalState, tuple[type[GroupAbortedError], AbortReason]] = {
-    GOAL_STATE_OF[status]: (ABORT_ERRORS[status.reason], status.reason)
-    for status in (GroupStatus.FINISHED_CANCELED, GroupStatus.FINISHED_PREEMPTED, GroupStatus.FINISHED_SHUTDOWN,
-                   GroupStatus.FINISHED_DEACTIVATED)
-    if status.reason is not None
+    GOAL_STATE_OF[status]: (ABORT_ERRORS[status.reason], status.reason) for status in (
+        GroupStatus.FINISHED_CANCELED, GroupStatus.FINISHED_PREEMPTED, GroupStatus.FINISHED_SHUTDOWN,
+        GroupStatus.FINISHED_DEACTIVATED) if status.reason is not None
 }
 """The states another thread can stop a goal in, with the error it ends with and the reason its group is canceled."""
 

@@ -215,3 +215,24 @@ def test_a_result_flattens_its_reports_in_order_and_its_metrics_are_read_only():
     copy = dict(result.metrics)
     copy["goal_ms"] = 1.0
     assert "goal_ms" not in result.metrics
+
+
+def test_an_engine_result_carries_its_reports_and_its_metrics_are_their_flat_view():
+    import numpy as np
+    from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import CosmosActionCondition
+
+    from trajectory_ensemble_node.models.cosmos3 import Cosmos3ActionModel, build_pipeline
+
+    model = Cosmos3ActionModel(build_pipeline("tiny"), uncertainty_threshold=0.05)
+    result = model.generate(
+        prompt="x", action=CosmosActionCondition(mode="policy", chunk_size=4, domain_name="droid_lerobot",
+                                                 resolution_tier=256, image=np.zeros((64, 64, 3), np.uint8)),
+        num_inference_steps=2, guidance_scale=1.0, fps=15, spec=CandidateTrajectorySpec(count=3, reducer="mode"),
+        base_seed=7)
+    kinds = [GroupCounters, StepsReport, ValidityCounts, UncertaintyReport]
+    for kind in kinds:
+        assert result.report(kind) == kind.from_metrics(result.metrics)
+    assert result.report(ContinuityReport) is None and not ContinuityReport.from_metrics(result.metrics).continued
+    assert list(result.metrics)[:len(GROUP_METRIC_KEYS)] == list(GROUP_METRIC_KEYS)
+    step_std = result.report(UncertaintyReport).step_std
+    assert isinstance(step_std, tuple) and len(step_std) == 4 and all(isinstance(v, float) for v in step_std)

@@ -146,7 +146,7 @@ def format_value(value: Any) -> str:
     :func:`~trajectory_ensemble_node.metrics.numbers_text`, the rest via ``str``."""
     if value is None:
         return ""
-    if isinstance(value, (tuple, list)):
+    if isinstance(value, (tuple, list)) and all(isinstance(v, (int, float)) for v in value):
         return numbers_text(value)
     if isinstance(value, bool):
         return "true" if value else "false"

@@ -25,10 +25,10 @@ import signal
 import sys
 
 from ..errors import ParameterError, TrajectoryEnsembleError, describe_error
-from ..ros import params as node_params
-from ..ros.params_file import read_params_file
-from ..ros.shutdown import arm_exit_deadline
-from ..ros.startup_checks import toy_settings_mismatch
+from ..serving import params as node_params
+from ..serving.params_file import read_params_file
+from ..serving.shutdown import arm_exit_deadline
+from ..serving.startup_checks import toy_settings_mismatch
 from .policy import OpenPIPolicy
 from .server import ROUTES, OpenPIServer, ServerLimits
 

@@ -29,7 +29,7 @@ import numpy as np
 
 from ..errors import GoalRequestError, InvalidSpecError
 from ..ros.goals import GoalPlan, plan_goal
-from ..ros.params import NodeParams
+from ..serving.params import NodeParams
 
 EXTRA_KEYS = ("num_candidates", "reducer", "seed", "return_candidates", "deadline_ms", "session_id",
               "continue_previous", "inference_delay", "stamp", "endpoint", "session_scope")

@@ -37,12 +37,12 @@ from ..engine import GroupHandle, GroupRequest
 from ..engine.deadline import check_deadline
 from ..errors import InvalidSpecError, ParameterError
 from ..models.cosmos3 import Cosmos3ActionModel
-from ..ros import params as node_params
-from ..ros.continuity import ContinuityDecision
-from ..ros.faults import FaultInjector
+from ..serving import params as node_params
+from ..serving.continuity import ContinuityDecision
+from ..serving.faults import FaultInjector
 from ..ros.goals import GoalPlan
-from ..ros.input_limits import InputLimits, TokenCounter, check_instruction, min_image_side, token_counter
-from ..ros.startup_checks import load_action_stats, load_novelty, load_uncertainty_threshold
+from ..serving.input_limits import InputLimits, TokenCounter, check_instruction, min_image_side, token_counter
+from ..serving.startup_checks import load_action_stats, load_novelty, load_uncertainty_threshold
 from ..safety import load_limits
 from .extras import EXTRA_KEYS, RequestExtras, parse_extras, plan_request
 from .schemas import ObservationSchema, ParsedObservation, get_schema

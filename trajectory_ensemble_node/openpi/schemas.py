@@ -38,8 +38,8 @@ from ..errors import (
     ParameterError,
     UnknownObservationKeyError,
 )
-from ..ros.frames import tile_views
-from ..ros.input_limits import InputLimits, check_image_dimensions, check_image_size, state_values
+from ..serving.frames import tile_views
+from ..serving.input_limits import InputLimits, check_image_dimensions, check_image_size, state_values
 
 IMAGE = "H×W×3 uint8"
 

@@ -30,7 +30,7 @@ from ..contract import EnsembleResult
 from ..engine.validity import to_model_space
 from ..errors import GoalRequestError
 from ..normalization import ActionNormalizer
-from ..ros.continuity import ChunkMemory, ContinuityDecision, ServedChunk
+from ..serving.continuity import ChunkMemory, ContinuityDecision, ServedChunk
 from ..ros.goals import GoalPlan
 
 MAX_SESSIONS = 1024

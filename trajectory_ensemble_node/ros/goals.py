@@ -46,7 +46,7 @@ from ..errors import (  # noqa: F401 - GoalRejectedError and GoalRequestError ar
 from ..seeding import fresh_base_seed
 from .goal_state import OUTCOME_COUNTER, GoalState, next_state, terminal_state
 from .observations import stamp_ns
-from .params import NodeParams
+from ..serving.params import NodeParams
 
 MAX_QUEUED_GOALS = 8
 """With ``goal_policy: queue``, goals waiting beyond this many are rejected (each waiting goal holds a thread)."""

@@ -64,7 +64,7 @@ from ..errors import (
 from . import params as node_params
 from .action_server import NotifyingActionServer
 from .clock import SimulatedTime, host_clock
-from .continuity import CONTINUED, NOT_REQUESTED, WEIGHTS_UPDATED
+from ..serving.continuity import CONTINUED, NOT_REQUESTED, WEIGHTS_UPDATED
 from .deferred import Deferred
 from .diagnostics import DiagnosticsInputs, build_diagnostics
 from .goal_state import GoalState

@@ -44,8 +44,8 @@ from ..errors import (  # noqa: F401 - the observation errors are importable fro
     StaleObservationError,
     UnsupportedEncodingError,
 )
-from .frames import BYTES_PER_PIXEL, SUPPORTED_ENCODINGS, image_to_rgb, tile_views  # noqa: F401 - re-exported
-from .input_limits import check_image_dimensions, check_joint_state_shape, check_state  # noqa: F401 - re-exported
+from ..serving.frames import BYTES_PER_PIXEL, SUPPORTED_ENCODINGS, image_to_rgb, tile_views  # noqa: F401 - re-exported
+from ..serving.input_limits import check_image_dimensions, check_joint_state_shape, check_state  # noqa: F401 - re-exported
 
 FUTURE_STAMP_TOLERANCE_S = 0.5
 """How far after "now" (the node's ROS clock) a frame's stamp may lie. Under ``use_sim_time`` the node's clock trails

@@ -23,7 +23,7 @@ from rclpy.signals import SignalHandlerOptions
 
 from ..errors import TrajectoryEnsembleError, describe_error
 from .guards import check_params_files
-from .shutdown import arm_exit_deadline, exit_now
+from ..serving.shutdown import arm_exit_deadline, exit_now
 from .node import NODE_NAME, TrajectoryEnsembleNode
 
 

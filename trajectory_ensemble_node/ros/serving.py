@@ -47,16 +47,22 @@ from ..errors import (
 )
 from ..models.cosmos3 import Cosmos3ActionModel, RolloutSpec, resolve_device
 from ..safety import load_limits
-from . import params as node_params
+from ..serving import params as node_params
 from .clock import SimulatedTime
-from .continuity import FRESH_REASONS, NO_PREVIOUS, ChunkMemory, ServedChunk
+from ..serving.continuity import FRESH_REASONS, NO_PREVIOUS, ChunkMemory, ServedChunk
 from .conversions import stamp_seconds
-from .faults import FaultInjector
+from ..serving.faults import FaultInjector
 from .goals import GoalPlan, GoalRecord, plan_goal
-from .input_limits import InputLimits, check_image_size, check_instruction, min_image_side, token_counter
+from ..serving.input_limits import (
+    InputLimits,
+    check_image_size,
+    check_instruction,
+    min_image_side,
+    token_counter,
+)
 from .observations import Observation, ObservationBuffer, state_positions
 from .publishing import OutputTopics
-from .startup_checks import (
+from ..serving.startup_checks import (
     alarm_in_force,
     load_action_stats,
     load_novelty,

@@ -39,13 +39,23 @@ MOVED = [
     *_rows("ros.shutdown", "serving.shutdown", "FORCED_EXIT_CODE", "SHUTDOWN_DEADLINE_S", "arm_exit_deadline",
            "exit_now"),
 ]
+"""Modules that moved whole: the old module is only a re-export, with an ``__all__``."""
+
+PARTLY_MOVED = [
+    # ros/goals.py keeps the goal state machine; its plan_goal turns a goal into the neutral PlanRequest first.
+    *_rows("ros.goals", "serving.planning", "GoalPlan"),
+]
+"""Names that moved out of a module that stays."""
 
 
-@pytest.mark.parametrize(("old", "new", "name"), MOVED, ids=[f"{o[len(_PKG) + 1:]}.{n}" for o, _, n in MOVED])
+ALL = MOVED + PARTLY_MOVED
+
+
+@pytest.mark.parametrize(("old", "new", "name"), ALL, ids=[f"{o[len(_PKG) + 1:]}.{n}" for o, _, n in ALL])
 def test_the_old_path_names_the_same_object(old: str, new: str, name: str) -> None:
     old_module, new_module = importlib.import_module(old), importlib.import_module(new)
     assert getattr(old_module, name) is getattr(new_module, name)
-    assert name in old_module.__all__
+    assert (old, new, name) in PARTLY_MOVED or name in old_module.__all__
 
 
 def test_every_name_a_moved_module_exports_has_a_row() -> None:
@@ -54,3 +64,4 @@ def test_every_name_a_moved_module_exports_has_a_row() -> None:
         rows = {name for o, _, name in MOVED if o == old}
         exported = set(importlib.import_module(old).__all__) - {"declare"}  # ros.params' own rclpy declaring
         assert exported == rows, old
+

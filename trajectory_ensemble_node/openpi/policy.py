@@ -40,7 +40,7 @@ from ..models.cosmos3 import Cosmos3ActionModel
 from ..serving import params as node_params
 from ..serving.continuity import ContinuityDecision
 from ..serving.faults import FaultInjector
-from ..ros.goals import GoalPlan
+from ..serving.planning import GoalPlan
 from ..serving.input_limits import InputLimits, TokenCounter, check_instruction, min_image_side, token_counter
 from ..serving.startup_checks import load_action_stats, load_novelty, load_uncertainty_threshold
 from ..safety import load_limits

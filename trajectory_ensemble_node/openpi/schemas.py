@@ -25,7 +25,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -39,7 +38,7 @@ from ..errors import (
     UnknownObservationKeyError,
 )
 from ..serving.frames import tile_views
-from ..serving.input_limits import InputLimits, check_image_dimensions, check_image_size, state_values
+from ..serving.input_limits import InputLimits, check_image_dimensions, check_image_fields, state_values
 
 IMAGE = "H×W×3 uint8"
 
@@ -196,8 +195,7 @@ class ObservationSchema:
         if value.ndim != 3 or value.shape[2] != 3 or value.shape[0] < 1 or value.shape[1] < 1:
             raise ObservationArrayError(f"{key} must have shape {IMAGE}, got {list(value.shape)}")
         height, width = int(value.shape[0]), int(value.shape[1])
-        check_image_size(SimpleNamespace(data=value.reshape(-1), width=width, height=height, encoding="rgb8"),
-                         limits)
+        check_image_fields(value.size, width, height, "rgb8", limits)
         check_image_dimensions(height, width, limits.min_image_side, source=key)
         return value
 

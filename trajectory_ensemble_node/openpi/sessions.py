@@ -31,7 +31,7 @@ from ..engine.validity import to_model_space
 from ..errors import GoalRequestError
 from ..normalization import ActionNormalizer
 from ..serving.continuity import ChunkMemory, ContinuityDecision, ServedChunk
-from ..ros.goals import GoalPlan
+from ..serving.planning import GoalPlan
 
 MAX_SESSIONS = 1024
 """Sessions remembered at once; the least recently used one is forgotten first."""

@@ -133,16 +133,30 @@ def check_image_size(msg: Any, limits: InputLimits) -> None:
     Raises:
         ImageTooLargeError: more bytes than ``max_image_bytes`` or more pixels than ``max_image_pixels``.
     """
-    size = len(msg.data)
+    check_image_fields(len(msg.data), msg.width, msg.height, msg.encoding, limits)
+
+
+def check_image_fields(size: int, width: int, height: int, encoding: str, limits: InputLimits) -> None:
+    """Refuse an image above the limits, from what any face knows of it (no message type needed).
+
+    Args:
+        size (`int`): Its data bytes.
+        width (`int`), height (`int`): Its size in pixels.
+        encoding (`str`): Its pixel encoding (``rgb8``, ...), quoted in the error.
+        limits (`InputLimits`): The limits.
+
+    Raises:
+        ImageTooLargeError: more bytes than ``max_image_bytes`` or more pixels than ``max_image_pixels``.
+    """
     if size > limits.max_image_bytes:
         raise ImageTooLargeError(
-            f"image has {size} bytes, above max_image_bytes={limits.max_image_bytes} ({msg.width}x{msg.height} "
-            f"{msg.encoding!r})"
+            f"image has {size} bytes, above max_image_bytes={limits.max_image_bytes} ({width}x{height} "
+            f"{encoding!r})"
         )
-    pixels = int(msg.width) * int(msg.height)
+    pixels = int(width) * int(height)
     if pixels > limits.max_image_pixels:
         raise ImageTooLargeError(
-            f"image is {msg.width}x{msg.height} = {pixels} pixels, above max_image_pixels={limits.max_image_pixels}"
+            f"image is {width}x{height} = {pixels} pixels, above max_image_pixels={limits.max_image_pixels}"
         )
 
 

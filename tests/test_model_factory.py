@@ -12,7 +12,6 @@ from typing import Any
 
 import pytest
 
-from trajectory_ensemble_node.catalog import load_model, load_pipeline
 from trajectory_ensemble_node.errors import ParameterError
 from trajectory_ensemble_node.models.cosmos3 import Cosmos3ActionModel
 from trajectory_ensemble_node.serving import model_factory
@@ -61,7 +60,3 @@ def test_the_factory_refuses_a_reducer_the_model_does_not_declare(monkeypatch: p
     monkeypatch.setattr(Cosmos3ActionModel, "valid_reducers", lambda self: ("mean",))
     with pytest.raises(ParameterError, match="reducer"):
         model_factory.build_model(params)
-
-
-def test_one_loader_under_both_names() -> None:
-    assert load_model is load_pipeline

@@ -48,11 +48,12 @@ from ..serving import model_factory
 from ..serving import params as node_params
 from ..serving.continuity import FRESH_REASONS, NO_PREVIOUS, ChunkMemory, ServedChunk
 from ..serving.input_limits import InputLimits, check_image_size, check_instruction, min_image_side, token_counter
+from ..serving.observation_buffer import ObservationBuffer
+from ..serving.observations import Observation, state_positions
 from ..serving.startup_checks import alarm_in_force, toy_settings_mismatch
 from .clock import SimulatedTime
 from .conversions import stamp_seconds
 from .goals import GoalPlan, GoalRecord, plan_goal
-from .observations import Observation, ObservationBuffer, state_positions
 from .publishing import OutputTopics
 from .uncertainty_window import UncertaintyWindow
 

@@ -62,8 +62,8 @@ def build_model(params: NodeParams, *, on_loaded: Callable[[], None] = lambda: N
 
 
 def fault_hook(model: Cosmos3ActionModel) -> FaultInjector | None:
-    """TEST ONLY: wrap the model's adapter in a :class:`FaultInjector` in a test run (``TRAJECTORY_ENSEMBLE_TESTING=1``),
-    else nothing: production never carries the hook.
+    """TEST ONLY: wrap the model's adapter in a :class:`FaultInjector` in a test run
+    (``TRAJECTORY_ENSEMBLE_TESTING=1``), else nothing: production never carries the hook.
 
     Args:
         model (`Cosmos3ActionModel`): The served model.

@@ -19,9 +19,9 @@ from .input_limits import check_image_dimensions, check_joint_state_shape
 
 FUTURE_STAMP_TOLERANCE_S = 0.5
 """How far after "now" (the node's ROS clock) a frame's stamp may lie. Under ``use_sim_time`` the node's clock trails
-``/clock`` by up to a ``/clock`` period plus its own update period (:data:`.clock.CLOCK_UPDATE_HZ`), so a frame
-stamped by the simulator at its current time can be ahead by tens of milliseconds; a frame from before a reset is
-ahead by the whole jump."""
+``/clock`` by up to a ``/clock`` period plus its own update period
+(:data:`trajectory_ensemble_node.ros.clock.CLOCK_UPDATE_HZ`), so a frame stamped by the simulator at its current time
+can be ahead by tens of milliseconds; a frame from before a reset is ahead by the whole jump."""
 FRAME_REJECT_CAUSES = ("encoding", "step", "data_length", "dimensions", "size")
 """Every ``FrameError.cause``; diagnostics report a counter for each."""
 

@@ -15,7 +15,7 @@ conditioned on the image and the instruction only. The ``openpi_schema`` paramet
 
 A missing key, a key neither the schema nor the extras know, a wrong dtype or a wrong shape is refused with a named
 :class:`~trajectory_ensemble_node.errors.ObservationSchemaError` (``OBSERVATION_SCHEMA``, 25) whose message lists the
-keys expected; so is a ragged, non-numeric or non-finite state value. The node's own rules (``ros/input_limits.py``)
+keys expected; so is a ragged, non-numeric or non-finite state value. The node's own rules (``serving/input_limits.py``)
 apply to every view where it arrives: over ``max_image_bytes`` / ``max_image_pixels`` is ``IMAGE_TOO_LARGE`` (61), a
 side under the model's minimum (16 pixels for Cosmos 3) is ``FrameDimensionsError``, ``INVALID_FRAME`` (23), as the
 node refuses such a camera frame: a frame the model cannot encode never reaches it.

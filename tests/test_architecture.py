@@ -3,11 +3,14 @@
 Statically: the import graph drawn from the code (every ``import`` of every module of the product package and of the
 lab, at module level or inside functions, by ``ast``) has no cycle, neither between packages nor between files;
 ``engine/`` imports no model package; ``models/`` imports neither the toy task, the node nor the tools; code outside
-``models/cosmos3`` imports only what ``models.cosmos3`` exports; the product never imports the lab; and only the node,
-the tools and the lab's ROS modules import rclpy.
+``models/cosmos3`` imports only what ``models.cosmos3`` exports; the product never imports the lab; only the node,
+the tools and the lab's ROS modules import rclpy; the two faces are apart (``openpi/`` never imports ``ros/``, nor
+``ros/`` ``openpi/``); and ``serving/``, the layer both faces share, imports neither face. No module stands a
+``SimpleNamespace`` in for a message.
 
-At run time: the ROS-free modules import in a fresh interpreter where any rclpy import fails, so not even a
-transitive import pulls it in.
+At run time: every module of the ROS-free packages (the core, ``serving/``, ``engine/``, ``models/``, ``openpi/``, the
+service and the catalog) imports in a fresh interpreter where any rclpy import fails, so not even a transitive import
+pulls it in. No list of exceptions inside ``ros/`` is kept: what needs no rclpy lives outside it.
 """
 
 from __future__ import annotations
@@ -25,8 +28,8 @@ PACKAGE = "trajectory_ensemble_node"
 LAB = "trajectory_ensemble_lab"
 LAB_ROOT = REPO_ROOT / "lab" / LAB
 
-CORE_MODULES = ("__init__", "_rotations", "continuity", "contract", "error_codes", "errors", "metrics",
-                "normalization", "novelty", "reducers", "safety", "seeding", "stats", "uncertainty")
+CORE_MODULES = ("__init__", "_rotations", "contract", "error_codes", "errors", "metrics", "normalization", "novelty",
+                "reducers", "safety", "seeding", "stats", "uncertainty")
 """Top-level modules that form the ROS-free core; every other top-level module or folder is a package of its own."""
 
 RCLPY_ALLOWED = ("ros", "tools")
@@ -35,31 +38,8 @@ LAB_RCLPY_ALLOWED = ("bench.ros_floor", "bench.ros_overhead", "bench.closed_loop
                      "grpo.ros", "toy.markers_figure")
 """Where rclpy may be imported in the lab: its measurements and training through the node."""
 
-# The ROS-free modules, imported at run time with rclpy blocked.
-ROS_FREE_MODULES = [
-    "trajectory_ensemble_node",
-    "trajectory_ensemble_node.errors",
-    "trajectory_ensemble_node.contract",
-    "trajectory_ensemble_node.seeding",
-    "trajectory_ensemble_node.reducers",
-    "trajectory_ensemble_node.normalization",
-    "trajectory_ensemble_node.engine",
-    "trajectory_ensemble_node.models.cosmos3",
-    "trajectory_ensemble_node.service",
-    "trajectory_ensemble_node.catalog",
-    "trajectory_ensemble_node.ros.goals",
-    "trajectory_ensemble_node.ros.params",
-    "trajectory_ensemble_node.ros.observations",
-    "trajectory_ensemble_node.safety",
-    "trajectory_ensemble_node.uncertainty",
-    "trajectory_ensemble_node.novelty",
-    "trajectory_ensemble_node.ros.uncertainty_window",
-    "trajectory_ensemble_node.engine.validity",
-    "trajectory_ensemble_node.engine.deadline",
-    # The OpenPI face: a second face of the service, beside the node, never importing rclpy.
-    "trajectory_ensemble_node.openpi",
-    "trajectory_ensemble_node.openpi.cli",
-]
+ROS_FREE_PACKAGES = ("core", "serving", "engine", "models", "openpi", "service", "catalog")
+"""Packages (as :func:`package_of` names them) whose every module imports with rclpy blocked."""
 
 
 # --- the static import graph --------------------------------------------------------------------------------------
@@ -201,6 +181,12 @@ def violations(sources: Mapping[str, str]) -> list[str]:
             lab_ros = any(module == f"{LAB}.{m}" or module.startswith(f"{LAB}.{m}.") for m in LAB_RCLPY_ALLOWED)
             if target == "rclpy" and not (_within(module, *RCLPY_ALLOWED) or lab_ros):
                 found.append(f"{module} imports rclpy: only ros/, tools/ and the lab's ROS modules may")
+            if _within(module, "openpi") and _within(target, "ros"):
+                found.append(f"{module} imports {target}: the OpenPI face never imports the node (faces apart)")
+            if _within(module, "ros") and _within(target, "openpi"):
+                found.append(f"{module} imports {target}: the node never imports the OpenPI face (faces apart)")
+            if _within(module, "serving") and _within(target, "ros", "openpi"):
+                found.append(f"{module} imports {target}: serving/ is shared by the faces and imports neither")
     found += [f"file cycle: {' <-> '.join(cycle)}" for cycle in file_cycles(graph)]
     return found
 
@@ -270,6 +256,69 @@ def test_the_static_check_catches_each_kind_of_violation():
     assert f"{LAB}.toy.quality imports rclpy" in found and f"{LAB}.grpo.ros imports" not in found
 
 
+def test_the_faces_check_finds_planted_imports():
+    # Guards the guard: each face importing the other, and the shared layer importing either face or rclpy, in the
+    # spellings the graph reads (relative, absolute, function-local, ``from pkg import module``).
+    fake = {
+        PACKAGE: "",
+        f"{PACKAGE}.ros": "",
+        f"{PACKAGE}.ros.goals": "",
+        f"{PACKAGE}.ros.node": "def f():\n    from ..openpi import policy\n",
+        f"{PACKAGE}.openpi": "",
+        f"{PACKAGE}.openpi.policy": "from ..ros.goals import plan_goal\n",
+        f"{PACKAGE}.openpi.extras": "import trajectory_ensemble_node.ros.goals\n",
+        f"{PACKAGE}.serving": "",
+        f"{PACKAGE}.serving.params": "from ..ros import goals\n",
+        f"{PACKAGE}.serving.planning": "from trajectory_ensemble_node.openpi import extras\n",
+        f"{PACKAGE}.serving.frames": "import rclpy\n",
+    }
+    found = "\n".join(violations(fake))
+    assert f"{PACKAGE}.openpi.policy imports {PACKAGE}.ros.goals: the OpenPI face never imports the node" in found
+    assert f"{PACKAGE}.openpi.extras imports {PACKAGE}.ros.goals: the OpenPI face never imports the node" in found
+    assert f"{PACKAGE}.ros.node imports {PACKAGE}.openpi.policy: the node never imports the OpenPI face" in found
+    assert f"{PACKAGE}.serving.params imports {PACKAGE}.ros.goals: serving/ is shared" in found
+    assert f"{PACKAGE}.serving.planning imports {PACKAGE}.openpi.extras: serving/ is shared" in found
+    assert f"{PACKAGE}.serving.frames imports rclpy" in found
+
+
+# --- no message look-alikes -----------------------------------------------------------------------------------------
+
+
+def simple_namespaces(sources: Mapping[str, str]) -> list[str]:
+    """Every use of ``types.SimpleNamespace`` (imported, or reached as an attribute), one line each: a face must
+    build the neutral request type instead of a look-alike of another face's message."""
+    found = []
+    for module, source in sorted(sources.items()):
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, ast.ImportFrom) and node.module == "types":
+                hits = [a.name for a in node.names if a.name == "SimpleNamespace"]
+            elif isinstance(node, ast.Attribute):
+                hits = [node.attr] if node.attr == "SimpleNamespace" else []
+            elif isinstance(node, ast.Name):
+                hits = [node.id] if node.id == "SimpleNamespace" else []
+            else:
+                hits = []
+            found += [f"{module}:{node.lineno} uses SimpleNamespace" for _ in hits]
+    return found
+
+
+def test_no_module_of_the_package_uses_a_simple_namespace():
+    assert simple_namespaces(package_sources()) == []
+
+
+def test_the_simple_namespace_scan_finds_planted_uses():
+    fake = {
+        f"{PACKAGE}.openpi.extras": "from types import SimpleNamespace\ngoal = SimpleNamespace(seed=1)\n",
+        f"{PACKAGE}.openpi.schemas": "import types\nmsg = types.SimpleNamespace(data=b'')\n",
+        f"{PACKAGE}.serving.planning": "from dataclasses import dataclass\n",
+    }
+    assert simple_namespaces(fake) == [
+        f"{PACKAGE}.openpi.extras:1 uses SimpleNamespace",
+        f"{PACKAGE}.openpi.extras:2 uses SimpleNamespace",
+        f"{PACKAGE}.openpi.schemas:2 uses SimpleNamespace",
+    ]
+
+
 # --- the run-time check -------------------------------------------------------------------------------------------
 
 # One fresh interpreter imports the modules in list order (cheaper than one interpreter each: every one loads torch)
@@ -311,8 +360,22 @@ def run_check(modules: list[str]) -> subprocess.CompletedProcess[str]:
     )
 
 
+def ros_free_modules(sources: Mapping[str, str]) -> list[str]:
+    """Every module of :data:`ROS_FREE_PACKAGES`, packages before their modules."""
+    return sorted(m for m in sources if m.startswith(PACKAGE) and package_of(m) in ROS_FREE_PACKAGES)
+
+
+def test_the_ros_free_packages_are_listed_whole():
+    modules = ros_free_modules(package_sources())
+    for expected in ("serving.params", "serving.planning", "serving.model_factory", "serving.observation_buffer",
+                     "openpi.cli", "openpi.server", "engine.scheduler", "models.cosmos3", "service", "catalog",
+                     "errors", "reducers"):
+        assert f"{PACKAGE}.{expected}" in modules
+    assert not [m for m in modules if _within(m, "ros", "tools", "toy")]
+
+
 def test_ros_free_modules_import_without_rclpy():
-    proc = run_check(ROS_FREE_MODULES)
+    proc = run_check(ros_free_modules(package_sources()))
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr
 
 

@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from trajectory_ensemble_node import errors
-from trajectory_ensemble_node.ros.params import PARAMETERS, validate
+from trajectory_ensemble_node.serving.params import PARAMETERS, validate
 from trajectory_ensemble_node.tools import docs
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -27,7 +27,7 @@ from trajectory_ensemble_node.errors import (
     describe_error,
 )
 from trajectory_ensemble_node.novelty import EmbeddingSpec, fit_scorer, load_scorer
-from trajectory_ensemble_node.ros.startup_checks import load_action_stats, load_novelty, load_uncertainty_threshold
+from trajectory_ensemble_node.serving.startup_checks import load_action_stats, load_novelty, load_uncertainty_threshold
 from trajectory_ensemble_node.safety import load_limits
 from trajectory_ensemble_node.uncertainty import ALARM_RULES, AlarmRule, NoveltyCheck, group_uncertainty_metrics
 

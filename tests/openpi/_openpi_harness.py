@@ -22,8 +22,8 @@ import pytest
 import yaml
 
 from trajectory_ensemble_node.openpi import OpenPIPolicy, OpenPIServer, ServerLimits, ServerThread
-from trajectory_ensemble_node.ros.faults import FaultInjector
-from trajectory_ensemble_node.ros.params import validate
+from trajectory_ensemble_node.serving.faults import FaultInjector
+from trajectory_ensemble_node.serving.params import validate
 from trajectory_ensemble_node.toy import heldout_scenes, render
 
 STARTUP_TIMEOUT_S = 180.0

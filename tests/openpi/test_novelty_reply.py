@@ -11,7 +11,7 @@ from _node_harness import toy_novelty_calibration  # noqa: E402
 from _openpi_harness import serving  # noqa: E402
 
 from trajectory_ensemble_node.openpi import OpenPIPolicy  # noqa: E402
-from trajectory_ensemble_node.ros.params import validate  # noqa: E402
+from trajectory_ensemble_node.serving.params import validate  # noqa: E402
 
 pytestmark = [
     pytest.mark.slow,

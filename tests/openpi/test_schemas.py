@@ -23,8 +23,8 @@ from trajectory_ensemble_node.errors import (
 from trajectory_ensemble_node.openpi.extras import EXTRA_KEYS, parse_extras, plan_request
 from trajectory_ensemble_node.openpi.schemas import DROID_VIEWS, compose_droid, get_schema
 from trajectory_ensemble_node.ros.goals import plan_goal
-from trajectory_ensemble_node.ros.input_limits import InputLimits
-from trajectory_ensemble_node.ros.params import validate
+from trajectory_ensemble_node.serving.input_limits import InputLimits
+from trajectory_ensemble_node.serving.params import validate
 
 # The layouts are tested on small arrays; the model's minimum side (16) is tested in test_wire_frames_on_arrival.py.
 LIMITS = InputLimits(2000, 0, 64 * 1024 * 1024, 4096 * 4096, min_image_side=1)

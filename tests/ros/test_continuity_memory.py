@@ -23,7 +23,7 @@ from trajectory_ensemble_node.errors import (  # noqa: E402
     ParameterError,
 )
 from trajectory_ensemble_node.ros import continuity, goals, params, results  # noqa: E402
-from trajectory_ensemble_node.ros.faults import FaultInjector  # noqa: E402
+from trajectory_ensemble_node.serving.faults import FaultInjector  # noqa: E402
 
 H, D, DT = 8, 2, 0.125
 

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from trajectory_ensemble_node.ros.faults import FaultInjector
+from trajectory_ensemble_node.serving.faults import FaultInjector
 
 
 def test_fault_injector_fires_once_then_the_adapter_is_back_to_normal():

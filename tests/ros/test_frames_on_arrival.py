@@ -20,7 +20,7 @@ from sensor_msgs.msg import Image, JointState  # noqa: E402
 from trajectory_ensemble_node.errors import ErrorCode, FrameDimensionsError, ObservationArrayError  # noqa: E402
 from trajectory_ensemble_node.models.cosmos3 import build_pipeline  # noqa: E402
 from trajectory_ensemble_node.ros import observations  # noqa: E402
-from trajectory_ensemble_node.ros.input_limits import (  # noqa: E402
+from trajectory_ensemble_node.serving.input_limits import (  # noqa: E402
     MIN_IMAGE_SIDE,
     check_image_dimensions,
     check_joint_state_shape,

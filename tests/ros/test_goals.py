@@ -15,7 +15,8 @@ from trajectory_ensemble_node.errors import (
     ReducerLayoutError,
     UnknownReducerError,
 )
-from trajectory_ensemble_node.ros import goals, params
+from trajectory_ensemble_node.ros import goals
+from trajectory_ensemble_node.serving import params
 
 
 def make_goal(**fields) -> SimpleNamespace:

@@ -30,7 +30,7 @@ from sensor_msgs.msg import Image  # noqa: E402
 from trajectory_ensemble_node.errors import ErrorCode  # noqa: E402
 from trajectory_ensemble_node.errors import GroupCanceledError, NoObservationError  # noqa: E402
 from trajectory_ensemble_node.ros.diagnostics import DiagnosticsInputs, build_diagnostics  # noqa: E402
-from trajectory_ensemble_node.ros.observations import ObservationBuffer  # noqa: E402
+from trajectory_ensemble_node.serving.observation_buffer import ObservationBuffer  # noqa: E402
 from trajectory_ensemble_node.ros.readiness import FirstObservationGate, readiness_text  # noqa: E402
 
 IMAGE_TOPIC = f"{NS}/observation/image"

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from trajectory_ensemble_node.ros import params
+from trajectory_ensemble_node.serving import params
 
 REPO = Path(__file__).resolve().parents[2]
 

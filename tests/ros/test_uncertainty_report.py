@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from trajectory_ensemble_node.ros import params as node_params
+from trajectory_ensemble_node.serving import params as node_params
 from trajectory_ensemble_node.ros.diagnostics import WARN, DiagnosticsInputs, engine_status, uncertain_reason
 from trajectory_ensemble_node.ros.results import uncertainty_msg
 from trajectory_ensemble_node.ros.uncertainty_window import UncertaintyWindow

@@ -5,7 +5,7 @@
     trajectory-ensemble serve-openpi --params-file config/serve.yaml --port 8000 --api-key "$KEY"
 
 The params file is the node's YAML (``/**/trajectory_ensemble: ros__parameters: ...``), read with the node's own
-parameter table and checks (``ros/params.py``), so one file configures both faces; without one, the node's defaults
+parameter table and checks (``serving/params.py``), so one file configures both faces; without one, the node's defaults
 serve the bundled toy policy. The key comes from ``--api-key`` (repeat it for several keys: each is its own owner, and
 connections with different keys never share a session) or the :data:`API_KEY_ENV` environment variable.
 Binding an address other than loopback without a key is refused unless ``--allow-remote-without-key`` says so.
@@ -25,10 +25,10 @@ import signal
 import sys
 
 from ..errors import ParameterError, TrajectoryEnsembleError, describe_error
-from ..ros import params as node_params
-from ..ros.params_file import read_params_file
-from ..ros.shutdown import arm_exit_deadline
-from ..ros.startup_checks import toy_settings_mismatch
+from ..serving import params as node_params
+from ..serving.params_file import read_params_file
+from ..serving.shutdown import arm_exit_deadline
+from ..serving.startup_checks import toy_settings_mismatch
 from .policy import OpenPIPolicy
 from .server import ROUTES, OpenPIServer, ServerLimits
 

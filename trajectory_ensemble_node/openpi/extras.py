@@ -13,8 +13,8 @@ All are optional; a request without any is served like a goal with every field a
   docs/security.md);
 - ``endpoint``: ``"infer"`` (default) or ``"reset"`` (vLLM-Omni's session reset).
 
-Types are checked here; values go through :func:`~trajectory_ensemble_node.ros.goals.plan_goal`, the node's own
-goal validation (:func:`~trajectory_ensemble_node.contract.check_request` and the continuity checks), so a bad count
+Types are checked here; values go through :func:`~trajectory_ensemble_node.serving.planning.plan_goal`, the node's
+own goal validation (:func:`~trajectory_ensemble_node.contract.check_request` and the continuity checks), so a bad count
 or reducer gets the same error and text over the wire as in a goal.
 """
 
@@ -22,14 +22,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 
 from ..errors import GoalRequestError, InvalidSpecError
-from ..ros.goals import GoalPlan, plan_goal
-from ..ros.params import NodeParams
+from ..serving.params import NodeParams
+from ..serving.planning import GoalPlan, PlanRequest, plan_goal
 
 EXTRA_KEYS = ("num_candidates", "reducer", "seed", "return_candidates", "deadline_ms", "session_id",
               "continue_previous", "inference_delay", "stamp", "endpoint", "session_scope")
@@ -158,12 +157,12 @@ def plan_request(extras: RequestExtras, prompt: str, params: NodeParams, *, defa
         NegativeDelayError, DelayTooLongError, GoalRequestError: as for a goal.
     """
     deadline_s = extras.deadline_ms / 1000.0
-    goal = SimpleNamespace(
-        candidate_count=extras.num_candidates, reducer=extras.reducer, return_candidates=extras.return_candidates,
-        use_seed=extras.seed is not None, seed=extras.seed or 0, instruction=prompt, rollout=False,
-        continue_previous=extras.continue_previous, reset_context=False, inference_delay=extras.inference_delay,
+    request = PlanRequest(
+        instruction=prompt, candidate_count=extras.num_candidates, reducer=extras.reducer, seed=extras.seed,
+        return_candidates=extras.return_candidates, continue_previous=extras.continue_previous,
+        inference_delay=extras.inference_delay,
+        # The seconds a goal's Duration(sec, nanosec) gives, bit for bit: a goal of the same deadline plans the same.
         # nanosec unrounded: rounding made 1e-9 ms a 0 s deadline, which means none (check_deadline's rule).
-        guidance="", deadline=SimpleNamespace(sec=int(deadline_s), nanosec=(deadline_s % 1) * 1e9),
-        min_observation_stamp=None,
+        deadline_s=float(int(deadline_s)) + float((deadline_s % 1) * 1e9) * 1e-9,
     )
-    return plan_goal(goal, params, default_instruction=default_instruction, valid_reducers=valid_reducers)
+    return plan_goal(request, params, default_instruction=default_instruction, valid_reducers=valid_reducers)

@@ -22,7 +22,6 @@ scorer), ``steps_used``, ``continuity``, and ``candidates`` ``[N, H, D]`` with `
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -31,20 +30,18 @@ import numpy as np
 import torch
 from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import CosmosActionCondition
 
-from ..catalog import load_model
-from ..contract import EnsembleResult, check_reducer, reducers_for_width
+from ..catalog import model_notice
+from ..contract import EnsembleResult, reducers_for_width
 from ..engine import GroupHandle, GroupRequest
 from ..engine.deadline import StepsReport, check_deadline
-from ..errors import InvalidSpecError, ParameterError
 from ..metrics import wire_metrics
 from ..models.cosmos3 import Cosmos3ActionModel
-from ..ros import params as node_params
-from ..ros.continuity import ContinuityDecision
-from ..ros.faults import FaultInjector
-from ..ros.goals import GoalPlan
-from ..ros.input_limits import InputLimits, TokenCounter, check_instruction, min_image_side, token_counter
-from ..ros.startup_checks import load_action_stats, load_novelty, load_uncertainty_threshold
-from ..safety import load_limits
+from ..serving import model_factory
+from ..serving import params as node_params
+from ..serving.continuity import ContinuityDecision
+from ..serving.faults import FaultInjector
+from ..serving.input_limits import InputLimits, TokenCounter, check_instruction, min_image_side, token_counter
+from ..serving.planning import GoalPlan
 from ..uncertainty import UncertaintyReport
 from .extras import EXTRA_KEYS, RequestExtras, parse_extras, plan_request
 from .schemas import ObservationSchema, ParsedObservation, get_schema
@@ -79,7 +76,8 @@ class Job:
 
 
 def build_model(params: node_params.NodeParams) -> tuple[Cosmos3ActionModel, str]:
-    """The model the node would serve for ``params`` (same loader, settings, limits and checks).
+    """The model the node would serve for ``params``: the faces' one factory
+    (:func:`~trajectory_ensemble_node.serving.model_factory.build_model`), and its weights notice.
 
     Returns:
         `tuple[Cosmos3ActionModel, str]`: the model (engine not started) and the weights notice.
@@ -87,23 +85,7 @@ def build_model(params: node_params.NodeParams) -> tuple[Cosmos3ActionModel, str
     Raises:
         ModelLoadError, StatsFileError, LimitsFileError, ParameterError: as the node's startup.
     """
-    p = params
-    pipe, notice = load_model(p.model, p.device, p.dtype, allow_pickle=p.allow_pickle_weights, seed=p.seed)
-    limits = load_limits(p.limits_file) if p.limits_file else None
-    if limits is not None:
-        limits.check_width(p.action_dim)
-    model = Cosmos3ActionModel(
-        pipe, max_batch_candidates=p.max_batch_candidates, max_candidates=p.max_candidates,
-        prefix_retain=p.prefix_retain, cfg_mode=p.cfg_mode, step_capture=p.step_capture,
-        action_stats=load_action_stats(p), limits=limits, min_valid_candidates=p.min_valid_candidates,
-        position_policy=p.position_limit_policy, uncertainty_threshold=load_uncertainty_threshold(p),
-        novelty=load_novelty(p),
-    )
-    try:
-        check_reducer(p.reducer, p.action_dim, valid_reducers=model.valid_reducers(), domain_name=p.domain_name)
-    except InvalidSpecError as error:
-        raise ParameterError(f"invalid parameters:\n  reducer: {error}") from None
-    return model, notice
+    return model_factory.build_model(params), model_notice(params.model)
 
 
 class OpenPIPolicy:
@@ -128,17 +110,14 @@ class OpenPIPolicy:
                                   params.max_image_bytes, params.max_image_pixels, min_image_side(model.pipe))
         self.count_tokens = count_tokens if count_tokens is not None else token_counter(model.pipe)
         self.sessions = SessionStore()
-        self.faults: FaultInjector | None = None
-        # Only a test run (TRAJECTORY_ENSEMBLE_TESTING=1) wraps the adapter, as in the node.
-        if os.environ.get(node_params.TESTING_ENV) == "1":
-            self.faults = model.instrument(FaultInjector)
+        # Only a test run (TRAJECTORY_ENSEMBLE_TESTING=1) wraps the adapter, by the node's rule.
+        self.faults: FaultInjector | None = model_factory.fault_hook(model)
 
     @classmethod
     def from_params(cls, params: node_params.NodeParams) -> OpenPIPolicy:
         """Load the model ``params`` names and wrap it (the engine is not started yet)."""
         schema = get_schema(params.openpi_schema)  # refused before the model is loaded
-        model, notice = build_model(params)
-        return cls(model, params, notice=notice, schema=schema)
+        return cls(model_factory.build_model(params), params, notice=model_notice(params.model), schema=schema)
 
     # --- lifecycle -------------------------------------------------------------------------------------------------
 

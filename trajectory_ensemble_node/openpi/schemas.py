@@ -15,7 +15,7 @@ conditioned on the image and the instruction only. The ``openpi_schema`` paramet
 
 A missing key, a key neither the schema nor the extras know, a wrong dtype or a wrong shape is refused with a named
 :class:`~trajectory_ensemble_node.errors.ObservationSchemaError` (``OBSERVATION_SCHEMA``, 25) whose message lists the
-keys expected; so is a ragged, non-numeric or non-finite state value. The node's own rules (``ros/input_limits.py``)
+keys expected; so is a ragged, non-numeric or non-finite state value. The node's own rules (``serving/input_limits.py``)
 apply to every view where it arrives: over ``max_image_bytes`` / ``max_image_pixels`` is ``IMAGE_TOO_LARGE`` (61), a
 side under the model's minimum (16 pixels for Cosmos 3) is ``FrameDimensionsError``, ``INVALID_FRAME`` (23), as the
 node refuses such a camera frame: a frame the model cannot encode never reaches it.
@@ -25,7 +25,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -38,8 +37,8 @@ from ..errors import (
     ParameterError,
     UnknownObservationKeyError,
 )
-from ..ros.frames import tile_views
-from ..ros.input_limits import InputLimits, check_image_dimensions, check_image_size, state_values
+from ..serving.frames import tile_views
+from ..serving.input_limits import InputLimits, check_image_dimensions, check_image_fields, state_values
 
 IMAGE = "H×W×3 uint8"
 
@@ -196,8 +195,7 @@ class ObservationSchema:
         if value.ndim != 3 or value.shape[2] != 3 or value.shape[0] < 1 or value.shape[1] < 1:
             raise ObservationArrayError(f"{key} must have shape {IMAGE}, got {list(value.shape)}")
         height, width = int(value.shape[0]), int(value.shape[1])
-        check_image_size(SimpleNamespace(data=value.reshape(-1), width=width, height=height, encoding="rgb8"),
-                         limits)
+        check_image_fields(value.size, width, height, "rgb8", limits)
         check_image_dimensions(height, width, limits.min_image_side, source=key)
         return value
 

@@ -65,7 +65,7 @@ from ..errors import (
     TrajectoryEnsembleError,
     describe_error,
 )
-from ..ros.params import NodeParams
+from ..serving.params import NodeParams
 from . import wire
 from .connections import ConnectionTable, KeyRing
 from .gate import AdmissionGate

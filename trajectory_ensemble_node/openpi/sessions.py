@@ -1,12 +1,12 @@
 """Sessions: the closed loop over the wire, with the node's own continuity machinery.
 
 Each session (a request's ``session_id``, or the connection's own session when it names none) has one
-:class:`~trajectory_ensemble_node.ros.continuity.ChunkMemory`, the same object the node keeps for its one robot: the
-last chunk served, in the model's space, its stamp, ``dt``, instruction and weights version, and the latency estimate.
-A request with ``continue_previous`` is decided by :meth:`ChunkMemory.decide` exactly as a goal is (same drop rules,
-same ``continuity`` status strings) and runs with the :class:`~trajectory_ensemble_node.engine.context.ExecutionContext`
-it returns; every served chunk is remembered. Alignment is by the request's ``stamp`` (seconds on the client's clock)
-or, when it has none, by its arrival time on this host's monotonic clock: a session should use one or the other.
+:class:`~trajectory_ensemble_node.serving.continuity.ChunkMemory`, the same object the node keeps for its one robot: the
+last chunk served, in the model's space, its stamp, ``dt``, instruction and weights version, and the latency estimate. A
+request with ``continue_previous`` is decided by :meth:`ChunkMemory.decide` exactly as a goal is (same drop rules, same
+``continuity`` status strings) and runs with the :class:`~trajectory_ensemble_node.engine.context.ExecutionContext` it
+returns; every served chunk is remembered. Alignment is by the request's ``stamp`` (seconds on the client's clock) or,
+when it has none, by its arrival time on this host's monotonic clock: a session should use one or the other.
 
 ``{"endpoint": "reset"}`` drops a session's chunk. Sessions are kept least recently used first, at most
 :data:`MAX_SESSIONS`, and at most :data:`MAX_SESSIONS_PER_OWNER` per owner, so clients that never reset cannot grow
@@ -31,8 +31,8 @@ from ..engine.validity import to_model_space
 from ..errors import GoalRequestError
 from ..metrics import GroupCounters
 from ..normalization import ActionNormalizer
-from ..ros.continuity import ChunkMemory, ContinuityDecision, ServedChunk
-from ..ros.goals import GoalPlan
+from ..serving.continuity import ChunkMemory, ContinuityDecision, ServedChunk
+from ..serving.planning import GoalPlan
 
 MAX_SESSIONS = 1024
 """Sessions remembered at once; the least recently used one is forgotten first."""

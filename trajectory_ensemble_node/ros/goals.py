@@ -1,7 +1,8 @@
 """Goal handling: goal validation into a candidate spec, the goal policy (preempt / queue / reject), preemption.
 
-A ``GenerateTrajectory`` goal becomes a :class:`GoalPlan` (count and reducer defaults applied, every check that
-needs no model work done) in :func:`plan_goal`. Each accepted goal gets a :class:`GoalRecord`; the
+A ``GenerateTrajectory`` goal becomes a :class:`~trajectory_ensemble_node.serving.planning.GoalPlan` (count and
+reducer defaults applied, every check that needs no model work done) in :func:`plan_goal`, through the neutral
+request every face plans with. Each accepted goal gets a :class:`GoalRecord`; the
 :class:`GoalTracker` decides, under one lock, when it may run:
 
 - ``preempt`` (default): when ``max_concurrent_goals`` goals already run, the oldest is preempted: its group is
@@ -27,27 +28,19 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..contract import CandidateTrajectorySpec, check_request
 from ..engine import GroupHandle, ProgressEvent
-from ..engine.context import GUIDANCE_MODES
 from ..engine.status import ABORT_ERRORS, GOAL_COUNTERS, GroupStatus
 from ..errors import (  # noqa: F401 - GoalRejectedError and GoalRequestError are importable from here too
     AbortReason,
-    DelayTooLongError,
     EngineShutdownError,
-    ExecutionContextError,
     GoalRejectedError,
     GoalRequestError,
     GroupAbortedError,
-    GroupCanceledError,
-    GroupPreemptedError,
-    NegativeDelayError,
-    NotActiveError,
 )
-from ..seeding import fresh_base_seed
+from ..serving.params import NodeParams
+from ..serving.planning import GoalPlan, PlanRequest
+from ..serving.planning import plan_goal as plan_request
 from .goal_state import GOAL_STATE_OF, OUTCOME_COUNTER, GoalState, next_state, terminal_state
-from .observations import stamp_ns
-from .params import NodeParams
 
 MAX_QUEUED_GOALS = 8
 """With ``goal_policy: queue``, goals waiting beyond this many are rejected (each waiting goal holds a thread)."""
@@ -60,125 +53,34 @@ def goal_id_str(goal_id: Any) -> str:
     return str(uuid.UUID(bytes=bytes(bytearray(goal_id.uuid))))
 
 
-@dataclass(frozen=True)
-class GoalPlan:
-    """A validated goal: what the node will ask the engine for.
-
-    Args:
-        instruction (`str`): The prompt.
-        spec (`CandidateTrajectorySpec`): Count, reducer, whether candidates come back from the engine.
-        return_candidates (`bool`): Whether the *result* carries them (``~/candidates`` may want them regardless).
-        base_seed (`int`): The goal's seed when ``use_seed``, else a fresh one (reported in the result either way).
-        rollout (`bool`): Record an RL rollout.
-        continue_previous (`bool`): Continue the chunk served last (the goal's field, or the node's default when
-            the goal does not set ``reset_context``).
-        reset_context (`bool`): Drop the remembered chunk before this goal.
-        inference_delay (`int`): Frozen actions asked for, ``[0, chunk_size)``; 0 = the node's latency estimate.
-        guidance (`str`): Guidance mode toward the previous chunk, one of ``GUIDANCE_MODES``.
-        deadline_s (`float`): Seconds from acceptance by which the result must be published; 0 = none.
-        min_observation_stamp_ns (`int`): Serve from a frame stamped at or after this (ns); 0 = the latest frame.
-    """
-
-    instruction: str
-    spec: CandidateTrajectorySpec
-    return_candidates: bool
-    base_seed: int
-    rollout: bool
-    continue_previous: bool = False
-    reset_context: bool = False
-    inference_delay: int = 0
-    guidance: str = "prefix"
-    deadline_s: float = 0.0
-    min_observation_stamp_ns: int = 0
+def goal_request(goal: Any) -> PlanRequest:
+    """A ``GenerateTrajectory.Goal`` as the neutral :class:`~trajectory_ensemble_node.serving.planning.PlanRequest`."""
+    # getattr: goals built by older clients (and tests' plain namespaces) may lack the closed-loop fields.
+    deadline = getattr(goal, "deadline", None)
+    stamp = getattr(goal, "min_observation_stamp", None)
+    return PlanRequest(
+        instruction=goal.instruction,
+        candidate_count=int(goal.candidate_count),
+        reducer=goal.reducer,
+        seed=int(goal.seed) if goal.use_seed else None,
+        return_candidates=bool(goal.return_candidates),
+        rollout=bool(goal.rollout),
+        continue_previous=bool(getattr(goal, "continue_previous", False)),
+        reset_context=bool(getattr(goal, "reset_context", False)),
+        inference_delay=int(getattr(goal, "inference_delay", 0)),
+        guidance=getattr(goal, "guidance", ""),
+        deadline_s=0.0 if deadline is None else float(deadline.sec) + float(deadline.nanosec) * 1e-9,
+        min_observation_stamp=None if stamp is None else (stamp.sec, stamp.nanosec),
+    )
 
 
 def plan_goal(
     goal: Any, params: NodeParams, *, default_instruction: str, valid_reducers: Sequence[str]
 ) -> GoalPlan:
-    """Validate a ``GenerateTrajectory.Goal`` against the node's configuration, before any model work.
-
-    Args:
-        goal (`GenerateTrajectory.Goal`): The request.
-        params (`NodeParams`): The node's parameters (defaults, ``max_candidates``, action width, rollout folder).
-        default_instruction (`str`): Used when ``goal.instruction`` is empty (latest ``~/instruction``, else the
-            ``instruction`` parameter).
-        valid_reducers (`Sequence[str]`): Reducers the model adapter declares valid for its action space.
-
-    Raises:
-        GoalRequestError: a rollout without ``rollout_dir``; ``continue_previous`` together with ``reset_context``;
-            a negative deadline or ``min_observation_stamp``.
-        NegativeDelayError: ``inference_delay < 0``.
-        DelayTooLongError: ``inference_delay >= chunk_size``.
-        ExecutionContextError: an unknown ``guidance``.
-        InvalidSpecError: and its subclasses, from :func:`~trajectory_ensemble_node.contract.check_request`
-            (count above ``max_candidates``, unknown reducer, reducer not valid for this model or width, bad seed).
-    """
-    base_seed = int(goal.seed) if goal.use_seed else fresh_base_seed()
-    continuing, delay, guidance, deadline_s = _plan_continuity(goal, params)
-    reducer = goal.reducer or (params.continuity_reducer if continuing and params.continuity_reducer
-                               and params.continuity_reducer in valid_reducers else params.reducer)
-    spec = check_request(
-        int(goal.candidate_count) or params.candidate_count,
-        reducer,
-        max_count=params.max_candidates,
-        action_dim=params.action_dim,
-        valid_reducers=valid_reducers,
-        domain_name=params.domain_name,
-        # ~/candidates and ~/markers draw the candidates of every goal when asked to, not only the goals' own.
-        return_candidates=bool(goal.return_candidates) or params.publish_candidates or params.publish_markers,
-        base_seed=base_seed,
-    )
-    if goal.rollout and not params.rollout_dir:
-        raise GoalRequestError("rollout requested but the rollout_dir parameter is not set; nothing was run")
-    return GoalPlan(
-        instruction=goal.instruction or default_instruction,
-        spec=spec,
-        return_candidates=bool(goal.return_candidates),
-        base_seed=base_seed,
-        rollout=bool(goal.rollout),
-        continue_previous=continuing,
-        reset_context=bool(getattr(goal, "reset_context", False)),
-        inference_delay=delay,
-        guidance=guidance,
-        deadline_s=deadline_s,
-        min_observation_stamp_ns=_min_observation_stamp_ns(goal),
-    )
-
-
-def _min_observation_stamp_ns(goal: Any) -> int:
-    stamp = getattr(goal, "min_observation_stamp", None)
-    if stamp is None:
-        return 0
-    ns = stamp_ns(stamp)
-    if ns < 0:
-        raise GoalRequestError(f"min_observation_stamp must be >= 0 (0 = the latest frame), got {stamp.sec} s "
-                               f"{stamp.nanosec} ns")
-    return ns
-
-
-def _plan_continuity(goal: Any, params: NodeParams) -> tuple[bool, int, str, float]:
-    # getattr: goals built by older clients (and tests' plain namespaces) may lack the closed-loop fields.
-    asked = bool(getattr(goal, "continue_previous", False))
-    reset = bool(getattr(goal, "reset_context", False))
-    if asked and reset:
-        raise GoalRequestError("continue_previous and reset_context are both set; a goal continues the previous "
-                               "chunk or starts fresh, not both")
-    delay = int(getattr(goal, "inference_delay", 0))
-    if delay < 0:
-        raise NegativeDelayError(f"inference_delay must be >= 0 actions (0 = the node's estimate), got {delay}")
-    if delay >= params.chunk_size:
-        raise DelayTooLongError(
-            f"inference_delay {delay} must be below the chunk length {params.chunk_size}: with that many frozen "
-            "actions no action of the new chunk would ever execute"
-        )
-    guidance = getattr(goal, "guidance", "") or params.guidance_mode
-    if guidance not in GUIDANCE_MODES:
-        raise ExecutionContextError(f"guidance must be one of {list(GUIDANCE_MODES)} or empty, got {guidance!r}")
-    deadline = getattr(goal, "deadline", None)
-    deadline_s = 0.0 if deadline is None else float(deadline.sec) + float(deadline.nanosec) * 1e-9
-    if deadline_s < 0:
-        raise GoalRequestError(f"deadline must be >= 0 seconds (0 = none), got {deadline_s!r}")
-    return asked or (params.continue_previous and not reset), delay, guidance, deadline_s
+    """Validate a ``GenerateTrajectory.Goal`` before any model work: :func:`goal_request`, then the faces' shared
+    :func:`~trajectory_ensemble_node.serving.planning.plan_goal` (its Args and Raises hold)."""
+    return plan_request(goal_request(goal), params, default_instruction=default_instruction,
+                        valid_reducers=valid_reducers)
 
 
 _STOPS: dict[GoalState, tuple[type[GroupAbortedError], AbortReason]] = {

@@ -19,8 +19,8 @@ from typing import Any
 
 from rclpy.qos import HistoryPolicy, QoSProfile, ReliabilityPolicy
 
-from . import params as node_params
-from .startup_checks import (
+from ..serving import params as node_params
+from ..serving.startup_checks import (
     count_same_name,
     params_files_from_args,
     raw_reducer_without_stats,

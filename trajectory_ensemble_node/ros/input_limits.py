@@ -1,251 +1,31 @@
-"""Input limits, checked before any work: instruction length (characters, then tokens), image size, frame
-dimensions and state values. Both faces call these rules where an input arrives: the node's observation buffer and
-subscriptions, and the OpenPI observation schemas.
-
-Why: the prefix encode costs about quadratically in the instruction's length (1,000 characters 0.28 s, 16,000
-characters 5.4 s on a small CPU), and one 1 MB instruction once held the engine thread for minutes. The character
-check is O(1), so it runs first and bounds the tokenizer's work; the token count then runs on at most
-``max_instruction_chars`` characters, through the pipeline's own tokenizer.
-
-A goal over a limit is *accepted and aborted at once* with its error code (``INSTRUCTION_TOO_LONG``), not rejected
-in the goal callback: a ``GoalResponse.REJECT`` reaches the client as a bare ``accepted=False``, with no code and no
-message, so the client could not learn why. The abort happens in the accept callback, before any observation or
-model work, within milliseconds.
-
-Images are checked on arrival, from the message's header fields and ``len(data)``, before any conversion; their
-dimensions once decoded (:func:`check_image_dimensions`: at least :data:`MIN_IMAGE_SIDE` pixels a side). State is
-checked on arrival too: a ragged or non-numeric value (:func:`state_values`) or inconsistent ``JointState`` arrays
-(:func:`check_joint_state_shape`) never reach a goal. Nothing here imports rclpy.
-"""
+"""Moved to :mod:`trajectory_ensemble_node.serving.input_limits`; this old path re-exports it."""
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Any
-
-import numpy as np
-
-from ..errors import (
-    FrameDimensionsError,
-    ImageTooLargeError,
-    InstructionTooLongError,
-    NonFiniteStateError,
-    ObservationArrayError,
-    TrajectoryEnsembleError,
+from ..serving.input_limits import (  # noqa: F401 - the old public path
+    InputLimits,
+    MIN_IMAGE_SIDE,
+    TokenCounter,
+    check_image_dimensions,
+    check_image_size,
+    check_instruction,
+    check_joint_state_shape,
+    check_state,
+    min_image_side,
+    state_values,
+    token_counter,
 )
 
-TokenCounter = Callable[[str], int]
-
-MIN_IMAGE_SIDE = 16
-"""Fewest pixels on either side of an image the model can take: the spatial factor of every Cosmos 3 VAE.
-
-Measured, not assumed: the pipeline's video processor rounds each side down to a multiple of its
-``vae_scale_factor`` before it resizes, so a side under it becomes 0 and the encode fails (``RuntimeError: Input and
-output sizes should be greater than 0``). On the tiny and the toy pipelines, 1x1, 15x15, 2x256, 256x2 and 8x256
-frames failed that way as ``ENGINE_FAILURE``; 16x16, 16x256, 17x17, 16x2048, 2048x16 and 16x16000 were served. No
-aspect-ratio bound is needed: the resolution tier's bins scale any aspect down into the nearest canvas and pad it.
-"""
-
-
-@dataclass(frozen=True)
-class InputLimits:
-    """The limits, from the node's parameters.
-
-    Args:
-        max_instruction_chars (`int`): Most characters in an instruction (goal or ``~/instruction``).
-        max_instruction_tokens (`int`): Most tokens in it, by the pipeline's tokenizer (0 = not checked).
-        max_image_bytes (`int`): Most bytes of ``data`` in one image message.
-        max_image_pixels (`int`): Most ``width * height`` in one image message.
-        min_image_side (`int`): Fewest pixels on each side of one image (each view, each camera's frame); the
-            model's own bound (:func:`min_image_side`), :data:`MIN_IMAGE_SIDE` for every Cosmos 3.
-    """
-
-    max_instruction_chars: int
-    max_instruction_tokens: int
-    max_image_bytes: int
-    max_image_pixels: int
-    min_image_side: int = MIN_IMAGE_SIDE
-
-
-def min_image_side(pipe: Any) -> int:
-    """The fewest pixels a side of an image may have for ``pipe``: its video processor's ``vae_scale_factor``.
-
-    Args:
-        pipe (`Any`): The loaded pipeline; one without a video processor gets :data:`MIN_IMAGE_SIDE`.
-    """
-    factor = getattr(getattr(getattr(pipe, "video_processor", None), "config", None), "vae_scale_factor", None)
-    return max(1, int(factor)) if factor else MIN_IMAGE_SIDE
-
-
-def token_counter(pipe: Any) -> TokenCounter | None:
-    """A function counting an instruction's tokens with the pipeline's text tokenizer, or ``None`` if it has none.
-
-    Args:
-        pipe (`Any`): The loaded pipeline (``text_tokenizer``, else ``tokenizer``).
-    """
-    tokenizer = getattr(pipe, "text_tokenizer", None) or getattr(pipe, "tokenizer", None)
-    if tokenizer is None:
-        return None
-
-    def count(text: str) -> int:
-        # No special tokens and no chat template: the limit is on what the sender wrote.
-        return len(tokenizer(text, add_special_tokens=False)["input_ids"])
-
-    return count
-
-
-def check_instruction(text: str, limits: InputLimits, count_tokens: TokenCounter | None, *,
-                      source: str = "instruction") -> None:
-    """Refuse an instruction above the limits.
-
-    Args:
-        text (`str`): The instruction.
-        limits (`InputLimits`): The limits.
-        count_tokens (`TokenCounter`, *optional*): Token counter (see :func:`token_counter`).
-        source (`str`): How the message names the input (``instruction``, ``~/instruction``).
-
-    Raises:
-        InstructionTooLongError: too many characters (checked first, without tokenizing) or tokens.
-    """
-    if len(text) > limits.max_instruction_chars:
-        raise InstructionTooLongError(
-            f"{source} has {len(text)} characters, above max_instruction_chars={limits.max_instruction_chars} "
-            f"(starts {text[:40]!r}); nothing was run"
-        )
-    if count_tokens is not None and limits.max_instruction_tokens > 0:
-        tokens = count_tokens(text)
-        if tokens > limits.max_instruction_tokens:
-            raise InstructionTooLongError(
-                f"{source} has {tokens} tokens, above max_instruction_tokens={limits.max_instruction_tokens} "
-                f"(starts {text[:40]!r}); nothing was run"
-            )
-
-
-def check_image_size(msg: Any, limits: InputLimits) -> None:
-    """Refuse an image message above the limits, from its fields alone (nothing is converted or copied).
-
-    Args:
-        msg (`sensor_msgs.msg.Image`): The message.
-        limits (`InputLimits`): The limits.
-
-    Raises:
-        ImageTooLargeError: more bytes than ``max_image_bytes`` or more pixels than ``max_image_pixels``.
-    """
-    size = len(msg.data)
-    if size > limits.max_image_bytes:
-        raise ImageTooLargeError(
-            f"image has {size} bytes, above max_image_bytes={limits.max_image_bytes} ({msg.width}x{msg.height} "
-            f"{msg.encoding!r})"
-        )
-    pixels = int(msg.width) * int(msg.height)
-    if pixels > limits.max_image_pixels:
-        raise ImageTooLargeError(
-            f"image is {msg.width}x{msg.height} = {pixels} pixels, above max_image_pixels={limits.max_image_pixels}"
-        )
-
-
-def check_image_dimensions(height: int, width: int, min_side: int, *, source: str = "image") -> None:
-    """Refuse an image the model cannot encode: a side under ``min_side`` pixels (see :data:`MIN_IMAGE_SIDE`).
-
-    Args:
-        height (`int`), width (`int`): The image's size in pixels.
-        min_side (`int`): :attr:`InputLimits.min_image_side`.
-        source (`str`): How the message names the image (a topic, a request key).
-
-    Raises:
-        FrameDimensionsError: a side under ``min_side`` (code ``INVALID_FRAME``).
-    """
-    if height < min_side or width < min_side:
-        raise FrameDimensionsError(
-            f"{source} is {width}x{height} (width x height); the model needs at least {min_side} pixels on each "
-            f"side (a side under its VAE's factor {min_side} becomes 0 when the pipeline resizes it)"
-        )
-
-
-def state_values(value: Any, *, what: str,
-                 error: type[TrajectoryEnsembleError] = ObservationArrayError) -> np.ndarray:
-    """A state value (a number, a list of numbers or a numeric array) as a finite ``float64`` array.
-
-    Args:
-        value (`Any`): What the client sent.
-        what (`str`): Its name (a request key, a topic's field), quoted in the error.
-        error (`type[TrajectoryEnsembleError]`): The named error of the face that calls this
-            (``ObservationArrayError``, ``OBSERVATION_SCHEMA``, on the OpenPI wire).
-
-    Returns:
-        `np.ndarray` of dtype float64, the value's shape.
-
-    Raises:
-        error: a bool, a string or another non-numeric value, a ragged list, or a NaN/Inf in it.
-    """
-    if isinstance(value, (bool, np.bool_)):
-        raise error(f"{what} must be numbers, got {type(value).__name__} {_preview(value)}")
-    try:
-        array = np.asarray(value) if not isinstance(value, np.ndarray) else value
-    except ValueError:
-        # numpy >= 1.24 refuses an inhomogeneous list outright, e.g. [1.0, [2.0, 3.0]].
-        raise error(f"{what} is a ragged list (its items differ in length or nesting): {_preview(value)}") from None
-    if array.dtype == object:
-        raise error(f"{what} is a ragged or mixed list (its items differ in length or type): {_preview(value)}")
-    if array.dtype.kind not in "fiu":
-        raise error(f"{what} must be numbers, got {type(value).__name__} {_preview(value)}")
-    state = array.astype(np.float64)
-    if not np.isfinite(state).all():
-        raise error(f"{what} holds NaN or Inf: {_preview(state.tolist())}")
-    return state
-
-
-def check_joint_state_shape(names: Sequence[str], fields: dict[str, Sequence[float]], *, topic: str) -> None:
-    """Refuse a ``sensor_msgs/JointState`` whose arrays disagree in length (the message says: equal, or empty).
-
-    Args:
-        names (`Sequence[str]`): ``name``.
-        fields (`dict[str, Sequence[float]]`): ``position``, ``velocity``, ``effort`` by name.
-        topic (`str`): Its topic, quoted in the error.
-
-    Raises:
-        ObservationArrayError: two non-empty arrays of different lengths, or no positions for its names.
-    """
-    lengths = {"name": len(names), **{key: len(values) for key, values in fields.items()}}
-    given = {key: length for key, length in lengths.items() if length}
-    if len(set(given.values())) > 1:
-        raise ObservationArrayError(
-            f"joint state on {topic} is ragged: its arrays must be equally long or empty, got "
-            + ", ".join(f"{key} {length}" for key, length in given.items())
-        )
-    if lengths["name"] and not lengths.get("position"):
-        raise ObservationArrayError(f"joint state on {topic} names {lengths['name']} joints but has no positions")
-
-
-def check_state(state: Any, topic: str) -> None:
-    """Refuse a joint state a goal cannot use: empty, or NaN/Inf in positions, velocities or efforts.
-
-    Velocities and efforts may be absent (``JointState`` allows empty arrays), but when given they must be finite:
-    an ``-inf`` velocity means the driver is broken, whatever the positions say. Checked when a goal uses the state,
-    not on arrival: the state is a measurement of now, and a goal must not be served from an older one while the
-    driver reports NaN (each goal ends ``NON_FINITE_STATE`` until a finite state arrives).
-
-    Args:
-        state (`JointStateSample`): The latest sample (``names``, ``positions``, ``velocities``, ``efforts``).
-        topic (`str`): Its topic (quoted in the error).
-
-    Raises:
-        NonFiniteStateError: empty, or a non-finite value (the field and the joints are named).
-    """
-    if len(state.positions) == 0:
-        raise NonFiniteStateError(f"joint state on {topic} is empty (no positions)")
-    for field_name, values in (("positions", state.positions), ("velocities", state.velocities),
-                               ("efforts", state.efforts)):
-        names = list(state.names) + [""] * max(0, len(values) - len(state.names))
-        bad = [names[i] or str(i) for i, value in enumerate(values) if not math.isfinite(float(value))]
-        if bad:
-            raise NonFiniteStateError(
-                f"joint state on {topic} holds NaN/Inf {field_name} (joints {', '.join(bad[:8])})"
-            )
-
-
-def _preview(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
+__all__ = [
+    "InputLimits",
+    "MIN_IMAGE_SIDE",
+    "TokenCounter",
+    "check_image_dimensions",
+    "check_image_size",
+    "check_instruction",
+    "check_joint_state_shape",
+    "check_state",
+    "min_image_side",
+    "state_values",
+    "token_counter",
+]

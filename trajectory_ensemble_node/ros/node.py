@@ -4,12 +4,12 @@
 
 - construction checks the parameters (read-only, so configure could only find the same) and brings up what must
   answer in every state: the action server, ``~/update_weights``, ``/diagnostics``;
-- ``configure`` loads the model and warms it up (:class:`~.serving.Serving`); a failure leaves the node
+- ``configure`` loads the model and warms it up (:class:`~.model_host.ModelHost`); a failure leaves the node
   unconfigured and is logged and shown on ``/diagnostics``;
 - ``activate`` subscribes to the cameras, the joint state and ``~/instruction``, and goals are served; a goal that
   finds a camera with no frame yet waits for it up to ``startup_goal_wait_s`` (see *Readiness* below);
 - ``deactivate`` unsubscribes; goals still running end ``NOT_ACTIVE`` at the next denoising step, new ones at once;
-- ``cleanup`` drops the :class:`~.serving.Serving` (the engine stops, the model's memory is returned);
+- ``cleanup`` drops the :class:`~.model_host.ModelHost` (the engine stops, the model's memory is returned);
 - ``shutdown`` ends every goal ``SHUTDOWN`` and releases the model.
 
 With ``autostart`` (the default) the node configures and activates itself at start, as a plain node did, and a
@@ -62,18 +62,18 @@ from ..errors import (
     error_table,
 )
 from ..metrics import GroupCounters
+from ..serving.continuity import CONTINUED, NOT_REQUESTED, WEIGHTS_UPDATED
 from . import params as node_params
 from .action_server import NotifyingActionServer
 from .clock import SimulatedTime, host_clock
-from .continuity import CONTINUED, NOT_REQUESTED, WEIGHTS_UPDATED
 from .deferred import Deferred
 from .diagnostics import DiagnosticsInputs, build_diagnostics
 from .goal_state import GoalState
 from .goals import GoalRecord, GoalTracker, goal_id_str
 from .guards import ACTION_SERVICE_QOS, DUPLICATE_CHECK_PERIOD_S, report_duplicates, set_parameters, warn_raw_reducer
+from .model_host import ModelHost
 from .readiness import READY, FirstObservationGate, readiness_text
 from .results import NOT_SERVED, done_feedback, failure_result, success_result
-from .serving import Serving
 from .weight_updates import serve_update
 
 NODE_NAME = "trajectory_ensemble"
@@ -107,7 +107,7 @@ class TrajectoryEnsembleNode(LifecycleNode):
         self.params = node_params.declare(self)
         p = self.params
         self.notice = model_notice(p.model)
-        self.serving: Serving | None = None
+        self.serving: ModelHost | None = None
         self.readiness = READINESS_UNCONFIGURED
         self.configure_error: TrajectoryEnsembleError | None = None
         self._active = False
@@ -165,7 +165,7 @@ class TrajectoryEnsembleNode(LifecycleNode):
         p = self.params
         self._startup(f"loading model {p.model!r} on {p.device} ({p.dtype})")
         try:
-            serving = Serving(self, p, self._cb, simulated_time=self.simulated_time, log=self._startup,
+            serving = ModelHost(self, p, self._cb, simulated_time=self.simulated_time, log=self._startup,
                               on_phase=self._set_readiness)
         except TrajectoryEnsembleError as error:
             self.configure_error, self.readiness = error, READINESS_UNCONFIGURED
@@ -266,13 +266,13 @@ class TrajectoryEnsembleNode(LifecycleNode):
         if serving is not None:
             serving.observations.wake_waiters()
 
-    def _start(self, goal_handle: ServerGoalHandle, record: GoalRecord, serving: Serving) -> None:
+    def _start(self, goal_handle: ServerGoalHandle, record: GoalRecord, serving: ModelHost) -> None:
         """The one path from acceptance to the engine: validate, await the frame, build, admit, submit.
 
         Args:
             goal_handle (`ServerGoalHandle`): The accepted goal.
             record (`GoalRecord`): Its record; gets ``plan``, ``observation`` and the group handle.
-            serving (`Serving`): The configured model.
+            serving (`ModelHost`): The configured model.
 
         Raises:
             TrajectoryEnsembleError: every refusal (before admission), and the stops (cancel, preemption, ...).
@@ -342,7 +342,7 @@ class TrajectoryEnsembleNode(LifecycleNode):
             goal_handle.publish_feedback(GenerateTrajectory.Feedback(
                 step=step, total_steps=steps, stage=event.stage, frozen_actions=frozen, guidance=guidance))
 
-    def _succeed(self, goal_handle: ServerGoalHandle, record: GoalRecord, serving: Serving,
+    def _succeed(self, goal_handle: ServerGoalHandle, record: GoalRecord, serving: ModelHost,
                  result: EnsembleResult) -> GenerateTrajectory.Result:
         plan, observation = record.plan, record.observation
         assert plan is not None

@@ -17,8 +17,8 @@ from trajectory_msgs.msg import JointTrajectory
 
 from ..contract import EnsembleResult
 from ..reducers import mode_clusters
+from ..serving.observations import Observation
 from .conversions import candidates_msg, joint_trajectory_msg, make_header, trajectory_msg
-from .observations import Observation
 
 
 class OutputTopics:

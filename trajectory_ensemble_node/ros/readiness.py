@@ -22,7 +22,7 @@ import threading
 from collections.abc import Callable
 
 from ..errors import NoObservationError
-from .observations import ObservationBuffer
+from ..serving.observation_buffer import ObservationBuffer
 
 READY = "ready"
 

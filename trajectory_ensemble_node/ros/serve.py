@@ -22,8 +22,8 @@ from rclpy.executors import MultiThreadedExecutor
 from rclpy.signals import SignalHandlerOptions
 
 from ..errors import TrajectoryEnsembleError, describe_error
+from ..serving.shutdown import arm_exit_deadline, exit_now
 from .guards import check_params_files
-from .shutdown import arm_exit_deadline, exit_now
 from .node import NODE_NAME, TrajectoryEnsembleNode
 
 

@@ -199,7 +199,7 @@ def measure(clients: tuple[int, ...], candidates: tuple[int, ...], rate: float, 
     import numpy as np
 
     from trajectory_ensemble_node.openpi import OpenPIPolicy, OpenPIServer, ServerLimits, ServerThread
-    from trajectory_ensemble_node.ros.params import validate
+    from trajectory_ensemble_node.serving.params import validate
     from trajectory_ensemble_node.toy import heldout_scenes, render
 
     params = validate({"max_candidates": max(32, *candidates)})

@@ -17,7 +17,7 @@ from .capture import STEP_CAPTURE_MODES, StepCaptureError, check_step_capture
 from .conditioning import GroupConditioning, encode_conditioning
 from .embedding import DEFAULT_EMBEDDING_GRID, EMBEDDING_NAME, embedding_dim, observation_embedding
 from .embodiments import RESOLUTION_TIERS, VIEW_POINTS, embodiment_widths
-from .loading import PICKLE_SUFFIXES, load_pipeline, resolve_device, resolve_dtype
+from .loading import PICKLE_SUFFIXES, load_directory, resolve_device, resolve_dtype
 from .model import Cosmos3ActionModel, WeightUpdateReport
 from .packing import Branch, PackItem, forward_items
 from .rollout import (
@@ -63,7 +63,7 @@ __all__ = [
     "forward_items",
     "gaussian_log_prob",
     "install_fanout",
-    "load_pipeline",
+    "load_directory",
     "observation_embedding",
     "randomize_zero_initialized",
     "read_record",

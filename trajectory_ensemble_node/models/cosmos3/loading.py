@@ -1,8 +1,9 @@
-"""Load a Cosmos 3 pipeline: the embedded tiny model, or a local diffusers-format directory.
+"""Load a Cosmos 3 pipeline directory, and resolve device and dtype names.
 
-A robot's build machine has no model hub, so nothing is ever downloaded here: ``"tiny"`` is built in-process
-(random weights), and anything else must be a local diffusers-format directory. (The bundled toy policy is the toy
-package's; :mod:`trajectory_ensemble_node.catalog` resolves every model name a node accepts.) Pickle checkpoints can run arbitrary code when loaded, so they are refused unless the operator opts in
+A robot's build machine has no model hub, so nothing is ever downloaded here: a model is a local diffusers-format
+directory (the embedded ``"tiny"`` model is built in-process by :mod:`.tiny`, and the bundled toy policy is the toy
+package's). :func:`trajectory_ensemble_node.catalog.load_pipeline` is the one loader by name, for every model name a
+node accepts. Pickle checkpoints can run arbitrary code when loaded, so they are refused unless the operator opts in
 with ``allow_pickle=True``.
 """
 
@@ -91,44 +92,26 @@ def pickle_only_files(directory: str | Path) -> list[Path]:
     return found
 
 
-def load_pipeline(
-    model: str,
-    device: str | torch.device = "auto",
-    dtype: str | torch.dtype = "float32",
-    allow_pickle: bool = False,
-    seed: int = 0,
-) -> tuple[Cosmos3OmniPipeline, str]:
-    """Load the pipeline named by ``model`` and say what it is.
+def load_directory(
+    directory: Path, device: torch.device, dtype: torch.dtype, allow_pickle: bool = False
+) -> Cosmos3OmniPipeline:
+    """Load a local diffusers-format ``Cosmos3OmniPipeline`` directory (the directory case of
+    :func:`trajectory_ensemble_node.catalog.load_pipeline`, the one loader by name).
 
     Args:
-        model (`str`): ``"tiny"`` (random in-process test model) or the path of a local diffusers-format
-            ``Cosmos3OmniPipeline`` directory (``model_index.json`` at its root).
-        device (`str` or `torch.device`): ``"auto"`` (cuda when available, else cpu), ``"cpu"``, ``"cuda[:N]"``.
-        dtype (`str` or `torch.dtype`): Transformer dtype: ``float32``, ``bfloat16`` or ``float16``.
+        directory (`Path`): The pipeline directory (``model_index.json`` at its root).
+        device (`torch.device`): From :func:`resolve_device`.
+        dtype (`torch.dtype`): Transformer dtype, from :func:`resolve_dtype`.
         allow_pickle (`bool`): Also load ``.bin``/``.pt``/``.pth``/``.ckpt`` weights that have no safetensors twin.
             Off by default: unpickling a file can run code it carries.
-        seed (`int`): Seed of the random weights (``"tiny"`` only).
 
     Returns:
-        `tuple[Cosmos3OmniPipeline, str]`: the pipeline (progress bars off) and a one-line notice for logs and
-        diagnostics: ``"untrained demo weights"`` or ``"weights from <dir>"``.
+        `Cosmos3OmniPipeline`: progress bars off.
 
     Raises:
-        ModelLoadError: bad device/dtype, missing directory, or not a Cosmos 3 pipeline.
+        ModelLoadError: missing directory, or not a Cosmos 3 pipeline.
         PickleWeightsError: pickle-only weights and ``allow_pickle`` is False.
     """
-    torch_device = resolve_device(device)
-    torch_dtype = resolve_dtype(dtype)
-    if model == "tiny":
-        from .tiny import UNTRAINED_NOTICE, build_pipeline
-
-        return build_pipeline("tiny", seed=int(seed), dtype=torch_dtype, device=torch_device), UNTRAINED_NOTICE
-    return _load_directory(Path(model).expanduser(), torch_device, torch_dtype, allow_pickle), f"weights from {model}"
-
-
-def _load_directory(
-    directory: Path, device: torch.device, dtype: torch.dtype, allow_pickle: bool
-) -> Cosmos3OmniPipeline:
     if not directory.is_dir():
         raise ModelLoadError(
             f"model {str(directory)!r} is neither 'tiny', 'toy' nor an existing directory (models are never "

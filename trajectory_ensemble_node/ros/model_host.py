@@ -1,0 +1,383 @@
+"""What a configured node holds: the model and everything built on it, from ``configure`` to ``cleanup``.
+
+The managed node (:mod:`.node`) creates one :class:`ModelHost` when it is configured and drops it when it is cleaned
+up, so every reference to the model (the engine thread, the tokenizer, the fault hook, the chunk memory) lives here
+and goes with it. In between:
+
+- ``configure`` (:meth:`ModelHost.__init__`): build the model (the one factory every face uses,
+  :func:`~trajectory_ensemble_node.serving.model_factory.build_model`), start the engine and
+  :meth:`warm_up` (one group per ``warmup_counts`` entry on a synthetic frame, through the same request path goals
+  take; the costs deadlines are planned from come from it);
+- ``activate`` / ``deactivate``: :meth:`subscribe` / :meth:`unsubscribe` the camera, state and instruction topics;
+- every goal: :meth:`build` turns a validated plan and the latest observation into a group request (every refusal
+  that needs the observation happens here, before admission), :meth:`remember` keeps what was served for the next
+  continuation;
+- ``cleanup`` / ``shutdown``: :meth:`release` stops the engine and gives the model's memory back.
+"""
+
+from __future__ import annotations
+
+import gc
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import CosmosActionCondition
+from rclpy.qos import qos_profile_sensor_data
+from sensor_msgs.msg import Image, JointState
+from std_msgs.msg import String
+
+from ..catalog import model_notice
+from ..contract import CandidateTrajectorySpec, EnsembleResult
+from ..engine import GroupRequest
+from ..engine.validity import to_model_space
+from ..errors import (
+    DeadlineUnmeetableError,
+    ErrorCode,
+    ImageTooLargeError,
+    InstructionTooLongError,
+    ReducedTrajectoryInvalidError,
+    TooFewValidCandidatesError,
+    TrajectoryEnsembleError,
+)
+from ..metrics import GroupCounters
+from ..models.cosmos3 import RolloutSpec, resolve_device
+from ..serving import model_factory
+from ..serving import params as node_params
+from ..serving.continuity import FRESH_REASONS, NO_PREVIOUS, ChunkMemory, ServedChunk
+from ..serving.input_limits import InputLimits, check_image_size, check_instruction, min_image_side, token_counter
+from ..serving.observation_buffer import ObservationBuffer
+from ..serving.observations import Observation, state_positions
+from ..serving.startup_checks import alarm_in_force, toy_settings_mismatch
+from .clock import SimulatedTime
+from .conversions import stamp_seconds
+from .goals import GoalPlan, GoalRecord, plan_goal
+from .publishing import OutputTopics
+from .uncertainty_window import UncertaintyWindow
+
+WARMUP_SEED = 0
+WARMUP_TIMEOUT_S = 3600.0
+"""A warm-up group of a real checkpoint on a slow device may take minutes; this only bounds a hung engine."""
+
+
+class ModelHost:
+    """The model of a configured node, its engine, its inputs and outputs, and how goals become groups.
+
+    Args:
+        node (`rclpy.node.Node`): The node (publishers, subscriptions, clock, logger).
+        params (`NodeParams`): The validated parameters.
+        callback_group (`CallbackGroup`): For the subscriptions.
+        simulated_time (`SimulatedTime`, *optional*): The node's clock feed under ``use_sim_time``.
+        log (`Callable[[str], None]`): Startup lines (each names the weights).
+        on_phase (`Callable[[str], None]`): Told ``"loading"`` and ``"warming up"`` as configure goes on.
+
+    Raises:
+        ParameterError: a model-dependent setting is invalid (the reducer for this model).
+        ModelLoadError: the model cannot be loaded.
+        StatsFileError, LimitsFileError, NoveltyScorerError: a configured file is unusable.
+        TrajectoryEnsembleError: a warm-up group failed (the engine is stopped again).
+    """
+
+    def __init__(self, node: Any, params: node_params.NodeParams, callback_group: Any, *,
+                 simulated_time: SimulatedTime | None = None, log: Callable[[str], None],
+                 on_phase: Callable[[str], None] = lambda _: None) -> None:
+        p = self.params = params
+        self._node, self._cb, self._log = node, callback_group, log
+        on_phase("loading")
+        self.notice = model_notice(p.model)
+
+        def warn_settings() -> None:
+            mismatch = toy_settings_mismatch(p)
+            if mismatch:
+                node.get_logger().warning(f"[{self.notice}] {mismatch}")
+
+        self.model = model_factory.build_model(p, on_loaded=warn_settings)
+        self.device = str(resolve_device(p.device))
+        # The alarm over the last uncertainty_window goals of one episode (a chain of continued chunks).
+        self.uncertainty_window = UncertaintyWindow(
+            p.uncertainty_window, alarm_in_force(self.model.novelty, self.model.uncertainty_threshold))
+        limits = self.model.validity.limits
+        self.start_jump = limits is not None and any(c.max_start_jump is not None for c in limits.channels)
+        self.faults = model_factory.fault_hook(self.model)
+        self.limits = InputLimits(p.max_instruction_chars, p.max_instruction_tokens, p.max_image_bytes,
+                                  p.max_image_pixels, min_image_side(self.model.pipe))
+        self.count_tokens = token_counter(self.model.pipe)
+        check_instruction(p.instruction, self.limits, self.count_tokens, source="the instruction parameter")
+        self._lock = threading.Lock()
+        self._instruction = p.instruction
+
+        self.image_topics = [node.resolve_topic_name(t) for t in (p.image_topics or ("~/observation/image",))]
+        self.state_topic = node.resolve_topic_name("~/observation/state")
+        # Under use_sim_time staleness is judged on the simulated clock, so a slowed-down simulation (or a paused
+        # one) is not refused as stale; otherwise on the host's monotonic clock, which never jumps.
+        self.sim_time = bool(node.get_parameter("use_sim_time").value)
+        # Header stamps are on the ROS clock either way: a frame stamped after "now" is never fresh. A frame the model
+        # cannot encode is refused on arrival, so it never becomes the frame every later goal fails on.
+        self.observations = ObservationBuffer(
+            self.image_topics, self.state_topic, stamp_clock=self.now_s,
+            min_image_side=self.limits.min_image_side, **({"clock": self.now_s} if self.sim_time else {}))
+        # A start-jump limit without a current state would pass anything: such goals need a recent state.
+        self.requires_state = bool(p.require_state or self.model.capabilities.uses_state or self.start_jump)
+        self.memory = ChunkMemory()
+        # A simulator reset or a seek drops what the old time line made meaningless (the node owns the clock feed).
+        self.simulated_time = simulated_time
+        if simulated_time is not None:
+            simulated_time.bind(self.observations, self.memory)
+        self.outputs = OutputTopics(node, p)
+        self._subscriptions: list[Any] = []
+        self.model.start()
+        try:
+            on_phase("warming up")
+            for line in self.warm_up():
+                log(line)
+        except BaseException:
+            self.release()
+            raise
+        if self.faults is not None and p.fault_injection:
+            self.faults.arm(p.fault_injection)  # after the warm-up, which must not consume it
+
+    # --- configure: warm-up -----------------------------------------------------------------------------------------
+
+    def warm_up(self) -> list[str]:
+        """One group per ``warmup_counts`` entry (0 = ``candidate_count``) on a grey frame, then forget them.
+
+        The groups take the goals' own path (:meth:`action_condition`, ``make_request``, the background engine) with
+        the configured steps, so the first goal finds allocations made, kernels chosen and, with ``step_capture``,
+        its steps captured. The first group's costs are dropped (it alone pays one-time costs); those of the group of
+        ``candidate_count`` candidates, run last, stand in for the deadline planner until the first goal measures its
+        own. A single entry runs twice, so what is kept never comes from a cold group.
+
+        Returns:
+            `list[str]`: Log lines, one per group and one for the costs kept.
+
+        Raises:
+            TrajectoryEnsembleError: a warm-up group failed in the engine (a group whose chunk only the validity
+                checks refused ran every step: that is no failure of the warm-up).
+        """
+        p = self.params
+        if list(p.warmup_counts) == [-1]:
+            return ["no warm-up (warmup_counts: [-1]): the first goal pays one-time costs, and goals with a deadline "
+                    "are refused until a goal has measured a step"]
+        counts = [c or p.candidate_count for c in p.warmup_counts]
+        order = sorted(dict.fromkeys(counts), key=lambda c: c == p.candidate_count)
+        if len(order) == 1:
+            order = order * 2
+        side = int(p.resolution_tier)
+        image = np.full((side, side, 3), 127, np.uint8)
+        lines = []
+        for i, count in enumerate(order):
+            started = time.monotonic()
+            spec = CandidateTrajectorySpec(count=count, reducer=p.reducer if count > 1 else "none",
+                                           max_count=p.max_candidates)
+            request = self.model.make_request(
+                prompt=p.instruction, action=self.action_condition(image), num_inference_steps=p.num_inference_steps,
+                guidance_scale=p.guidance_scale, fps=p.fps, spec=spec, base_seed=WARMUP_SEED,
+                request_id=f"warm-up-{i}-n{count}")
+            outcome = "done"
+            try:
+                self.model.wait(self.model.submit_request(request), timeout=WARMUP_TIMEOUT_S)
+            except (TooFewValidCandidatesError, ReducedTrajectoryInvalidError) as error:
+                # Every step ran; only the validity checks (limits_file) refused a grey frame's chunk, which says
+                # nothing about a camera's. The warm-up did its work.
+                outcome = f"ran; its chunk was refused by the validity checks ({ErrorCode(error.code).name})"
+            lines.append(f"warm-up group {i + 1}/{len(order)}: {count} candidate(s), {p.num_inference_steps} steps in "
+                         f"{(time.monotonic() - started) * 1000:.0f} ms ({outcome})")
+            if i == 0:
+                self.model.measured_costs(forget=True)
+        # The grey frame fills its tier; camera frames are scaled down, never up, into a bin of about the tier's area:
+        # about the most a frame costs, standing in until the first goal measures its own.
+        encode, step, post = self.model.measured_costs(provisional=True)
+        lines.append(f"measured costs for deadlines (until the first goal measures its own): encode {encode or 0:.0f} "
+                     f"ms, step {step or 0:.0f} ms, post-processing {post or 0:.0f} ms ({order[-1]} candidates)")
+        return lines
+
+    # --- activate / deactivate --------------------------------------------------------------------------------------
+
+    def subscribe(self) -> None:
+        """Start taking camera frames, joint states and instructions (``activate``)."""
+        if self._subscriptions:
+            return
+        node, cb = self._node, self._cb
+        for topic in self.image_topics:
+            self._subscriptions.append(node.create_subscription(
+                Image, topic, lambda msg, t=topic: self._on_image(t, msg), qos_profile_sensor_data,
+                callback_group=cb))
+        self._subscriptions.append(node.create_subscription(
+            JointState, self.state_topic, self._on_state, qos_profile_sensor_data, callback_group=cb))
+        self._subscriptions.append(node.create_subscription(String, "~/instruction", self._on_instruction, 10,
+                                                            callback_group=cb))
+
+    def unsubscribe(self) -> None:
+        """Stop taking inputs (``deactivate``); frames already received stay, and age."""
+        for subscription in self._subscriptions:
+            self._node.destroy_subscription(subscription)
+        self._subscriptions = []
+
+    def _on_image(self, topic: str, msg: Image) -> None:
+        try:
+            check_image_size(msg, self.limits)
+        except ImageTooLargeError as error:
+            # Checked from the header fields, before any conversion or copy of the data.
+            self.observations.count_rejection(topic, error.cause, f"{type(error).__name__}: {error}")
+            self._node.get_logger().warning(f"rejected a frame on {topic}: {error}", throttle_duration_sec=5.0)
+            return
+        error = self.observations.offer_image(topic, msg)
+        if error is not None and self.observations.first_rejection(error):
+            self._node.get_logger().warning(
+                f"rejected a frame on {topic} ({error.cause}): {error}; keeping the last good frame "
+                f"(further '{error.cause}' rejections are only counted in /diagnostics)"
+            )
+
+    def _on_state(self, msg: JointState) -> None:
+        error = self.observations.offer_state(msg)
+        if error is not None:
+            self._node.get_logger().warning(f"rejected a joint state: {error}; keeping the last good one",
+                                            throttle_duration_sec=5.0)
+
+    def _on_instruction(self, msg: String) -> None:
+        try:
+            check_instruction(msg.data, self.limits, self.count_tokens, source="~/instruction")
+        except InstructionTooLongError as error:
+            self._node.get_logger().warning(f"ignored: {error}; keeping the previous instruction",
+                                            throttle_duration_sec=5.0)
+            return
+        with self._lock:
+            self._instruction = msg.data or self.params.instruction
+
+    def default_instruction(self) -> str:
+        """The latest ``~/instruction``, else the ``instruction`` parameter."""
+        with self._lock:
+            return self._instruction
+
+    def now_s(self) -> float:
+        """Seconds of the node's ROS clock (simulated time under ``use_sim_time``)."""
+        return self._node.get_clock().now().nanoseconds * 1e-9
+
+    # --- goals -----------------------------------------------------------------------------------------------------
+
+    def plan(self, goal: Any) -> GoalPlan:
+        """Validate a goal before any model work: size limits first (O(1) on characters), then the plan.
+
+        Raises:
+            InstructionTooLongError, GoalRequestError, InvalidSpecError, ExecutionContextError: as named.
+        """
+        check_instruction(goal.instruction, self.limits, self.count_tokens)
+        return plan_goal(goal, self.params, default_instruction=self.default_instruction(),
+                         valid_reducers=self.model.valid_reducers())
+
+    def action_condition(self, image: np.ndarray) -> CosmosActionCondition:
+        """The policy-mode action condition of one observation image, as every group of this node asks."""
+        p = self.params
+        return CosmosActionCondition(mode="policy", chunk_size=p.chunk_size, domain_name=p.domain_name,
+                                     resolution_tier=p.resolution_tier, image=image, view_point=p.view_point)
+
+    def build(self, record: GoalRecord) -> tuple[Observation, GroupRequest]:
+        """The group request of a validated goal on the latest observation.
+
+        Every refusal that needs the observation or the clock is decided here: a missing or stale frame, the
+        continuation, a deadline the engine cannot meet. The node calls this before admission (a refused goal never
+        preempts another) and, for a goal that waited in the queue, again once admitted: it then serves the frame
+        of that moment.
+
+        Raises:
+            ObservationError, ExecutionContextError, DeadlineUnmeetableError: as named.
+        """
+        p, plan, goal_id = self.params, record.plan, record.goal_id
+        assert plan is not None
+        observation = self.observations.latest(p.max_observation_age_s, require_state=self.requires_state)
+        epoch, now = self.memory.epoch, self.now_s()
+        # Rows of the new chunk execute from its observation's stamp: what has gone since counts toward the frozen
+        # ones. A stamp that cannot be on this clock (older than the staleness limit while the frame arrived in
+        # time: another clock's epoch) is measured by the frame's arrival instead.
+        elapsed = now - stamp_seconds(observation.stamp)
+        if not 0.0 <= elapsed <= p.max_observation_age_s:
+            elapsed = observation.age_s
+        decision = self.memory.decide(
+            continue_previous=plan.continue_previous, reset=plan.reset_context, inference_delay=plan.inference_delay,
+            guidance=plan.guidance, stamp=stamp_seconds(observation.stamp), instruction=plan.instruction,
+            weights_version=self.model.weights_version, elapsed_s=elapsed,
+        )
+        earlier = record.continuity  # a queued goal is decided again once admitted: keep why its chunk was dropped
+        if earlier is not None and earlier.status in FRESH_REASONS and decision.status == NO_PREVIOUS:
+            decision = earlier
+        record.continuity, record.decided_clock, record.elapsed_s, record.epoch = decision, now, elapsed, epoch
+        deadline_s = None
+        if plan.deadline_s:
+            # The goal's deadline counts from acceptance; the engine's from submission, a moment later.
+            deadline_s = plan.deadline_s - (time.monotonic() - record.accepted)
+            if deadline_s <= 0:
+                raise DeadlineUnmeetableError(
+                    f"goal {goal_id}: its deadline {plan.deadline_s:.3f} s passed before it could start "
+                    f"({time.monotonic() - record.accepted:.3f} s after acceptance)")
+        rollout = RolloutSpec(noise_level=p.rollout_noise_level, output_dir=p.rollout_dir) if plan.rollout else None
+        request = self.model.make_request(
+            prompt=plan.instruction, action=self.action_condition(observation.image),
+            num_inference_steps=p.num_inference_steps, guidance_scale=p.guidance_scale, fps=p.fps, spec=plan.spec,
+            base_seed=plan.base_seed, request_id=goal_id, rollout=rollout, on_progress=record.on_progress,
+            deadline_s=deadline_s, context=decision.context, current_state=self._current_state(observation),
+        )
+        # What the engine would refuse at submission (an unmeetable deadline, cold or warm) is refused here.
+        self.model.check_request(request, refuse_cold=True)
+        return observation, request
+
+    def _current_state(self, observation: Observation) -> tuple[float, ...] | None:
+        if not self.start_jump or observation.state is None:
+            return None
+        return state_positions(observation.state, self.params.start_jump_joints or self.params.joint_names,
+                               self.params.action_dim)
+
+    def remember(self, record: GoalRecord, result: EnsembleResult, metrics: dict[str, Any]) -> None:
+        """Keep what was served for the next continuation, and its latency for the frozen count."""
+        plan, observation = record.plan, record.observation
+        assert plan is not None
+        # What the robot executes next is what the next continuation continues, in the model's space.
+        normalizer = self.model.normalizer_for(self.params.domain_name)
+        action = result.action if normalizer is None else to_model_space(result.action, normalizer)
+        # A goal decided before a clock jump belongs to the old time line: its chunk and latency are not kept.
+        chunk = ServedChunk(action.float(), stamp_seconds(observation.stamp), self.params.dt, plan.instruction,
+                            int(GroupCounters.from_metrics(metrics).weights_version or 0))
+        self.memory.remember(chunk, epoch=record.epoch)
+        if record.decided_clock is not None:
+            # Published just now: publication - stamp = what had gone at the decision + the serving latency.
+            serving = self.now_s() - record.decided_clock
+            metrics["latency_ms"] = (record.elapsed_s + serving) * 1000.0
+            metrics["latency_sample_taken"] = self.memory.observe_latency(serving, epoch=record.epoch)
+        estimate = self.memory.estimator.estimate
+        metrics["latency_estimate_ms"] = None if estimate is None else estimate * 1000.0
+
+    def model_space(self, tensor: torch.Tensor) -> torch.Tensor:
+        """``tensor`` (published units) in the model's normalized space, where clusters and distances are defined."""
+        normalizer = self.model.normalizer_for(self.params.domain_name)
+        return tensor if normalizer is None else to_model_space(tensor, normalizer)
+
+    # --- cleanup ---------------------------------------------------------------------------------------------------
+
+    def release(self, timeout_s: float = 10.0) -> None:
+        """Stop the engine, the clock feed, subscriptions and publishers, and give the model's memory back.
+
+        Args:
+            timeout_s (`float`): Seconds the engine may take to end the step it is in.
+        """
+        self.unsubscribe()
+        if self.simulated_time is not None:
+            self.simulated_time.unbind()
+            self.simulated_time = None
+        try:
+            self.model.stop(timeout=timeout_s)
+        except TrajectoryEnsembleError as error:
+            self._node.get_logger().warning(f"engine stop: {type(error).__name__}: {error}")
+        self.outputs.destroy(self._node)
+        device = self.device
+        # Everything that holds the pipeline goes: the model (engine, adapter, pipe), the tokenizer counter, the
+        # test-only hook. The node drops this object next; gc then frees the weights.
+        self.model = self.faults = self.count_tokens = None  # type: ignore[assignment]
+        gc.collect()
+        if device.startswith("cuda") and torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+
+Serving = ModelHost
+"""The old name of :class:`ModelHost` (``serving`` now names the ROS-free layer every face shares)."""

@@ -1,0 +1,289 @@
+"""The observation buffer: the latest good frame per image topic, the latest joint state, stamps and staleness.
+
+Subscriptions hand every incoming message to :class:`ObservationBuffer`; a goal asks it for the current
+:class:`Observation`. A malformed frame (unsupported encoding, wrong ``step``, truncated data, a side the model cannot
+encode) is rejected with a named :class:`FrameError`, counted per cause, logged once per cause, and the last good
+frame stays in place: one corrupt message must not blind the robot, nor flood the log at camera rate, nor become the
+frame every later goal fails on. A ragged joint state (arrays of different lengths) is dropped the same way.
+
+Staleness is measured on this host's monotonic clock from when the frame *arrived*, not from its header stamp: the
+stamp may come from another clock (a camera, a bag, simulation time), but how long ago we last heard from the
+camera is what makes an observation stale. The header stamp is kept and copied into every output that the
+observation produced. Two rules do read the stamp, on the node's ROS clock (``stamp_clock``):
+
+- a frame stamped more than :data:`FUTURE_STAMP_TOLERANCE_S` after "now" is never fresh (it comes from before a
+  clock reset, or from a camera whose clock runs ahead), and neither is one that *arrived* after "now";
+- :meth:`clear` drops every frame and the state when the clock jumps back (the node calls it): until new ones
+  arrive, goals are refused with ``NO_OBSERVATION`` and the reason.
+
+This module reads message fields only (duck-typed ``sensor_msgs/Image`` and ``sensor_msgs/JointState``, decoded by
+:mod:`.observations`); it does not import rclpy. Waiting for a frame is :mod:`.observation_wait`.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import FrameError, NoObservationError, ObservationArrayError, StaleObservationError
+from .frames import tile_views
+from .input_limits import check_state
+from .observation_wait import ObservationWaits
+from .observations import (
+    FRAME_REJECT_CAUSES,
+    FUTURE_STAMP_TOLERANCE_S,
+    Frame,
+    JointStateSample,
+    Observation,
+    decode_image,
+    decode_state,
+    stamp_ns,
+    stamp_text,
+)
+
+
+@dataclass
+class _TopicCounters:
+    received: int = 0
+    rejected: dict[str, int] = field(default_factory=lambda: dict.fromkeys(FRAME_REJECT_CAUSES, 0))
+    refused_since_good: int = 0
+    """Frames refused since the last good one (the root cause a goal error quotes)."""
+    last_refusal: str = ""
+
+
+class ObservationBuffer(ObservationWaits):
+    """Latest good frame per image topic plus the latest joint state. Thread-safe.
+
+    Args:
+        image_topics (`Sequence[str]`): Resolved image topic names, in tiling order.
+        state_topic (`str`): Resolved joint state topic name (used in messages).
+        clock (`Callable[[], float]`): Seconds frames arrive and age on: the host's monotonic clock, or the node's ROS
+            clock under ``use_sim_time``; injectable for tests.
+        stamp_clock (`Callable[[], float]`, *optional*): Seconds of the clock header stamps are on (the node's ROS
+            clock), for the future-stamp rule; ``None`` skips it.
+        min_image_side (`int`): Frames with a side under this are refused (cause ``dimensions``): the model's bound
+            (``InputLimits.min_image_side``); 1 takes every frame that decodes.
+    """
+
+    def __init__(
+        self, image_topics: Sequence[str], state_topic: str = "", clock: Callable[[], float] = time.monotonic,
+        stamp_clock: Callable[[], float] | None = None, min_image_side: int = 1,
+    ) -> None:
+        if not image_topics:
+            raise ValueError("ObservationBuffer needs at least one image topic")
+        self.image_topics = tuple(image_topics)
+        self.state_topic = state_topic
+        self._clock = clock
+        self._stamp_clock = stamp_clock
+        self._cleared_because = ""
+        self._lock = threading.Lock()
+        self._arrived = threading.Condition(self._lock)
+        self._frames: dict[str, Frame] = {}
+        self._state: JointStateSample | None = None
+        self._counters = {topic: _TopicCounters() for topic in self.image_topics}
+        self._state_counters = _TopicCounters(rejected={"shape": 0})
+        self._min_image_side = min_image_side
+        self._logged_causes: set[str] = set()
+
+    # --- writers (subscription callbacks) ------------------------------------------------------------------------
+
+    def offer_image(self, topic: str, msg: Any) -> FrameError | None:
+        """Convert and store a ``sensor_msgs/Image``; on a bad frame keep the previous one.
+
+        Args:
+            topic (`str`): One of ``image_topics``.
+            msg (`sensor_msgs.msg.Image`): The message.
+
+        Returns:
+            `FrameError` or `None`: the rejection, if the frame was rejected (already counted).
+        """
+        received = self._clock()
+        counters = self._counters[topic]
+        try:
+            frame = decode_image(topic, msg, received, self._min_image_side)
+        except FrameError as error:
+            self.count_rejection(topic, error.cause, str(error))
+            return error
+        with self._lock:
+            self._cleared_because = ""
+            counters.received += 1
+            counters.refused_since_good = 0
+            self._frames[topic] = frame
+            self._arrived.notify_all()
+        return None
+
+    def count_rejection(self, topic: str, cause: str, message: str) -> None:
+        """Count a frame refused on ``topic`` (here or by a check before :meth:`offer_image`, e.g. its size).
+
+        Args:
+            topic (`str`): One of ``image_topics``.
+            cause (`str`): One of :data:`FRAME_REJECT_CAUSES`.
+            message (`str`): The refusal, quoted in the errors of goals that then find no usable frame.
+        """
+        counters = self._counters[topic]
+        with self._lock:
+            counters.rejected[cause] += 1
+            counters.refused_since_good += 1
+            counters.last_refusal = message
+
+    def _refusals(self, topic: str) -> str:
+        # "; 8 frames refused since: <why>": the root cause a goal error carries (caller holds no lock).
+        with self._lock:
+            counters = self._counters.get(topic, self._state_counters)
+            count, last = counters.refused_since_good, counters.last_refusal
+        if not count:
+            return ""
+        return f"; {count} frame(s) refused on it since, the last because: {last}"
+
+    def first_rejection(self, error: FrameError) -> bool:
+        """True the first time a rejection cause is seen (so the node logs each cause once, not at camera rate)."""
+        with self._lock:
+            if error.cause in self._logged_causes:
+                return False
+            self._logged_causes.add(error.cause)
+            return True
+
+    def offer_state(self, msg: Any) -> ObservationArrayError | None:
+        """Store a ``sensor_msgs/JointState``; a ragged one is refused (counted) and the previous one kept.
+
+        NaN/Inf values are stored and refused when a goal uses them (``check_state``): the state is a measurement of
+        now, so a goal must not be served from an older one while the driver reports NaN.
+
+        Returns:
+            `ObservationArrayError` or `None`: the rejection, if the state was refused (already counted).
+        """
+        try:
+            sample = decode_state(self.state_topic, msg, self._clock)
+        except ObservationArrayError as error:
+            with self._lock:
+                counters = self._state_counters
+                counters.rejected["shape"] += 1
+                counters.refused_since_good += 1
+                counters.last_refusal = str(error)
+            return error
+        with self._lock:
+            self._state = sample
+            self._state_counters.received += 1
+            self._state_counters.refused_since_good = 0
+            self._arrived.notify_all()
+        return None
+
+    def clear(self, reason: str) -> bool:
+        """Drop every frame and the joint state (the clock jumped back: they belong to the old time line).
+
+        Args:
+            reason (`str`): Why; goals refused for want of a frame quote it until a new one arrives.
+
+        Returns:
+            `bool`: whether anything was dropped.
+        """
+        with self._lock:
+            had = bool(self._frames) or self._state is not None
+            self._frames.clear()
+            self._state = None
+            self._cleared_because = reason
+        return had
+
+    # --- readers (goals, diagnostics) ----------------------------------------------------------------------------
+
+    def latest(self, max_age_s: float, *, require_state: bool = False) -> Observation:
+        """The observation a goal is served from.
+
+        Args:
+            max_age_s (`float`): Refuse frames (and the state, when required) that arrived longer ago than this.
+            require_state (`bool`): Also require a recent, finite joint state.
+
+        Raises:
+            NoObservationError: a topic has delivered no good frame yet (or no state, when required).
+            StaleObservationError: the newest good frame on a topic is older than ``max_age_s``.
+            NonFiniteStateError: the required joint state holds NaN or Inf.
+        """
+        now = self._clock()
+        stamp_now = self._stamp_clock() if self._stamp_clock is not None else None
+        with self._lock:
+            frames = [self._frames.get(topic) for topic in self.image_topics]
+            state = self._state
+            cleared = self._cleared_because
+        for topic, frame in zip(self.image_topics, frames):
+            if frame is None:
+                why = self._refusals(topic)
+                if why:
+                    raise NoObservationError(f"no usable image on {topic}{why}")
+                if cleared:
+                    raise NoObservationError(f"no image on {topic} since {cleared}")
+                raise NoObservationError(f"no image received yet on {topic}")
+            age = now - frame.received
+            if age > max_age_s:
+                raise StaleObservationError(
+                    f"latest image on {topic} is {age:.2f} s old (max_observation_age_s={max_age_s:g})"
+                    + self._refusals(topic)
+                )
+            self._check_not_future(topic, frame, age, stamp_now)
+        if require_state:
+            if state is None:
+                why = self._refusals(self.state_topic)
+                raise NoObservationError(f"no {'usable ' if why else ''}joint state "
+                                         f"{'on' if why else 'received yet on'} {self.state_topic}{why}")
+            age = now - state.received
+            if age > max_age_s or age < 0:
+                raise StaleObservationError(
+                    f"latest joint state on {self.state_topic} is {age:.2f} s old "
+                    f"(max_observation_age_s={max_age_s:g})"
+                )
+            check_state(state, self.state_topic)
+        oldest = min(frames, key=lambda f: f.received)  # type: ignore[union-attr]
+        image = tile_views([f.image for f in frames])  # type: ignore[union-attr]
+        return Observation(
+            image, oldest.stamp, oldest.frame_id, now - oldest.received, state if require_state else None
+        )
+
+    @staticmethod
+    def _check_not_future(topic: str, frame: Frame, age: float, stamp_now: float | None) -> None:
+        # A frame "from the future" comes from before a clock reset (or a camera clock ahead of this host's): its age
+        # would read negative and pass the staleness check forever.
+        if age < 0:
+            raise StaleObservationError(
+                f"latest image on {topic} arrived {-age:.3f} s after now on the node's clock: the clock went back "
+                "since; waiting for a new frame")
+        if stamp_now is None:
+            return
+        ahead = stamp_ns(frame.stamp) * 1e-9 - stamp_now
+        if ahead > FUTURE_STAMP_TOLERANCE_S:
+            raise StaleObservationError(
+                f"latest image on {topic} is stamped {stamp_text(stamp_ns(frame.stamp))}, {ahead:.3f} s after now "
+                f"on the node's clock ({stamp_now:.3f} s): a frame from before a clock reset, or a camera clock "
+                f"ahead of this host's (tolerance {FUTURE_STAMP_TOLERANCE_S:g} s)")
+
+    def ages(self) -> dict[str, float | None]:
+        """Seconds since the last good frame per image topic (and the state topic); ``None`` = never received."""
+        now = self._clock()
+        with self._lock:
+            ages: dict[str, float | None] = {
+                topic: (now - self._frames[topic].received) if topic in self._frames else None
+                for topic in self.image_topics
+            }
+            if self.state_topic:
+                ages[self.state_topic] = (now - self._state.received) if self._state is not None else None
+        return ages
+
+    def rejected_counts(self) -> dict[str, int]:
+        """Frames rejected per cause, summed over image topics (every cause present, zeros included)."""
+        with self._lock:
+            totals = dict.fromkeys(FRAME_REJECT_CAUSES, 0)
+            for counters in self._counters.values():
+                for cause, count in counters.rejected.items():
+                    totals[cause] += count
+        return totals
+
+    def received_count(self) -> int:
+        """Good frames accepted, summed over image topics."""
+        with self._lock:
+            return sum(c.received for c in self._counters.values())
+
+    def states_rejected(self) -> int:
+        """Joint states refused on arrival (ragged)."""
+        with self._lock:
+            return self._state_counters.rejected["shape"]

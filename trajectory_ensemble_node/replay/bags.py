@@ -385,7 +385,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m trajectory_ensemble_node.tools.bags ...``, the same as ``trajectory-ensemble bags ...``."""
+    """``python -m trajectory_ensemble_node.replay.bags ...``, the same as ``trajectory-ensemble bags ...``."""
     parser = argparse.ArgumentParser(prog="trajectory-ensemble bags", description=__doc__.splitlines()[0])
     add_arguments(parser)
     return run(parser.parse_args(argv))

@@ -3,19 +3,9 @@
 Issue 46 moved the tools by concern; docs and earlier issues name this path."""
 
 from ..replay.bag_check import (
-    CorruptMessageError,
-    ReplayOptions,
-    bags,
-    check_messages,
-    check_replay_bag,
-    resolve_inputs,
+    CorruptMessageError, ReplayOptions, bags, check_messages, check_replay_bag, resolve_inputs,
 )
 
 __all__ = [
-    "CorruptMessageError",
-    "ReplayOptions",
-    "bags",
-    "check_messages",
-    "check_replay_bag",
-    "resolve_inputs",
+    "CorruptMessageError", "ReplayOptions", "bags", "check_messages", "check_replay_bag", "resolve_inputs",
 ]

@@ -3,13 +3,9 @@
 Issue 46 moved the tools by concern; docs and earlier issues name this path."""
 
 from ..demo.clock_publisher import (
-    ClockPublisher,
-    GAZEBO_CLOCK_HZ,
-    SimClock,
+    ClockPublisher, GAZEBO_CLOCK_HZ, SimClock,
 )
 
 __all__ = [
-    "ClockPublisher",
-    "GAZEBO_CLOCK_HZ",
-    "SimClock",
+    "ClockPublisher", "GAZEBO_CLOCK_HZ", "SimClock",
 ]

@@ -3,27 +3,11 @@
 Issue 46 moved the tools by concern; docs and earlier issues name this path."""
 
 from ..demo.launcher import (
-    NodeProcess,
-    NodeStartError,
-    READY_MARKER,
-    RTPS_DOMAIN_GAIN,
-    RTPS_PORT_BASE,
-    TrajectoryEnsembleError,
-    format_param,
-    pick_domain_id,
-    ros_env,
-    unused_domain_id,
+    NodeProcess, NodeStartError, READY_MARKER, RTPS_DOMAIN_GAIN, RTPS_PORT_BASE, TrajectoryEnsembleError,
+    format_param, pick_domain_id, ros_env, unused_domain_id,
 )
 
 __all__ = [
-    "NodeProcess",
-    "NodeStartError",
-    "READY_MARKER",
-    "RTPS_DOMAIN_GAIN",
-    "RTPS_PORT_BASE",
-    "TrajectoryEnsembleError",
-    "format_param",
-    "pick_domain_id",
-    "ros_env",
-    "unused_domain_id",
+    "NodeProcess", "NodeStartError", "READY_MARKER", "RTPS_DOMAIN_GAIN", "RTPS_PORT_BASE",
+    "TrajectoryEnsembleError", "format_param", "pick_domain_id", "ros_env", "unused_domain_id",
 ]

@@ -669,7 +669,7 @@ def toy_novelty_calibration(tmp: Path, grid: int = 2) -> NoveltyCalibration:
     from trajectory_ensemble_node.novelty import EmbeddingSpec, fit_scorer
     from trajectory_ensemble_node.stats import conformal_threshold
     from trajectory_ensemble_node.toy import INSTRUCTION, load_toy_pipeline, request_kwargs, task
-    from trajectory_ensemble_node.toy.shifted import render_shifted, shifted_scenes
+    from trajectory_ensemble_lab.toy.shifted import render_shifted, shifted_scenes
     from trajectory_ensemble_node.uncertainty import ALARM_RULES
 
     model = Cosmos3ActionModel(load_toy_pipeline())

@@ -32,8 +32,10 @@ CORE_MODULES = ("__init__", "_rotations", "contract", "error_codes", "errors", "
                 "reducers", "safety", "seeding", "stats", "uncertainty")
 """Top-level modules that form the ROS-free core; every other top-level module or folder is a package of its own."""
 
-RCLPY_ALLOWED = ("ros", "tools")
-"""Where rclpy may be imported in the product: the node and the tools (relative to the package)."""
+RCLPY_ALLOWED = ("ros", "cli", "replay", "demo")
+"""Where rclpy may be imported in the product (relative to the package): the node, the operator commands, the bag
+replay and the toy's simulator and demo harness. Calibration reaches the node only through replay, and ``tools/``
+is re-exports only."""
 LAB_RCLPY_ALLOWED = ("bench.ros_floor", "bench.ros_overhead", "bench.closed_loop_ros", "bench.clock_rate",
                      "grpo.ros", "toy.markers_figure")
 """Where rclpy may be imported in the lab: its measurements and training through the node."""
@@ -180,7 +182,7 @@ def violations(sources: Mapping[str, str]) -> list[str]:
                 found.append(f"{module} imports {target}: the product never imports the lab")
             lab_ros = any(module == f"{LAB}.{m}" or module.startswith(f"{LAB}.{m}.") for m in LAB_RCLPY_ALLOWED)
             if target == "rclpy" and not (_within(module, *RCLPY_ALLOWED) or lab_ros):
-                found.append(f"{module} imports rclpy: only ros/, tools/ and the lab's ROS modules may")
+                found.append(f"{module} imports rclpy: only ros/, cli/, replay/, demo/ and the lab's ROS modules may")
             if _within(module, "openpi") and _within(target, "ros"):
                 found.append(f"{module} imports {target}: the OpenPI face never imports the node (faces apart)")
             if _within(module, "ros") and _within(target, "openpi"):

@@ -16,7 +16,7 @@ import yaml
 
 from trajectory_ensemble_node import errors
 from trajectory_ensemble_node.serving.params import PARAMETERS, validate
-from trajectory_ensemble_node.tools import docs
+from trajectory_ensemble_node.cli import docs
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"

@@ -13,7 +13,7 @@ import torch
 from trajectory_ensemble_node.errors import ErrorCode, NoveltyScorerError
 from trajectory_ensemble_node.novelty import EmbeddingSpec, KNNScorer, RNDScorer, fit_scorer, load_scorer
 from trajectory_ensemble_node.stats import paired_bootstrap_auroc
-from trajectory_ensemble_node.tools import novelty_calibration
+from trajectory_ensemble_node.calibration import novelty_calibration
 from trajectory_ensemble_node.uncertainty import (
     ALARM_RULES,
     AlarmRule,

@@ -26,10 +26,11 @@ from hypothesis import event, given
 from hypothesis import strategies as st
 
 from trajectory_ensemble_node.errors import TrajectoryEnsembleError
-from trajectory_ensemble_node.tools import bags, playback
-from trajectory_ensemble_node.tools.playback import ReplayOptions
+from trajectory_ensemble_node.replay import bags
+from trajectory_ensemble_node.replay import playback
+from trajectory_ensemble_node.replay.playback import ReplayOptions
 
-bag_check = pytest.importorskip("trajectory_ensemble_node.tools.bag_check")
+bag_check = pytest.importorskip("trajectory_ensemble_node.replay.bag_check")
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(TIMEOUT_S)]
 

@@ -20,9 +20,9 @@ import numpy as np
 import pytest
 import yaml
 
-from trajectory_ensemble_node.tools import bags
-from trajectory_ensemble_node.tools.bag_check import CorruptMessageError, check_messages, check_replay_bag
-from trajectory_ensemble_node.tools.playback import ReplayOptions
+from trajectory_ensemble_node.replay import bags
+from trajectory_ensemble_node.replay.bag_check import CorruptMessageError, check_messages, check_replay_bag
+from trajectory_ensemble_node.replay.playback import ReplayOptions
 
 IMAGE_TOPIC = "/camera/image_raw"
 REFERENCE_TOPIC = "/reference/actions"
@@ -108,7 +108,7 @@ def test_an_image_topic_declared_but_never_written_is_a_bad_bag(tmp_path):
     # Found by the bag fuzzer (tests/fuzz/test_fuzz_bags.py): 0 messages checked, then a bare StopIteration.
     from rosbags.rosbag2 import StoragePlugin, Writer
 
-    from trajectory_ensemble_node.tools.playback import goal_times
+    from trajectory_ensemble_node.replay.playback import goal_times
 
     path = tmp_path / "bag"
     writer = Writer(path, version=bags.BAG_VERSION, storage_plugin=StoragePlugin.MCAP)

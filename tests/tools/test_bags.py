@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import yaml
 
-from trajectory_ensemble_node.tools import bags
-from trajectory_ensemble_node.tools.playback import GoalOutcome, PlaybackClock, ReplayOptions, goal_times, resolve_inputs
-from trajectory_ensemble_node.tools.plots import GoalPlot, candidate_spread, plot_channels, plot_toy_scenes
+from trajectory_ensemble_node.replay import bags
+from trajectory_ensemble_node.replay.playback import GoalOutcome, PlaybackClock, ReplayOptions, goal_times, resolve_inputs
+from trajectory_ensemble_node.replay.plots import GoalPlot, candidate_spread, plot_channels, plot_toy_scenes
 
 ROOT = Path(__file__).resolve().parents[2]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -124,7 +124,7 @@ def test_make_demo_bag(tmp_path: Path) -> None:
 
 def test_bundled_bag_is_small_and_reproducible(tmp_path: Path) -> None:
     """The committed bag is what `make-demo-bag` writes today, and stays small."""
-    assert bags.BUNDLED_BAG.is_dir(), "run: python -m trajectory_ensemble_node.tools.bags make-demo-bag " + str(
+    assert bags.BUNDLED_BAG.is_dir(), "run: python -m trajectory_ensemble_node.replay.bags make-demo-bag " + str(
         bags.BUNDLED_BAG.relative_to(ROOT))
     size = sum(f.stat().st_size for f in bags.BUNDLED_BAG.iterdir())
     assert size < BUNDLED_BAG_MAX_BYTES
@@ -187,7 +187,7 @@ class _WallClock:
 
 def test_playback_clock_pauses(monkeypatch: pytest.MonkeyPatch) -> None:
     """Bag time scales with the rate and stands still while paused."""
-    from trajectory_ensemble_node.tools import playback
+    from trajectory_ensemble_node.replay import playback
 
     wall = _WallClock()
     monkeypatch.setattr(playback, "time", wall)
@@ -253,8 +253,8 @@ def test_bag_and_plot_modules_import_without_rclpy() -> None:
         "    def find_spec(self, name, path=None, target=None):\n"
         "        if name.split('.')[0] == 'rclpy': raise ImportError('rclpy blocked')\n"
         "sys.meta_path.insert(0, B())\n"
-        "import trajectory_ensemble_node.tools.bags, trajectory_ensemble_node.tools.plots\n"
-        "import trajectory_ensemble_node.tools.playback, trajectory_ensemble_node.tools.launcher\n"
+        "import trajectory_ensemble_node.replay.bags, trajectory_ensemble_node.replay.plots\n"
+        "import trajectory_ensemble_node.replay.playback, trajectory_ensemble_node.demo.launcher\n"
         "import trajectory_ensemble_lab.bench.ros_overhead, trajectory_ensemble_lab.bench.ros_floor\n"
         "assert 'rclpy' not in sys.modules\n"
     )

@@ -9,7 +9,7 @@ import pytest
 
 from trajectory_ensemble_node.toy import task
 from trajectory_ensemble_node.stats import auroc, conformal_threshold
-from trajectory_ensemble_node.toy.shifted import FAMILIES, make_shifted_scene, render_shifted, shifted_scenes
+from trajectory_ensemble_lab.toy.shifted import FAMILIES, make_shifted_scene, render_shifted, shifted_scenes
 
 
 def test_threshold_is_the_conformal_rank():

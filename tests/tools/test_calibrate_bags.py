@@ -18,7 +18,7 @@ import pytest
 
 from trajectory_ensemble_node.ros.startup_checks import load_uncertainty_threshold
 from trajectory_ensemble_node.testing import ReplayNode
-from trajectory_ensemble_node.tools import bags
+from trajectory_ensemble_node.replay import bags
 
 pytestmark = [pytest.mark.ros, pytest.mark.slow]
 

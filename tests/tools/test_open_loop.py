@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from trajectory_ensemble_node.tools import bags
-from trajectory_ensemble_node.tools.open_loop import (
+from trajectory_ensemble_node.replay import bags
+from trajectory_ensemble_node.replay.open_loop import (
     GateLimitError,
     check_gate,
     compare_goal,
@@ -18,7 +18,7 @@ from trajectory_ensemble_node.tools.open_loop import (
     row_times_ns,
     summarize,
 )
-from trajectory_ensemble_node.tools.reference import ReferenceError, read_reference
+from trajectory_ensemble_node.replay.reference import ReferenceError, read_reference
 
 T0 = 1_700_000_000 * 1_000_000_000
 MS = 1_000_000

@@ -13,8 +13,8 @@ import sys
 
 import pytest
 
-from trajectory_ensemble_node.tools.param_cli import ParameterValueError, convert, format_value
-from trajectory_ensemble_node.tools.ros_client import check_node_name, wait_with_progress
+from trajectory_ensemble_node.cli.params import ParameterValueError, convert, format_value
+from trajectory_ensemble_node.cli.ros_client import check_node_name, wait_with_progress
 
 
 class _FakeClock:
@@ -58,8 +58,8 @@ def test_a_wait_that_runs_out_returns_false_after_its_timeout():
 
 
 def test_replay_waits_long_enough_for_a_real_checkpoint_by_default():
-    from trajectory_ensemble_node.tools.playback import DEFAULT_WAIT_S, ReplayOptions
-    from trajectory_ensemble_node.tools.replay import add_arguments
+    from trajectory_ensemble_node.replay.playback import DEFAULT_WAIT_S, ReplayOptions
+    from trajectory_ensemble_node.replay.replay import add_arguments
 
     parser = argparse.ArgumentParser()
     add_arguments(parser)
@@ -121,7 +121,7 @@ def test_a_reader_that_closes_early_ends_the_command_quietly_with_sigpipes_statu
     # `trajectory-ensemble params list | head -3`: once head exits, a write fails with EPIPE; a shell tool stops
     # there with status 141 and prints no traceback.
     from trajectory_ensemble_node.cli import BROKEN_PIPE_EXIT
-    from trajectory_ensemble_node.tools.bags import BUNDLED_BAG
+    from trajectory_ensemble_node.replay.bags import BUNDLED_BAG
 
     read_end, write_end = os.pipe()
     os.close(read_end)

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from trajectory_ensemble_node.tools import bags
+from trajectory_ensemble_node.replay import bags
 
 pytestmark = pytest.mark.ros
 
@@ -136,8 +136,8 @@ def standin(ros_domain_id: int) -> Iterator[_StandIn]:
 
 def test_replay_into_stand_in(tmp_path: Path, standin: _StandIn) -> None:
     """Remapping, original stamps, paused bag clock, recorded outputs, plots: against a model-free stand-in."""
-    from trajectory_ensemble_node.tools.playback import ReplayOptions
-    from trajectory_ensemble_node.tools.replay import finish, replay
+    from trajectory_ensemble_node.replay.playback import ReplayOptions
+    from trajectory_ensemble_node.replay.replay import finish, replay
 
     frames = _write_bag(tmp_path / "in", size=32)
     opts = ReplayOptions(bag=tmp_path / "in", out=tmp_path / "out", rate=2.0, goal_every_s=GOAL_EVERY_S,
@@ -185,7 +185,7 @@ def test_replay_fails_clearly_without_node(tmp_path: Path, ros_env: dict[str, st
 @pytest.mark.slow
 def test_replay_into_real_node(tmp_path: Path, ros_env: dict[str, str]) -> None:
     """A generated bag replayed into the node (tiny model): one trajectory per goal, stamped with its observation."""
-    from trajectory_ensemble_node.tools.launcher import NodeProcess
+    from trajectory_ensemble_node.demo.launcher import NodeProcess
 
     frames = _write_bag(tmp_path / "in")
     expected = _expected_stamps(frames)

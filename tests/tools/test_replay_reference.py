@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from trajectory_ensemble_node.testing import DEMO_REFERENCE_TOPIC, DEMONSTRATION_BAG, ReplayNode, ReplayTestError
-from trajectory_ensemble_node.tools import bags
+from trajectory_ensemble_node.replay import bags
 
 pytestmark = [pytest.mark.ros, pytest.mark.slow]
 

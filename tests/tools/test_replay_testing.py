@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from trajectory_ensemble_node.tools import bags
+from trajectory_ensemble_node.replay import bags
 
 pytestmark = [pytest.mark.ros, pytest.mark.slow]
 

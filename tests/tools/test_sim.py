@@ -10,7 +10,7 @@ import pytest
 
 from trajectory_ensemble_node.toy import task
 from trajectory_ensemble_node.toy.episodes import summarize
-from trajectory_ensemble_node.tools.sim_model import (
+from trajectory_ensemble_node.demo.sim_model import (
     NS_PER_S,
     EpisodeRecord,
     Plan,
@@ -183,7 +183,7 @@ def test_an_episode_record_feeds_the_in_process_bench_metrics():
 def test_command_line_reads_s_or_sync_and_refuses_anything_else(capsys):
     import argparse
 
-    from trajectory_ensemble_node.tools import sim
+    from trajectory_ensemble_node.demo import sim
 
     parser = argparse.ArgumentParser()
     sim.add_arguments(parser)
@@ -202,7 +202,7 @@ def test_command_line_reads_s_or_sync_and_refuses_anything_else(capsys):
 def test_the_demo_closed_loop_takes_chunks_over_two_steps_after_their_goals_unless_told(capsys):
     import argparse
 
-    from trajectory_ensemble_node.tools import demo
+    from trajectory_ensemble_node.demo import demo
 
     parser = argparse.ArgumentParser()
     demo.add_arguments(parser)
@@ -223,7 +223,7 @@ def test_one_short_episode_through_the_real_node_on_sim_time(tmp_path, ros_domai
     pytest.importorskip("rclpy")
     pytest.importorskip("trajectory_ensemble_msgs")
     from trajectory_ensemble_node.ros.params import PARAMETERS
-    from trajectory_ensemble_node.tools.sim_report import node_params, report, simulate
+    from trajectory_ensemble_node.demo.sim_report import node_params, report, simulate
 
     if "continue_previous" not in {spec.name for spec in PARAMETERS}:
         pytest.skip("this node does not continue chunks yet (no continue_previous parameter)")
@@ -270,7 +270,7 @@ def test_with_a_fixed_delay_every_chunk_takes_over_d_steps_after_its_goal_and_ru
         tmp_path, ros_domain_id):
     pytest.importorskip("rclpy")
     pytest.importorskip("trajectory_ensemble_msgs")
-    from trajectory_ensemble_node.tools.sim_report import node_params, simulate
+    from trajectory_ensemble_node.demo.sim_report import node_params, simulate
 
     from _node_harness import serve_node
 

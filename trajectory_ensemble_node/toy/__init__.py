@@ -1,8 +1,10 @@
 """The bundled toy policy: a small real Cosmos 3 model trained on a bimodal obstacle task.
 
-A 2D point robot must reach a target past a disk obstacle, above or below it (see :mod:`.task`). The weights under
-``assets/toy_policy`` were trained on CPU by ``trajectory-ensemble train-toy`` (:mod:`.train`) and are evaluated by
-``trajectory-ensemble bench --quality`` (:mod:`.quality`).
+A 2D point robot must reach a target past a disk obstacle, above or below it (see :mod:`.task`; held-out episodes
+and their summary in :mod:`.episodes`). The weights under ``assets/toy_policy`` were trained on CPU by
+``trajectory-ensemble train-toy`` and are evaluated by ``trajectory-ensemble bench --quality``; both, like the shifted
+scene families and the toy-scene calibration, are experiments of the lab (``trajectory_ensemble_lab.toy``: ``train``,
+``quality``, ``shifted``, ``scene_calibration``), which the product never imports.
 
 Scene API for the demo::
 

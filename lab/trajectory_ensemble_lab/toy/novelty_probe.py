@@ -34,7 +34,7 @@ from trajectory_ensemble_node.provenance import git_commit, utc_now
 from trajectory_ensemble_node.seeding import make_generators
 from trajectory_ensemble_node.stats import auroc, conformal_threshold
 from trajectory_ensemble_node.toy import load_toy_pipeline, request_kwargs, task
-from trajectory_ensemble_node.toy.shifted import FAMILIES, render_shifted, shifted_scenes
+from trajectory_ensemble_lab.toy.shifted import FAMILIES, render_shifted, shifted_scenes
 
 DEFAULT_JSON = Path("bench/results/novelty_embeddings-toy.json")
 SEED_OFFSET = 777_000

@@ -16,7 +16,7 @@ from trajectory_ensemble_node.errors import NoveltyScorerError
 from trajectory_ensemble_node.models.cosmos3 import EMBEDDING_NAME, Cosmos3ActionModel, embedding_dim
 from trajectory_ensemble_node.novelty import EmbeddingSpec, fit_scorer
 from trajectory_ensemble_node.toy import load_toy_pipeline, request_kwargs, task
-from trajectory_ensemble_node.toy.shifted import render_shifted, shifted_scenes
+from trajectory_ensemble_lab.toy.shifted import render_shifted, shifted_scenes
 from trajectory_ensemble_node.uncertainty import AlarmRule, NoveltyCheck, estimate_uncertainty
 
 NOVELTY_KEYS = {"novelty_score", "novelty_threshold", "novel", "uncertainty_rule"}

@@ -29,21 +29,21 @@ _COMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("trajectory_ensemble_node.ros.serve", "run the ROS 2 node (same as the trajectory_ensemble_node executable)"),
     "serve-openpi": ("trajectory_ensemble_node.openpi.cli",
                      "serve the engine on the OpenPI websocket wire (openpi-client, vLLM-Omni, RoboLab), no ROS"),
-    "demo": ("trajectory_ensemble_node.tools.demo", "the main job: node + bundled bag + goals, plots under out/"),
-    "replay": ("trajectory_ensemble_node.tools.replay", "replay a rosbag2 into the node and record its trajectories"),
-    "bags": ("trajectory_ensemble_node.tools.bags",
+    "demo": ("trajectory_ensemble_node.demo.demo", "the main job: node + bundled bag + goals, plots under out/"),
+    "replay": ("trajectory_ensemble_node.replay.replay", "replay a rosbag2 into the node and record its trajectories"),
+    "bags": ("trajectory_ensemble_node.replay.bags",
              "make the toy demo bags (make-demo-bag [--reference]) or show what a bag holds (info)"),
-    "sim": ("trajectory_ensemble_node.tools.sim",
+    "sim": ("trajectory_ensemble_node.demo.sim",
             "the toy task's robot as a ROS node: camera, /clock, goals to a use_sim_time node, chunks executed"),
-    "send-goal": ("trajectory_ensemble_node.tools.send_goal",
+    "send-goal": ("trajectory_ensemble_node.cli.send_goal",
                   "send one GenerateTrajectory goal to a running node; print feedback and result"),
-    "diagnostics": ("trajectory_ensemble_node.tools.diagnostics_echo", "print a running node's /diagnostics statuses"),
-    "params": ("trajectory_ensemble_node.tools.param_cli",
+    "diagnostics": ("trajectory_ensemble_node.cli.diagnostics", "print a running node's /diagnostics statuses"),
+    "params": ("trajectory_ensemble_node.cli.params",
                "list, get or set a running node's parameters (its parameter services)"),
-    "lifecycle": ("trajectory_ensemble_node.tools.lifecycle_cli",
+    "lifecycle": ("trajectory_ensemble_node.cli.lifecycle",
                   "get or change a managed node's lifecycle state (configure, activate, deactivate, cleanup, ...)"),
-    "docs": ("trajectory_ensemble_node.tools.docs", "write docs/parameters.md, docs/errors.md and the README's error table from the code"),
-    "calibrate": ("trajectory_ensemble_node.tools.calibrate",
+    "docs": ("trajectory_ensemble_node.cli.docs", "write docs/parameters.md, docs/errors.md and the README's error table from the code"),
+    "calibrate": ("trajectory_ensemble_node.calibration.calibrate",
                   "conformal threshold of the uncertainty score: on the toy task (tested on shifted scenes) or "
                   "from recorded successful episodes (--bag)"),
 }
@@ -113,7 +113,3 @@ def node_main() -> int:
     """
     module = _load("trajectory_ensemble_node.ros.serve")
     return int(module.main(sys.argv) or 0)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

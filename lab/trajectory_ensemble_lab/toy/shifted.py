@@ -1,14 +1,16 @@
 """Shifted scene families of the toy task: observations the policy never saw in training.
 
-Training only ever shows one red disk obstacle of radius 0.14-0.26 on the robot-target line (:mod:`.task`). A
-shifted scene keeps the robot, target and floor of an in-distribution scene and changes what the policy must read:
+Training only ever shows one red disk obstacle of radius 0.14-0.26 on the robot-target line
+(:mod:`trajectory_ensemble_node.toy.task`). A shifted scene keeps the robot, target and floor of an in-distribution
+scene and changes what the policy must read:
 
 - ``two_obstacles``: a second red disk of the same size range, off the line, beside the first one (passing on one
   side may now be blocked);
 - ``recolored``: the one obstacle painted in a colour never seen (purple);
 - ``large``: the one obstacle with radius 0.32-0.40, beyond the training range.
 
-They are used to test the uncertainty score (``trajectory-ensemble calibrate``): a failure detector should flag them
+They are used to test the uncertainty score (``trajectory-ensemble calibrate`` on toy scenes,
+:mod:`.scene_calibration`): a failure detector should flag them
 more often than in-distribution scenes. Seeds come from :data:`SHIFTED_SEED_BASE` + i, far from training and
 held-out seeds.
 """
@@ -19,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import task
+from trajectory_ensemble_node.toy import task
 
 SHIFTED_SEED_BASE = 2_000_000
 """Shifted scenes use seeds ``SHIFTED_SEED_BASE + i``; neither training nor the held-out range reaches it."""

@@ -1,0 +1,270 @@
+"""``trajectory-ensemble calibrate --bag BAG [--bag BAG ...]``: the uncertainty threshold from a team's own recordings.
+
+The toy mode of ``calibrate`` renders toy scenes. This source of episodes is a robot's bags instead: recorded
+successful episodes (teleoperated demonstrations, or runs that reached their goal). As FIPER calibrates on successful
+rollouts only, the bags given to ``--bag`` must hold successful episodes only; the score of each goal then comes
+from the node itself:
+
+1. **Score.** Each bag is replayed into the node (:func:`~.replay.replay`, the same goal schedule and flags as
+   ``replay``); every goal draws ``--count`` candidates and the node computes ``uncertainty.score`` from them in
+   normalized space (:mod:`trajectory_ensemble_node.uncertainty`), read from the result at full float32 precision.
+   Goals that fail are left out and counted.
+2. **Threshold.** Split conformal over the goals' scores
+   (:func:`~trajectory_ensemble_node.stats.conformal_threshold`): the ``ceil((1 - alpha)(n + 1))``-th smallest.
+   For a new goal exchangeable with the calibration goals, ``P(score > threshold) <= alpha``. Goals of one episode
+   are not independent; the guarantee is marginal over episodes drawn like the calibration ones.
+3. **Held out.** ``--heldout-bag`` bags (other successful episodes) are scored the same way; their false-alarm rate
+   (scores above the threshold) carries a Wilson 95 % interval (:func:`~trajectory_ensemble_node.stats.wilson`).
+
+Output: the JSON that the node's ``uncertainty_calibration_file`` loads (``uncertainty.threshold``, see
+``ros/startup_checks.load_uncertainty_threshold``), plus a markdown summary beside it. The node is the one answering
+on ``--node-namespace``, or, with ``--start-node``, one started for the run (``--params-file``, else the toy policy's
+settings) on a ROS domain nobody else uses, and stopped afterwards.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from ..provenance import git_commit, utc_now
+from ..stats import conformal_threshold, wilson
+
+EXIT_OK = 0
+EXIT_BAD_INPUT = 2
+EXIT_UNREACHABLE = 3
+EXIT_NODE_FAILED = 4
+DEFAULT_REPLAY_OUT = Path("out/calibrate")
+
+
+def add_bag_arguments(parser: argparse.ArgumentParser) -> None:
+    """The ``--bag`` mode's flags (``calibrate`` keeps its toy-scene flags beside them)."""
+    group = parser.add_argument_group(
+        "calibration from bags", "replay recorded successful episodes into the node and calibrate on its candidates "
+        "(--count, --reducer, --base-seed, --alpha and --json apply)")
+    group.add_argument("--bag", action="append", type=Path, default=[], metavar="BAG",
+                       help="rosbag2 folder of successful episodes to calibrate on (repeatable); selects this mode")
+    group.add_argument("--heldout-bag", action="append", type=Path, default=[], metavar="BAG",
+                       help="successful episodes held out: the false-alarm rate of the threshold (repeatable)")
+    group.add_argument("--start-node", action="store_true",
+                       help="start the node for the run (on an unused ROS domain) and stop it afterwards")
+    group.add_argument("--params-file", type=Path, default=None, metavar="YAML",
+                       help="with --start-node: the node's parameters (default: the toy policy's settings)")
+    group.add_argument("--node-namespace", default="/trajectory_ensemble",
+                       help="the node's fully qualified name (default /trajectory_ensemble)")
+    group.add_argument("--wait", type=float, default=300.0, metavar="S", help="seconds to wait for the node (300)")
+    group.add_argument("--goal-every", type=float, default=1.0, metavar="K", help="bag seconds per goal (1.0)")
+    group.add_argument("--goal-offset", type=float, default=0.25, metavar="S",
+                       help="bag seconds from the first image to the first goal (0.25)")
+    group.add_argument("--rate", type=float, default=1.0, help="playback speed factor (1.0)")
+    group.add_argument("--replay-out", type=Path, default=DEFAULT_REPLAY_OUT, metavar="DIR",
+                       help=f"where each bag's replay is recorded ({DEFAULT_REPLAY_OUT})")
+
+
+def _scores(args: argparse.Namespace, bag_list: Sequence[Path], role: str, seed0: int) -> tuple[list[float],
+                                                                                               list[dict[str, Any]],
+                                                                                               list[Any]]:
+    """Replay each bag; the succeeded goals' scores, one record per bag, and each scored goal's frame (RGB, or None
+    for an encoding the replay cannot convert), which the novelty scorer is fitted on."""
+    from ..replay.playback import ReplayOptions
+    from ..replay.replay import replay
+
+    scores: list[float] = []
+    records: list[dict[str, Any]] = []
+    frames: list[Any] = []
+    seed = seed0
+    for i, bag in enumerate(bag_list):
+        opts = ReplayOptions(bag=bag, rate=args.rate, goal_every_s=args.goal_every, goal_offset_s=args.goal_offset,
+                             out=args.replay_out / f"{role}-{i}", overwrite=True, candidates=args.count,
+                             reducer=args.reducer, seed=seed, node_namespace=args.node_namespace, wait_s=args.wait,
+                             plot=False)
+        report = replay(opts, log=lambda line: None)
+        report.write_summary()
+        mine = [g.uncertainty_score for g in report.goals if g.status == "SUCCEEDED" and g.uncertainty_score is not None]
+        failed = [f"goal {g.index}: {g.status} {g.error_message}".strip() for g in report.goals
+                  if g.status != "SUCCEEDED"]
+        scores += mine
+        frames += [g.image for g in report.goals if g.status == "SUCCEEDED" and g.uncertainty_score is not None]
+        seed += len(report.goals)
+        records.append({"bag": str(bag), "goals": len(report.goals), "scored": len(mine), "failed": failed,
+                        "scores": mine})
+        print(f"calibrate: {role} {bag}: {len(mine)} of {len(report.goals)} goals scored"
+              + (f" ({len(failed)} failed: {failed[0]})" if failed else ""), flush=True)
+    return scores, records, frames
+
+
+def _rate(flags: Sequence[bool]) -> dict[str, Any]:
+    hits = int(sum(flags))
+    return {"rate": hits / max(len(flags), 1), "count": hits, "of": len(flags), "ci95": list(wilson(hits, len(flags)))}
+
+
+def calibrate_from_bags(args: argparse.Namespace) -> dict[str, Any]:
+    """Score the bags and compute the threshold (module docstring); the JSON document.
+
+    Raises:
+        ValueError: Too few scored goals for a finite threshold at ``alpha``.
+        BagError: A bag cannot be read.
+        NodeUnreachableError: The node does not answer.
+    """
+    commit = git_commit()
+    cal_scores, cal_records, cal_frames = _scores(args, args.bag, "calibration", args.base_seed)
+    threshold = conformal_threshold(cal_scores, args.alpha) if cal_scores else math.inf
+    if not math.isfinite(threshold):
+        need = math.ceil((1 - args.alpha) / args.alpha)
+        raise ValueError(f"{len(cal_scores)} scored calibration goals give no finite threshold at alpha "
+                         f"{args.alpha:g} (the rank ceil((1 - alpha)(n + 1)) exceeds n); record more successful "
+                         f"episodes: at least {need} goals")
+    held_scores, held_records, held_frames = _scores(args, args.heldout_bag, "heldout", args.base_seed + 1_000_000)
+    uncertainty: dict[str, Any] = {
+        "threshold": threshold,
+        "alpha": args.alpha,
+        "source": "bags",
+        "calibration_goals": len(cal_scores),
+        "calibration_bags": len(args.bag),
+        "heldout_goals": len(held_scores),
+        "acceptance_false_alarm_at_most": args.alpha + 0.05,
+    }
+    if held_scores:
+        false_alarms = _rate([s > threshold for s in held_scores])
+        uncertainty.update(false_alarm_rate=false_alarms["rate"], false_alarms=false_alarms,
+                           acceptance_met=false_alarms["rate"] <= args.alpha + 0.05)
+    novelty = _novelty(args, cal_scores, cal_frames, held_scores, held_frames)
+    return {
+        "uncertainty": uncertainty,
+        **novelty,
+        "settings": {
+            "date": utc_now(), "commit": commit, "bags": [str(b) for b in args.bag],
+            "heldout_bags": [str(b) for b in args.heldout_bag], "count": args.count, "reducer": args.reducer,
+            "base_seed": args.base_seed, "goal_every_s": args.goal_every, "goal_offset_s": args.goal_offset,
+            "node": args.node_namespace, "params_file": str(args.params_file) if args.params_file else None,
+            "score": "uncertainty.score of each goal's result: mean RMS distance (normalized space) from each "
+                     "candidate to its nearest other",
+        },
+        "scores": {"calibration": cal_scores, "heldout": held_scores},
+        "episodes": {"calibration": cal_records, "heldout": held_records},
+    }
+
+
+def _novelty(args: argparse.Namespace, cal_scores: list[float], cal_frames: list[Any], held_scores: list[float],
+             held_frames: list[Any]) -> dict[str, Any]:
+    """The novelty scorer fitted on the same goals (issue 33, :func:`.novelty_calibration.from_episodes`): the
+    ``observation`` and ``combined`` sections, or nothing when the model or a frame is unknown here."""
+    from . import novelty_calibration
+
+    if not args.start_node:
+        print("calibrate: novelty not calibrated: it needs --start-node, so this run knows the model the frames are "
+              "embedded with", flush=True)
+        return {}
+    if any(frame is None for frame in cal_frames + held_frames):
+        print("calibrate: novelty not calibrated: some frames have an encoding the replay cannot convert to RGB",
+              flush=True)
+        return {}
+    from ..ros.params import validate
+
+    scorer_path = getattr(args, "scorer_out", None) or args.json.with_suffix(".novelty.safetensors")
+    observation, combined = novelty_calibration.from_episodes(
+        validate(_node_params(args)), cal_scores, cal_frames, held_scores, held_frames, args.alpha,
+        scorer_path=scorer_path, kind=getattr(args, "scorer", novelty_calibration.DEFAULT_SCORER),
+        fit_share=getattr(args, "fit_share", novelty_calibration.DEFAULT_FIT_SHARE), seed=args.base_seed)
+    return {"observation": observation, "combined": combined}
+
+
+def markdown(result: dict[str, Any]) -> str:
+    """A short human summary of a ``calibrate --bag`` result."""
+    u, s = result["uncertainty"], result["settings"]
+    lines = [f"# Uncertainty calibration from bags ({s['date']}, commit {s['commit']})", "",
+             f"N = {s['count']} candidates, reducer `{s['reducer']}`. Score: {s['score']}. Split-conformal threshold "
+             f"at alpha = {u['alpha']} from {u['calibration_goals']} goals of {u['calibration_bags']} bag(s) of "
+             "successful episodes.", "", "| figure | value |", "|---|---|", f"| threshold | {u['threshold']:.4f} |"]
+    if "false_alarms" in u:
+        fa = u["false_alarms"]
+        low, high = fa["ci95"]
+        lines += [f"| false-alarm rate, {u['heldout_goals']} held-out goals | {100 * fa['rate']:.0f}% "
+                  f"[{100 * low:.0f}, {100 * high:.0f}] ({fa['count']}/{fa['of']}) |", "",
+                  f"Acceptance (false alarms <= alpha + 0.05 = {u['acceptance_false_alarm_at_most']:.2f}): "
+                  f"{'met' if u['acceptance_met'] else 'NOT met'}. Interval: Wilson 95%."]
+    if "observation" in result:
+        o, c = result["observation"], result["combined"]
+        lines += ["", f"Novelty: {o['scorer']} scorer on {o['embedding']} ({o['embedding_dim']} values) fitted on "
+                  f"{o['fit_goals']} goals, threshold {o['threshold']:.4g} from the other {o['threshold_goals']}; "
+                  f"scorer `{o['scorer_file']}` (the node's novelty_scorer_file). Rule `{c['rule']}` "
+                  f"({c['recommendation']}).", "", "| rule | false alarms, held-out goals |", "|---|---|"]
+        lines += [f"| `{name}` | " + ("-" if f["false_alarm_rate"] is None else f"{100 * f['false_alarm_rate']:.0f}%")
+                  + " |" for name, f in c["rules"].items()]
+    return "\n".join(lines + [""])
+
+
+def _node_params(args: argparse.Namespace) -> dict[str, Any]:
+    if args.params_file is not None:
+        from ..ros.params_file import read_params_file
+
+        return read_params_file(str(args.params_file), args.node_namespace)
+    from ..demo.demo import default_model, node_params
+
+    return node_params(default_model(), "auto", args.count)
+
+
+def run(args: argparse.Namespace, toy_json: Path | None = None) -> int:
+    """Run ``calibrate --bag``: 0 written; 2 bad bags or arguments (or too few goals); 3 no node; 4 the node did not
+    start.
+
+    Args:
+        args (`argparse.Namespace`): ``calibrate``'s flags.
+        toy_json (`Path`, *optional*): The toy mode's default ``--json``, which this mode refuses to overwrite.
+    """
+    from ..errors import TrajectoryEnsembleError
+    from ..replay.bag_check import check_replay_bag
+    from ..demo.launcher import NodeProcess, NodeStartError, ros_env, unused_domain_id
+    from ..replay.playback import ReplayOptions
+    from ..cli.ros_client import NodeUnreachableError
+
+    if args.json == toy_json:
+        print(f"error: calibrate --bag needs --json PATH ({toy_json} holds the toy-scene calibration)",
+              file=sys.stderr)
+        return EXIT_BAD_INPUT
+    if args.params_file is not None and not args.start_node:
+        print("error: --params-file is for --start-node (a running node has its parameters already)", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    node = None
+    try:
+        # Every bag is checked before a node is started or contacted: a damaged recording is a bad bag (2).
+        for bag in [*args.bag, *args.heldout_bag]:
+            check_replay_bag(ReplayOptions(bag=bag))
+        if args.start_node:
+            params = _node_params(args)
+            domain = unused_domain_id()
+            # This process's rclpy reads the domain at init; the node gets the same one through its environment.
+            os.environ["ROS_DOMAIN_ID"] = str(domain)
+            args.replay_out.mkdir(parents=True, exist_ok=True)
+            node = NodeProcess(params, ros_env(domain), log_path=args.replay_out / "node.log")
+            print(f"calibrate: starting the node on ROS_DOMAIN_ID={domain}; log {args.replay_out}/node.log",
+                  flush=True)
+            node.start(ready_timeout_s=args.wait)
+        result = calibrate_from_bags(args)
+    except NodeStartError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return EXIT_NODE_FAILED
+    except NodeUnreachableError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return EXIT_UNREACHABLE
+    except (TrajectoryEnsembleError, ValueError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    finally:
+        if node is not None:
+            node.stop()
+    out: Path = args.json
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1))
+    out.with_suffix(".md").write_text(markdown(result))
+    u = result["uncertainty"]
+    print(json.dumps({"uncertainty": {k: u[k] for k in ("threshold", "alpha", "calibration_goals", "heldout_goals",
+                                                        "false_alarm_rate") if k in u}}))
+    print(f"wrote {out} and {out.with_suffix('.md')} (the node loads it as uncertainty_calibration_file)")
+    return EXIT_OK

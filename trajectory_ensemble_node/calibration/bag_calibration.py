@@ -165,7 +165,7 @@ def _novelty(args: argparse.Namespace, cal_scores: list[float], cal_frames: list
         print("calibrate: novelty not calibrated: some frames have an encoding the replay cannot convert to RGB",
               flush=True)
         return {}
-    from ..ros.params import validate
+    from ..serving.params import validate
 
     scorer_path = getattr(args, "scorer_out", None) or args.json.with_suffix(".novelty.safetensors")
     observation, combined = novelty_calibration.from_episodes(
@@ -202,7 +202,7 @@ def markdown(result: dict[str, Any]) -> str:
 
 def _node_params(args: argparse.Namespace) -> dict[str, Any]:
     if args.params_file is not None:
-        from ..ros.params_file import read_params_file
+        from ..serving.params_file import read_params_file
 
         return read_params_file(str(args.params_file), args.node_namespace)
     from ..demo.demo import default_model, node_params

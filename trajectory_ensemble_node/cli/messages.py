@@ -123,7 +123,7 @@ def string_msg(text: str) -> Any:
 
 def stamp_ns(msg: Any) -> int:
     """Header stamp of any message with a ``header`` (rosbags or rclpy object) in nanoseconds."""
-    from ..ros.observations import stamp_ns as time_ns
+    from ..serving.observations import stamp_ns as time_ns
 
     return time_ns(msg.header.stamp)
 
@@ -137,7 +137,7 @@ def image_rgb(msg: Any) -> np.ndarray:
     Raises:
         BagError: The node would reject the frame (e.g. an unsupported encoding); the message says why.
     """
-    from ..ros.observations import image_to_rgb
+    from ..serving.observations import image_to_rgb
 
     try:
         return image_to_rgb(msg.encoding, msg.height, msg.width, msg.step, msg.data)

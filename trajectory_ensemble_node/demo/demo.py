@@ -57,7 +57,7 @@ TINY_SETTINGS: dict[str, Any] = {"domain_name": "droid_lerobot", "reducer": "mea
 
 def default_model() -> str:
     """The node's default ``model`` parameter (``toy``), read from its parameter table."""
-    from ..ros.params import PARAMETERS
+    from ..serving.params import PARAMETERS
 
     return str(next(spec.default for spec in PARAMETERS if spec.name == "model"))
 

@@ -14,6 +14,7 @@ Clients are raw ``websockets`` and ``msgpack`` (what an attacker writes) and the
 from __future__ import annotations
 
 import json
+import os
 import signal
 import socket
 import subprocess
@@ -192,6 +193,25 @@ class HealthPoller:
             thread.join(30)
 
 
+FAVOURED_NICE = -10
+
+
+def favour(pid: int) -> bool:
+    """Run every thread of ``pid`` at ``FAVOURED_NICE``; False where this user may not raise a priority.
+
+    The 100 ms health bound is about the server: with a core of its own it answers within it whatever a bomb holds.
+    On a host loaded on purpose (both cores busy beside the suite), the server and the poller otherwise wait their turn
+    behind the load for longer than that (249 ms seen at load 4, with the bombs refused in 63-327 ms), which measures
+    the host. Linux keeps a nice value per thread, so each existing thread is set; later ones inherit it.
+    """
+    try:
+        for thread in psutil.Process(pid).threads():
+            os.setpriority(os.PRIO_PROCESS, thread.id, FAVOURED_NICE)
+    except (PermissionError, psutil.AccessDenied):
+        return False
+    return True
+
+
 def test_msgpack_bombs_are_refused_by_name_while_health_answers_and_memory_stays_flat(tmp_path):
     with server_process(tmp_path, {}) as server:
         ws, _ = connect(server.port)
@@ -204,6 +224,7 @@ def test_msgpack_bombs_are_refused_by_name_while_health_answers_and_memory_stays
         baseline = psutil.Process(server.proc.pid).memory_info().rss
         bombs = {"maps": _maps_bomb(), "deep": _deep_bomb(), "wide": _wide_bomb()}
         poller = HealthPoller(server.port, server.proc.pid)
+        favoured = favour(server.proc.pid) and favour(poller.proc.pid)
         wait_until(lambda: len(poller.latencies) >= 20, what="health checks before the bombs")
         quiet = max(seconds for _, seconds in poller.latencies)
         refusals, spans = {}, {}
@@ -226,7 +247,8 @@ def test_msgpack_bombs_are_refused_by_name_while_health_answers_and_memory_stays
               f"{quiet * 1000:.1f} ms); bombs answered in "
               f"{ {name: round((end - start) * 1000) for name, (start, end) in spans.items()} } ms (a normal frame of "
               f"that size: {normal_ms:.0f} ms); RSS "
-              f"{baseline / 2**20:.0f} MiB, peak +{grown:.1f} MiB")
+              f"{baseline / 2**20:.0f} MiB, peak +{grown:.1f} MiB; server and poller at nice "
+              f"{FAVOURED_NICE if favoured else 'unchanged (not permitted)'}")
         assert worst < 0.100, f"/healthz took {worst * 1000:.0f} ms during the bombs"
         assert grown < 50, f"the server's RSS grew by {grown:.0f} MiB"
         # The same connection serves on.

@@ -33,6 +33,7 @@ from typing import Any
 import torch
 
 from trajectory_ensemble_node.errors import GroupFailedError
+from trajectory_ensemble_node.metrics import GroupCounters
 from trajectory_ensemble_node.models.cosmos3 import STEP_CAPTURE_MODES, StepCaptureError, check_step_capture
 from trajectory_ensemble_node.seeding import candidate_seeds
 from . import memory as memory_mod
@@ -192,8 +193,8 @@ def measure(settings: ServingSettings, log: Progress) -> dict[str, Any]:
                 "latency_s": Stats.of([c.latency_s for c in calls]),
                 "ratio_vs_sequential": Stats.of([c.latency_s / s for c, s in zip(calls, sums)]),
                 "ratio_vs_eager": Stats.of([c.latency_s / e.latency_s for c, e in zip(calls, batched[("off", n)])]),
-                "denoise_ms": Stats.of([c.result.metrics["denoise_ms"] for c in calls]),
-                "physical_forwards": int(calls[-1].result.metrics["physical_forwards"]),
+                "denoise_ms": Stats.of([c.result.report(GroupCounters).denoise_ms for c in calls]),
+                "physical_forwards": int(calls[-1].result.report(GroupCounters).physical_forwards),
                 "parity_vs_upstream": parity([c.result.candidates for c in calls], reference),
                 "vs_eager": {"max_abs_diff": float((last - eager_last).abs().max()), "max_abs_eager": scale,
                              "within_rule": float((last - eager_last).abs().max()) <= 1e-3 * max(1.0, scale),

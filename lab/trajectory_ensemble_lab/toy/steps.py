@@ -23,6 +23,8 @@ import numpy as np
 import torch
 
 from trajectory_ensemble_node.contract import CandidateTrajectorySpec
+from trajectory_ensemble_node.engine.deadline import StepsReport
+from trajectory_ensemble_node.metrics import GroupCounters
 from trajectory_ensemble_node.provenance import git_commit, utc_now
 from trajectory_ensemble_node.reducers import get_reducer
 from trajectory_ensemble_node.toy import load_toy_pipeline, request_kwargs, task
@@ -62,23 +64,24 @@ def _deadline_goals(model: Any, scenes: Sequence[task.Scene], count: int, goals:
     """Serve goals one at a time: first without a deadline (the normal time), then with half of it."""
     spec = CandidateTrajectorySpec(count=count, reducer="mode")
     images = [task.render(scenes[i % len(scenes)]) for i in range(goals)]
-    normal = [model.generate(**request_kwargs(im), spec=spec, base_seed=i).metrics["total_ms"]
+    normal = [model.generate(**request_kwargs(im), spec=spec, base_seed=i).report(GroupCounters).total_ms
               for i, im in enumerate(images[: max(3, goals // 4)])]
     deadline_s = float(np.median(normal)) / 2000.0
-    metrics = [model.generate(**request_kwargs(im), spec=spec, base_seed=i, deadline_s=deadline_s).metrics
+    results = [model.generate(**request_kwargs(im), spec=spec, base_seed=i, deadline_s=deadline_s)
                for i, im in enumerate(images)]
-    totals = np.array([m["total_ms"] for m in metrics])
+    steps = [r.report(StepsReport) for r in results]
+    totals = np.array([r.report(GroupCounters).total_ms for r in results])
     return {
         "normal_goal_ms_median": float(np.median(normal)),
         "deadline_ms": 1000.0 * deadline_s,
         "goals": goals,
-        "met": int(sum(bool(m["deadline_met"]) for m in metrics)),
+        "met": int(sum(bool(s.deadline_met) for s in steps)),
         "total_ms_p50": float(np.percentile(totals, 50)),
         "total_ms_p95": float(np.percentile(totals, 95)),
-        "steps_planned": metrics[0]["steps_planned"],
-        "steps_fitted": sorted({int(m["steps_fitted"]) for m in metrics}),
-        "steps_used": sorted({int(m["steps_used"]) for m in metrics}),
-        "steps_used_mean": float(np.mean([m["steps_used"] for m in metrics])),
+        "steps_planned": steps[0].planned,
+        "steps_fitted": sorted({int(s.fitted) for s in steps}),
+        "steps_used": sorted({int(s.used) for s in steps}),
+        "steps_used_mean": float(np.mean([s.used for s in steps])),
     }
 
 

@@ -4,7 +4,8 @@ A 2D point robot must reach a target past a disk obstacle, above or below it (se
 and their summary in :mod:`.episodes`). The weights under ``assets/toy_policy`` were trained on CPU by
 ``trajectory-ensemble train-toy`` and are evaluated by ``trajectory-ensemble bench --quality``; both, like the shifted
 scene families and the toy-scene calibration, are experiments of the lab (``trajectory_ensemble_lab.toy``: ``train``,
-``quality``, ``shifted``, ``scene_calibration``), which the product never imports.
+``quality``, ``shifted``, ``scene_calibration``). The product imports none of them, except ``calibrate``'s toy-scene
+mode, which finds ``scene_calibration`` by name when the lab is installed.
 
 Scene API for the demo::
 

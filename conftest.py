@@ -15,8 +15,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent / "tests"))
 
 from _launch_testing import LAUNCH_TESTING_SKIP_REASON, launch_testing_available
 
-from trajectory_ensemble_node.tools.launcher import pick_domain_id
-from trajectory_ensemble_node.tools.launcher import ros_env as ros_env_for
+from trajectory_ensemble_node.cli.launcher import pick_domain_id
+from trajectory_ensemble_node.cli.launcher import ros_env as ros_env_for
 
 @pytest.fixture(scope="session")
 def ros_domain_id() -> Iterator[int]:

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import yaml
 
-from trajectory_ensemble_node.tools.ros_client import DISCOVERY_SETTLE_S, subscribe_goal_feedback
+from trajectory_ensemble_node.cli.ros_client import DISCOVERY_SETTLE_S, subscribe_goal_feedback
 
 NODE = "trajectory_ensemble"
 NS = f"/{NODE}"
@@ -71,7 +71,7 @@ class NodeProcess:
 
     Args:
         params_file (`Path`): Its parameter file.
-        env (`Mapping[str, str]`): Its environment (``trajectory_ensemble_node.tools.launcher.ros_env``).
+        env (`Mapping[str, str]`): Its environment (``trajectory_ensemble_node.cli.launcher.ros_env``).
         log_path (`Path`): Where its stdout and stderr go.
     """
 
@@ -393,8 +393,8 @@ class RosClient:
         ``use_sim_time``), created on first use once the node's clock subscription matched; its ``SimClock`` starts
         paused at 0 s (``start(rate_hz)`` publishes it at a fixed rate, as a simulator does)."""
         if getattr(self, "_clock_out", None) is None:
-            from trajectory_ensemble_node.tools.clock_publisher import ClockPublisher
-            from trajectory_ensemble_node.tools.sim_model import SimClock
+            from trajectory_ensemble_node.demo.clock_publisher import ClockPublisher
+            from trajectory_ensemble_node.demo.sim_model import SimClock
 
             clock = SimClock(1.0, start_ns=0)
             clock.pause()
@@ -601,7 +601,7 @@ def serve_node(tmp: Path, domain_id: int, overrides: Mapping[str, Any],
         step_delay_s (`float`): Sleep before every physical forward (test-only pacing, see ``ros/faults.py``), so
             a cancel, preemption or shutdown lands mid-group however fast the machine is.
     """
-    from trajectory_ensemble_node.tools.launcher import ros_env
+    from trajectory_ensemble_node.cli.launcher import ros_env
 
     params_file = write_params(tmp / "params.yaml", overrides)
     node = NodeProcess(params_file, ros_env(domain_id), tmp / "node.log", step_delay_s)

@@ -11,7 +11,7 @@ bag), and an analysis (assertions on what it published, and on how close that is
         assert run.summary["reference"]["rows_past_recording"] == 0
 
 - :func:`replay_test` starts the node (``trajectory-ensemble serve`` with ``params``) as a child process on a ROS
-  domain no other DDS participant on this host uses (:func:`~.tools.launcher.unused_domain_id`), runs
+  domain no other DDS participant on this host uses (:func:`~.cli.launcher.unused_domain_id`), runs
   ``trajectory-ensemble replay BAG`` against it as a second child on that domain (the same command a CI job runs,
   with the same exit status), and returns the parsed ``summary.json``, the recorded bag and the output.
 - :class:`ReplayNode` keeps one node for several replays (``mode`` then ``mean`` on the same bag, one model load).
@@ -40,8 +40,8 @@ from pathlib import Path
 from typing import Any
 
 from .errors import TrajectoryEnsembleError
-from .tools.bags import DEMO_REFERENCE_TOPIC, DEMONSTRATION_BAG
-from .tools.launcher import NodeProcess, ros_env, unused_domain_id
+from .replay.bags import DEMO_REFERENCE_TOPIC, DEMONSTRATION_BAG
+from .cli.launcher import NodeProcess, ros_env, unused_domain_id
 
 __all__ = ["DEMONSTRATION_BAG", "DEMO_REFERENCE_TOPIC", "ReplayNode", "ReplayRun", "ReplayTestError", "replay_test"]
 
@@ -100,7 +100,7 @@ class ReplayNode:
             defaults (the bundled toy policy).
         out (`str` or `Path`, *optional*): Folder for ``node.log``, ``node.pid`` and each replay's output; default: a
             new temporary folder.
-        domain_id (`int`, *optional*): ``ROS_DOMAIN_ID``; default: :func:`~.tools.launcher.unused_domain_id`.
+        domain_id (`int`, *optional*): ``ROS_DOMAIN_ID``; default: :func:`~.cli.launcher.unused_domain_id`.
         ready_timeout_s (`float`): Seconds to wait for the model to load.
     """
 
@@ -126,7 +126,7 @@ class ReplayNode:
         Raises:
             ReplayTestError: It exited, or was not ready in time (it is stopped); the message has its last lines.
         """
-        from .tools.launcher import NodeStartError
+        from .cli.launcher import NodeStartError
 
         if self.domain_id is None:
             with _LIVE_LOCK:

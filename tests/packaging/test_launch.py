@@ -19,7 +19,7 @@ import yaml
 
 from _launch_testing import launch_testing_available
 
-from trajectory_ensemble_node.tools.launcher import pick_domain_id
+from trajectory_ensemble_node.cli.launcher import pick_domain_id
 
 pytestmark = pytest.mark.launch_testing
 

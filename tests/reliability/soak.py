@@ -41,7 +41,7 @@ from _node_harness import NS, serve_node  # noqa: E402
 from _reliability_harness import fire_burst, rss_bytes  # noqa: E402
 
 from trajectory_ensemble_node.errors import ErrorCode  # noqa: E402
-from trajectory_ensemble_node.tools.launcher import pick_domain_id, ros_env  # noqa: E402
+from trajectory_ensemble_node.cli.launcher import pick_domain_id, ros_env  # noqa: E402
 
 SUCCEEDED, CANCELED, ABORTED = 4, 5, 6
 SOAK_PARAMS = {"num_inference_steps": 1, "candidate_count": 2, "max_observation_age_s": 600.0,

@@ -105,7 +105,7 @@ def test_update_weights_refusals_name_the_rule_and_reveal_nothing(served):
 
 def test_a_second_node_with_the_same_name_a_foreign_params_file_and_a_raw_reducer_is_loud(served, tmp_path):
     node, _ = served
-    from trajectory_ensemble_node.tools.launcher import ros_env
+    from trajectory_ensemble_node.cli.launcher import ros_env
 
     own = write_params(tmp_path / "own.yaml", {"reducer": "pose_gripper"})
     foreign = tmp_path / "foreign.yaml"

@@ -31,7 +31,7 @@ stamps = Stamps(43_000)
 
 @pytest.fixture(scope="module")
 def managed(tmp_path_factory, ros_domain_id):
-    from trajectory_ensemble_node.tools.launcher import ros_env
+    from trajectory_ensemble_node.cli.launcher import ros_env
 
     tmp = tmp_path_factory.mktemp("lifecycle")
     params = write_params(tmp / "params.yaml", {"autostart": False, "num_inference_steps": 6})

@@ -133,7 +133,7 @@ def test_diagnostics_say_what_an_active_node_waits_for():
 def test_a_just_started_node_serves_the_readme_clients_first_goal(tmp_path, ros_domain_id):
     """Start the node; at once wait_for_server() and send a goal; the camera starts publishing only once the goal
     waits, so the goal certainly arrived before the node's first frame; it succeeds on that frame."""
-    from trajectory_ensemble_node.tools.launcher import ros_env
+    from trajectory_ensemble_node.cli.launcher import ros_env
 
     node = NodeProcess(write_params(tmp_path / "params.yaml", {}), ros_env(ros_domain_id), tmp_path / "node.log")
     client = RosClient(domain_id=ros_domain_id)
@@ -165,7 +165,7 @@ def test_a_just_started_node_serves_the_readme_clients_first_goal(tmp_path, ros_
 @pytest.fixture(scope="module")
 def cameraless(tmp_path_factory, ros_domain_id):
     """A node no camera ever publishes to (a goal's wait is bounded by startup_goal_wait_s: 20 s)."""
-    from trajectory_ensemble_node.tools.launcher import ros_env
+    from trajectory_ensemble_node.cli.launcher import ros_env
 
     tmp = tmp_path_factory.mktemp("readiness")
     node = NodeProcess(write_params(tmp / "params.yaml", {"startup_goal_wait_s": 20.0}), ros_env(ros_domain_id),

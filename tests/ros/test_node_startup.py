@@ -9,7 +9,7 @@ pytest.importorskip("trajectory_ensemble_msgs")
 
 from _node_harness import env_without, run_node_until_exit, write_params  # noqa: E402
 
-from trajectory_ensemble_node.tools.launcher import ros_env as ros_env_for  # noqa: E402
+from trajectory_ensemble_node.cli.launcher import ros_env as ros_env_for  # noqa: E402
 
 pytestmark = [pytest.mark.ros, pytest.mark.slow]
 

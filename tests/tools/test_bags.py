@@ -254,7 +254,7 @@ def test_bag_and_plot_modules_import_without_rclpy() -> None:
         "        if name.split('.')[0] == 'rclpy': raise ImportError('rclpy blocked')\n"
         "sys.meta_path.insert(0, B())\n"
         "import trajectory_ensemble_node.replay.bags, trajectory_ensemble_node.replay.plots\n"
-        "import trajectory_ensemble_node.replay.playback, trajectory_ensemble_node.demo.launcher\n"
+        "import trajectory_ensemble_node.replay.playback, trajectory_ensemble_node.cli.launcher\n"
         "import trajectory_ensemble_lab.bench.ros_overhead, trajectory_ensemble_lab.bench.ros_floor\n"
         "assert 'rclpy' not in sys.modules\n"
     )

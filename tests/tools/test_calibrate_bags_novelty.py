@@ -14,7 +14,7 @@ import pytest
 from trajectory_ensemble_node.novelty import file_sha256, load_scorer
 from trajectory_ensemble_node.testing import ReplayNode
 from trajectory_ensemble_node.replay import bags
-from trajectory_ensemble_node.demo.launcher import ros_env, unused_domain_id
+from trajectory_ensemble_node.cli.launcher import ros_env, unused_domain_id
 from trajectory_ensemble_node.uncertainty import ALARM_RULES
 
 pytestmark = [pytest.mark.ros, pytest.mark.slow]

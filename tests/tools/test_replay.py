@@ -185,7 +185,7 @@ def test_replay_fails_clearly_without_node(tmp_path: Path, ros_env: dict[str, st
 @pytest.mark.slow
 def test_replay_into_real_node(tmp_path: Path, ros_env: dict[str, str]) -> None:
     """A generated bag replayed into the node (tiny model): one trajectory per goal, stamped with its observation."""
-    from trajectory_ensemble_node.demo.launcher import NodeProcess
+    from trajectory_ensemble_node.cli.launcher import NodeProcess
 
     frames = _write_bag(tmp_path / "in")
     expected = _expected_stamps(frames)

@@ -220,7 +220,7 @@ def run(args: argparse.Namespace, toy_json: Path | None = None) -> int:
     """
     from ..errors import TrajectoryEnsembleError
     from ..replay.bag_check import check_replay_bag
-    from ..demo.launcher import NodeProcess, NodeStartError, ros_env, unused_domain_id
+    from ..cli.launcher import NodeProcess, NodeStartError, ros_env, unused_domain_id
     from ..replay.playback import ReplayOptions
     from ..cli.ros_client import NodeUnreachableError
 

@@ -30,7 +30,7 @@ from typing import Any
 
 from ..errors import TrajectoryEnsembleError
 from ..replay import bags
-from .launcher import NodeProcess, NodeStartError, pick_domain_id, ros_env
+from ..cli.launcher import NodeProcess, NodeStartError, pick_domain_id, ros_env
 from ..replay.playback import ReplayOptions
 from ..replay.replay import EXIT_BAD_INPUT, EXIT_UNREACHABLE, NodeUnreachableError, finish, replay
 

@@ -63,7 +63,7 @@ def settings_from(args: argparse.Namespace) -> SimSettings:
 
 def run(args: argparse.Namespace) -> int:
     """Run ``trajectory-ensemble sim``; 0 when every episode ran to its end."""
-    from .launcher import NodeStartError
+    from ..cli.launcher import NodeStartError
     from ..cli.ros_client import NodeUnreachableError, check_node_name
     from .sim_report import report, simulate
 

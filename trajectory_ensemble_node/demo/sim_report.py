@@ -48,7 +48,7 @@ def serving_node(settings: SimSettings, log_dir: Path, device: str = "cpu",
     Yields:
         `NodeProcess`: The started node; it is stopped on exit.
     """
-    from .launcher import NodeProcess, pick_domain_id, ros_env
+    from ..cli.launcher import NodeProcess, pick_domain_id, ros_env
 
     domain_id = pick_domain_id()
     os.environ["ROS_DOMAIN_ID"] = str(domain_id)

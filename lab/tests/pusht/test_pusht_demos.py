@@ -8,9 +8,9 @@ import json
 
 import numpy as np
 
-from trajectory_ensemble_node.tools import bags
-from trajectory_ensemble_node.tools.playback import ReplayOptions, resolve_inputs
-from trajectory_ensemble_node.tools.reference import read_reference
+from trajectory_ensemble_node.replay import bags
+from trajectory_ensemble_node.replay.playback import ReplayOptions, resolve_inputs
+from trajectory_ensemble_node.replay.reference import read_reference
 from trajectory_ensemble_lab.pusht import cli
 from trajectory_ensemble_lab.pusht.recording import (CLOCK_TOPIC, JOINT_NAMES, PERIOD_NS, TEST_BAG, read_demo_bag,
                                                      write_demo_bag)

@@ -15,8 +15,8 @@ from trajectory_ensemble_node.catalog import load_model
 from trajectory_ensemble_node.contract import CandidateTrajectorySpec
 from trajectory_ensemble_node.models.cosmos3 import Cosmos3ActionModel, install_fanout
 from trajectory_ensemble_node.normalization import ActionNormalizer
-from trajectory_ensemble_node.tools import bags
-from trajectory_ensemble_node.tools.reference import read_reference
+from trajectory_ensemble_node.replay import bags
+from trajectory_ensemble_node.replay.reference import read_reference
 from trajectory_ensemble_lab.pusht import train as pusht_train
 from trajectory_ensemble_lab.pusht import INSTRUCTION
 from trajectory_ensemble_lab.pusht.recording import EPISODES_KEY, PERIOD_NS, TEST_BAG, read_demo_bag

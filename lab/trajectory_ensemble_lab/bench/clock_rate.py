@@ -74,8 +74,8 @@ class _Client:
         from sensor_msgs.msg import Image
         from trajectory_ensemble_msgs.action import GenerateTrajectory
 
-        from trajectory_ensemble_node.tools.clock_publisher import ClockPublisher
-        from trajectory_ensemble_node.tools.sim_model import SimClock
+        from trajectory_ensemble_node.demo.clock_publisher import ClockPublisher
+        from trajectory_ensemble_node.demo.sim_model import SimClock
 
         self.context = Context()
         rclpy.init(context=self.context)
@@ -177,7 +177,7 @@ def _table(doc: dict[str, Any]) -> str:
 
 def run(args: argparse.Namespace) -> int:
     """Run the measurement (``args``: ``--json``, ``--quiet``)."""
-    from trajectory_ensemble_node.tools.launcher import NodeProcess, NodeStartError, pick_domain_id, ros_env
+    from trajectory_ensemble_node.cli.launcher import NodeProcess, NodeStartError, pick_domain_id, ros_env
 
     json_path = Path(getattr(args, "json", None) or DEFAULT_JSON)
     if json_path.suffix != ".json":

@@ -1,7 +1,7 @@
 """``trajectory-ensemble bench --closed-loop --ros``: the toy closed loop through the real node and the simulated robot.
 
 Every scene runs once per execution setting (:data:`BENCH_RUNS`) through one serving node on sim time
-(:func:`trajectory_ensemble_node.tools.sim_report.simulate`, the same episodes ``make demo`` runs), and the JSON
+(:func:`trajectory_ensemble_node.demo.sim_report.simulate`, the same episodes ``make demo`` runs), and the JSON
 carries the in-process bench's metric keys per setting.
 """
 
@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from trajectory_ensemble_node.provenance import git_commit, utc_now
-from trajectory_ensemble_node.tools.sim_model import EpisodeRecord, SimSettings
-from trajectory_ensemble_node.tools.sim_report import BENCH_RTF, finite, serving_node, simulate, summary
+from trajectory_ensemble_node.demo.sim_model import EpisodeRecord, SimSettings
+from trajectory_ensemble_node.demo.sim_report import BENCH_RTF, finite, serving_node, simulate, summary
 from trajectory_ensemble_node.toy import task
 
 DEFAULT_JSON = Path("bench/results/closed_loop-ros-toy.json")

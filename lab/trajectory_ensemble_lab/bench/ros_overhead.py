@@ -354,7 +354,7 @@ def _table(doc: dict[str, Any]) -> str:
 def run(args: argparse.Namespace) -> int:
     """Run the measurement (``args`` are ``bench``'s: ``--json``, ``--steps``, ``--device``, ``--client-executor``,
     ``--quiet``)."""
-    from trajectory_ensemble_node.tools.launcher import NodeProcess, NodeStartError, pick_domain_id, ros_env
+    from trajectory_ensemble_node.cli.launcher import NodeProcess, NodeStartError, pick_domain_id, ros_env
 
     steps = int(getattr(args, "steps", None) or DEFAULT_STEPS)
     device = str(getattr(args, "device", None) or "auto")

@@ -46,7 +46,7 @@ def _goal_ms(client: _Client, seed: int) -> tuple[float, float]:
 
 def one_run(variant: str, log_dir: Path, device: str) -> dict[str, Any]:
     """Start a node of ``variant``, time its first goal and :data:`STEADY_GOALS` more, stop it."""
-    from trajectory_ensemble_node.tools.launcher import NodeProcess, pick_domain_id, ros_env
+    from trajectory_ensemble_node.cli.launcher import NodeProcess, pick_domain_id, ros_env
 
     domain_id = pick_domain_id()
     os.environ["ROS_DOMAIN_ID"] = str(domain_id)

@@ -1,6 +1,6 @@
 """``train-grpo --ros``: the GRPO loop against a live node, over real DDS.
 
-The node runs as a child process (:class:`~trajectory_ensemble_node.tools.launcher.NodeProcess`) with
+The node runs as a child process (:class:`~trajectory_ensemble_node.cli.launcher.NodeProcess`) with
 ``enable_weight_updates: true``, ``weights_dir`` (the trainer's weight folder, the only one the service may read) and
 ``rollout_dir``. Per scene the trainer publishes the rendered observation on ``~/observation/image`` and sends a
 ``rollout`` goal; it reads the record the node wrote (``result.rollout_path``). Each new weight file goes through
@@ -30,7 +30,7 @@ import torch
 
 from trajectory_ensemble_node.errors import TrajectoryEnsembleError
 from trajectory_ensemble_node.toy import task
-from trajectory_ensemble_node.tools.launcher import NodeProcess, pick_domain_id, ros_env
+from trajectory_ensemble_node.cli.launcher import NodeProcess, pick_domain_id, ros_env
 from trajectory_ensemble_node.models.cosmos3 import read_record
 
 

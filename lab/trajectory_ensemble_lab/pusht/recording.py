@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from trajectory_ensemble_node.tools import bags
+from trajectory_ensemble_node.replay import bags
 
 from . import INSTRUCTION
 from .sim import CONTROL_HZ, PushTError

@@ -36,7 +36,7 @@ from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import Cosmos3OmniPipeline
 
 from trajectory_ensemble_node.errors import TrajectoryEnsembleError, describe_error
 from trajectory_ensemble_node.normalization import ActionNormalizer
-from trajectory_ensemble_node.tools import bags
+from trajectory_ensemble_node.replay import bags
 from ..toy.pipeline import TOY_CONFIG
 from ..training import TrainingError
 from ..training.dataset import EncodedDataset, ExampleFormat, LabelledState, concat_datasets, encode_states

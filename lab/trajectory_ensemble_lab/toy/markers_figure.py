@@ -32,7 +32,7 @@ def collect(scene_offsets: tuple[int, ...], log_dir: Path) -> list[tuple[np.ndar
     from trajectory_ensemble_msgs.action import GenerateTrajectory
     from visualization_msgs.msg import MarkerArray
 
-    from trajectory_ensemble_node.demo.launcher import NodeProcess, pick_domain_id, ros_env
+    from trajectory_ensemble_node.cli.launcher import NodeProcess, pick_domain_id, ros_env
     from trajectory_ensemble_node.cli.ros_client import DISCOVERY_SETTLE_S, ClientSession
 
     domain_id = pick_domain_id()

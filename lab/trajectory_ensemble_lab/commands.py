@@ -19,4 +19,6 @@ COMMANDS: dict[str, tuple[str, str]] = {
                    "Flow-GRPO fine-tuning of the toy policy from its own rollout groups (in process or --ros)"),
     "pusht-demos": ("trajectory_ensemble_lab.pusht.cli",
                     "PushT expert demonstrations on gym-pusht as rosbag2, with their seeds and multimodality"),
+    "pusht-eval": ("trajectory_ensemble_lab.pusht.evaluate",
+                   "closed-loop PushT episodes through the OpenPI wire (openpi-client) or its policy in process"),
 }

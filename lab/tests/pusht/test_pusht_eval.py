@@ -64,6 +64,19 @@ def faces(checkpoint, tmp_path_factory):
             python.close()
 
 
+class _Spy:
+    """A policy that keeps each chunk it serves."""
+
+    def __init__(self, policy, served: list[np.ndarray]) -> None:
+        self.policy, self.served, self.metadata = policy, served, policy.metadata
+
+    def infer(self, obs):
+        reply = self.policy.infer(obs)
+        if "actions" in reply:
+            self.served.append(np.asarray(reply["actions"]))
+        return reply
+
+
 def _replayed_coverage(env_seed: int, actions: list[list[float]]) -> list[float]:
     env = make_env(pixels=True)
     env.reset(seed=env_seed)
@@ -92,6 +105,14 @@ def test_the_wire_and_the_policy_in_process_play_the_same_episode_bitwise(faces,
         assert np.abs(np.asarray(a.actions)).max() > 2.0
         if delay:
             assert a.continuity[0] == "no previous chunk" and set(a.continuity[1:]) == {"continued"}
+            # While chunk k + 1 is inferred the env executes rows 8, 9 of chunk k; those are the rows the server
+            # froze at the head of chunk k + 1 (to the float32 round trip of its normalization), so stamps align.
+            served: list[np.ndarray] = []
+            spy = _Spy(python, served)
+            assert ev.run_episode(spy, seed, delay=delay, **EPISODE).actions == a.actions
+            for before, after in zip(served, served[1:]):
+                np.testing.assert_allclose(after[:delay], before[8:8 + delay], atol=1e-3)
+            assert a.actions[8:10] == served[0][8:10].tolist() and a.actions[10:16] == served[1][2:8].tolist()
         else:
             assert set(a.continuity) == {"not requested"}
 

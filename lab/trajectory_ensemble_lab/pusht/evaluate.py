@@ -222,7 +222,6 @@ def run_episode(policy: ChunkPolicy, env_seed: int, *, execute: int = EXECUTE, d
     session = f"pusht-eval-{env_seed}"
     # A replayed seed must not continue the chunk its last episode left in the session (vLLM-Omni's reset).
     policy.infer({"endpoint": "reset", "session_id": session})
-    dt = 1.0 / CONTROL_HZ
     pending: np.ndarray | None = None  # rows of the last chunk the env executes while the next is inferred
     done = False
 
@@ -239,7 +238,7 @@ def run_episode(policy: ChunkPolicy, env_seed: int, *, execute: int = EXECUTE, d
         request: dict[str, Any] = {IMAGE_KEY: obs["pixels"], "prompt": INSTRUCTION,
                                    "seed": request_seed(env_seed, record.requests), "num_candidates": count,
                                    "reducer": reducer, "session_id": session,
-                                   "stamp": record.steps * dt}
+                                   "stamp": record.steps / CONTROL_HZ}
         if delay:
             request.update(continue_previous=True, inference_delay=delay)
         reply = policy.infer(request)

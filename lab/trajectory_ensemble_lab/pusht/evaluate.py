@@ -41,7 +41,7 @@ from trajectory_ensemble_node.provenance import git_commit, utc_now
 from trajectory_ensemble_node.stats import bootstrap_mean, wilson
 
 from . import DEMO_SEED_BASE, HELDOUT_SEED_BASE, INSTRUCTION, VALIDATION_SEED_BASE
-from .sim import CONTROL_HZ, MAX_STEPS, PushTError, make_env
+from .sim import CONTROL_HZ, MAX_STEPS, PushTError, make_env, read_state
 
 EXECUTE = 8
 """Rows of each chunk executed before the next request (Diffusion Policy's 8 of 16)."""
@@ -164,7 +164,10 @@ class EpisodeRecord:
         seconds (`float`): Wall time of the episode.
         continuity (`list[str]`): The reply's ``continuity`` status per request.
         actions (`list[list[float]]`): The executed targets ``[steps, 2]`` (env pixels).
-        coverage (`list[float]`): ``info["coverage"]`` after each step.
+        coverage (`list[float]`): ``info["coverage"]`` after each step. gym-pusht sums the T's two polygons in the
+            order of ``pymunk.Body.shapes``, a set ordered by memory address, so two env instances can differ here in
+            the last bit for one and the same pose.
+        poses (`list[list[float]]`): The T's ``(x, y, angle)`` after each step (bitwise reproducible).
     """
 
     env_seed: int
@@ -176,10 +179,11 @@ class EpisodeRecord:
     continuity: list[str] = field(default_factory=list)
     actions: list[list[float]] = field(default_factory=list)
     coverage: list[float] = field(default_factory=list)
+    poses: list[list[float]] = field(default_factory=list)
 
     def summary(self) -> dict[str, Any]:
         """The record without its per-step trace."""
-        return {k: v for k, v in asdict(self).items() if k not in ("actions", "coverage", "continuity")}
+        return {k: v for k, v in asdict(self).items() if k not in ("actions", "coverage", "poses", "continuity")}
 
 
 def check_served(metadata: dict[str, Any], execute: int, delay: int) -> int:
@@ -231,6 +235,7 @@ def run_episode(policy: ChunkPolicy, env_seed: int, *, execute: int = EXECUTE, d
         record.steps += 1
         record.actions.append([float(v) for v in action])
         record.coverage.append(float(info["coverage"]))
+        record.poses.append(read_state(env).block.tolist())
         record.success = record.success or bool(info["is_success"])
         return bool(terminated or truncated) or record.steps >= max_steps
 
@@ -401,7 +406,7 @@ def _run(args: argparse.Namespace) -> int:
     result = summarize(records, settings)
     if args.trace:
         result["trace"] = [{"env_seed": r.env_seed, "actions": r.actions, "coverage": r.coverage,
-                            "continuity": r.continuity} for r in records]
+                            "poses": r.poses, "continuity": r.continuity} for r in records]
     low, high = result["success_rate_ci95"]
     print(f"success {result['successes']}/{result['episodes']} ({result['success_rate']:.1%}, 95 % {low:.1%}.."
           f"{high:.1%}); mean max coverage {result['coverage_mean']:.3f}; {result['requests']} requests", flush=True)

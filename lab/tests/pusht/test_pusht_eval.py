@@ -1,7 +1,8 @@
 """``pusht-eval`` on a tiny untrained PushT checkpoint (the trainer's own builder, 0 steps): short closed-loop episodes
 through openpi-client against a real ``serve-openpi`` process and through the server's policy in this process give the
-same chunks, the same executed actions and the same coverage, bit for bit, with and without an inference delay; the
-coverage is the env's own; a refused setting exits 2 with its named code."""
+same chunks, executed actions and T poses bit for bit, and the same coverage to 1e-12 (gym-pusht sums the T's
+polygons in the order of a set, which differs between env objects), with and without an inference delay; the coverage
+is the env's own; a refused setting exits 2 with its named code."""
 
 from __future__ import annotations
 

@@ -149,17 +149,6 @@ def test_an_engine_failure_aborts_that_goal_only_and_publishes_nothing(client, f
     assert goals["goals_waiting"] == "0"
 
 
-def test_concurrent_goals_are_co_batched(client):
-    fresh_observation(client)
-    first = client.send_goal(candidate_count=2)
-    second = client.send_goal(candidate_count=3)
-    client.result(first)
-    client.result(second)
-    assert first.status == second.status == GoalStatus.STATUS_SUCCEEDED
-    co_batched = [metrics_dict(o.result)["co_batched_groups_max"] for o in (first, second)]
-    assert "2" in co_batched, co_batched
-
-
 def test_update_weights_reads_only_safetensors_inside_weights_dir(client, served):
     from trajectory_ensemble_node.models.cosmos3 import build_pipeline
 

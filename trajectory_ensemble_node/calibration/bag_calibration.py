@@ -33,6 +33,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from ..cli.exits import fail
 from ..provenance import git_commit, utc_now
 from ..stats import conformal_threshold, wilson
 
@@ -248,14 +249,11 @@ def run(args: argparse.Namespace, toy_json: Path | None = None) -> int:
             node.start(ready_timeout_s=args.wait)
         result = calibrate_from_bags(args)
     except NodeStartError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return EXIT_NODE_FAILED
+        return fail(error, EXIT_NODE_FAILED)
     except NodeUnreachableError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return EXIT_UNREACHABLE
+        return fail(error, EXIT_UNREACHABLE)
     except (TrajectoryEnsembleError, ValueError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+        return fail(error, EXIT_BAD_INPUT)
     finally:
         if node is not None:
             node.stop()

@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from .exits import fail
 from .ros_client import DEFAULT_NODE, ClientSession, check_node_name, domain_text, node_basename
 
 EXIT_OK = 0
@@ -104,8 +105,7 @@ def run(args: argparse.Namespace) -> int:
         if args.timeout <= 0:
             raise ValueError(f"--timeout must be > 0, got {args.timeout:g}")
     except ValueError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return EXIT_USAGE
+        return fail(error, EXIT_USAGE)
     try:
         return echo(args, log=lambda line: print(line, flush=True))
     except BrokenPipeError:

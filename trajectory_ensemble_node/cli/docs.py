@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
+
+from .exits import fail
 
 PARAMETERS_DOC = Path("docs/parameters.md")
 README = Path("README.md")
@@ -172,8 +173,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         files = expected_files(args.root, PARAMETERS, error_table())
     except (OSError, ValueError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+        return fail(error, EXIT_BAD_INPUT)
     stale = out_of_date(files)
     if args.check:
         for path in stale:

@@ -10,9 +10,9 @@ transitions available from the current state. A transition's id is looked up by 
 from __future__ import annotations
 
 import argparse
-import sys
 from typing import Any
 
+from .exits import fail, run_command
 from .ros_client import ClientSession, NodeUnreachableError, add_node_arguments, check_node_name, domain_text
 
 EXIT_OK = 0
@@ -106,30 +106,28 @@ def run(args: argparse.Namespace) -> int:
     try:
         check_node_name(args.node)
     except ValueError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return EXIT_USAGE
+        return fail(error, EXIT_USAGE)
     session = ClientSession("trajectory_ensemble_lifecycle")
     try:
-        client = LifecycleClient(session, args.node, args.wait)
-        if args.action == "get":
-            print(client.state())
-            return EXIT_OK
-        if args.action == "list":
-            for label, tid in client.available():
-                print(f"{label} [{tid}]")
-            return EXIT_OK
-        try:
-            success, state = client.change(args.transition)
-        except ValueError as error:
-            print(f"error: {error}", file=sys.stderr)
-            return EXIT_REFUSED
-        if not success:
-            print(f"error: {args.transition} failed; {args.node} is {state}", file=sys.stderr)
-            return EXIT_REFUSED
-        print(f"{args.transition}: {args.node} is {state}")
-        return EXIT_OK
-    except NodeUnreachableError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return EXIT_UNREACHABLE
+        return run_command(lambda: _lifecycle(session, args), ((NodeUnreachableError, EXIT_UNREACHABLE),))
     finally:
         session.close()
+
+
+def _lifecycle(session: ClientSession, args: argparse.Namespace) -> int:
+    client = LifecycleClient(session, args.node, args.wait)
+    if args.action == "get":
+        print(client.state())
+        return EXIT_OK
+    if args.action == "list":
+        for label, tid in client.available():
+            print(f"{label} [{tid}]")
+        return EXIT_OK
+    try:
+        success, state = client.change(args.transition)
+    except ValueError as error:
+        return fail(error, EXIT_REFUSED)
+    if not success:
+        return fail(f"{args.transition} failed; {args.node} is {state}", EXIT_REFUSED)
+    print(f"{args.transition}: {args.node} is {state}")
+    return EXIT_OK

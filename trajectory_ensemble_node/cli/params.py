@@ -16,6 +16,7 @@ from typing import Any
 import yaml
 
 from ..errors import ErrorCode, TrajectoryEnsembleError
+from .exits import fail, run_command
 from .ros_client import (
     ClientSession,
     NodeUnreachableError,
@@ -236,16 +237,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         check_node_name(args.node)
     except ValueError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return EXIT_USAGE
-    try:
-        return params(args, log=lambda line: print(line, flush=True))
-    except ParameterValueError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return EXIT_USAGE
-    except ParameterRefusedError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return EXIT_REFUSED
-    except NodeUnreachableError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return EXIT_UNREACHABLE
+        return fail(error, EXIT_USAGE)
+    return run_command(lambda: params(args, log=lambda line: print(line, flush=True)),
+                       ((ParameterValueError, EXIT_USAGE), (ParameterRefusedError, EXIT_REFUSED),
+                        (NodeUnreachableError, EXIT_UNREACHABLE)))

@@ -10,13 +10,13 @@ from __future__ import annotations
 import argparse
 import math
 import signal
-import sys
 import time
 import uuid
 from collections.abc import Callable
 from typing import Any
 
 from ..errors import ErrorCode
+from .exits import fail, run_command
 from .ros_client import (
     DEFAULT_NODE,
     DISCOVERY_SETTLE_S,
@@ -353,10 +353,6 @@ def run(args: argparse.Namespace) -> int:
     try:
         _check_args(args)
     except ValueError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return EXIT_USAGE
-    try:
-        return send_goal(args, log=lambda line: print(line, flush=True))
-    except NodeUnreachableError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return EXIT_UNREACHABLE
+        return fail(error, EXIT_USAGE)
+    return run_command(lambda: send_goal(args, log=lambda line: print(line, flush=True)),
+                       ((NodeUnreachableError, EXIT_UNREACHABLE),))

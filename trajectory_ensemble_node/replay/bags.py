@@ -32,6 +32,7 @@ import numpy as np
 import yaml
 from rosbags.rosbag2 import CompressionFormat, CompressionMode, Reader, StoragePlugin, Writer
 
+from ..cli.exits import fail
 from ..errors import TrajectoryEnsembleError
 # The message codec is shared with the operator commands; bag callers keep reading it through this module.
 from ..cli.messages import (  # noqa: F401
@@ -379,8 +380,7 @@ def run(args: argparse.Namespace) -> int:
         else:
             print(_describe(bag_info(args.bag)))
     except TrajectoryEnsembleError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 1
+        return fail(error, 1)
     return 0
 
 

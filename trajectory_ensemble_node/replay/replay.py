@@ -37,6 +37,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ..cli.exits import fail
 from ..errors import ErrorCode
 from . import bags
 from .bag_check import check_replay_bag
@@ -481,11 +482,9 @@ def run(args: argparse.Namespace) -> int:
         opts = options_from_args(args)
         report = replay(opts)
     except NodeUnreachableError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return EXIT_UNREACHABLE
+        return fail(error, EXIT_UNREACHABLE)
     except (bags.BagError, ValueError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+        return fail(error, EXIT_BAD_INPUT)
     return finish(report, opts)
 
 

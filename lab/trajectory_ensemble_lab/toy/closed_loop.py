@@ -3,21 +3,11 @@
 A point robot (:mod:`.task`) executes position waypoints at ``dt = 1 / FPS``. Every chunk is drawn through the real
 serving path (``Cosmos3ActionModel.generate``), from the image rendered at the robot's position when it is requested.
 
-Timeline (``H = 8`` actions per chunk, ``s = H / 2`` actions executed per chunk, inference delay ``d`` steps):
-
-- the first chunk is planned at ``t = 0`` and starts at once (the same for every method);
-- asynchronous methods request the next chunk every ``s`` steps, while the current one still has ``H - s`` (half)
-  of its actions ahead. It arrives ``d`` steps later; meanwhile the robot keeps executing the old chunk, so the new
-  chunk's first ``d`` actions are frozen, and action ``k`` of the new chunk lines up with ``k + s`` of the old one;
-- ``sync``: the robot executes ``s`` actions, then stands still for ``d`` steps while the next chunk is computed.
-
-Methods (exact names): ``sync``; ``naive_async`` (take the new chunk over from action ``d``); ``temporal_ensemble``
-(ACT: every arrived chunk covering a step, weights ``exp(-m i)``, ``i = 0`` the oldest, ``m = 0.01``);
-``weighted_average`` (LeRobot async: overlap ``0.3 old + 0.7 new``); ``bid`` (N = 8, ``backward_coherence``, no
-guidance); ``guided`` (gradient-free prefix guidance, N = 1); ``guided_mode`` (prefix guidance + ``mode_continuity``,
-N = 8); ``rtc_vjp`` (RTC's VJP guidance, N = 1). ``guided_mask`` (frozen actions conditioned through the action mask,
-N = 1) and ``guided_bid`` (prefix guidance + ``backward_coherence``, N = 8) can be asked for with ``--methods``.
-``--context-guidance mask`` serves the gradient-free methods (``guided``, ``guided_mode``, ``guided_bid``) with
+The timeline (``H = 8`` actions per chunk, ``s = H / 2`` executed per chunk, inference delay ``d`` steps) and the
+methods (``sync``, ``naive_async``, ``temporal_ensemble``, ``weighted_average``, ``bid``, ``guided``,
+``guided_mode``, ``rtc_vjp``; ``guided_mask`` and ``guided_bid`` with ``--methods``) are those of
+:mod:`trajectory_ensemble_lab.chunk_execution`, which PushT's bench shares; the first chunk is the same for every
+method. ``--context-guidance mask`` serves the gradient-free methods (``guided``, ``guided_mode``, ``guided_bid``) with
 ``"mask"`` guidance instead of ``"prefix"``: for a policy trained with clean action prefixes
 (``train-toy --prefix-conditioning``), which reads a frozen prefix given through the action mask.
 
@@ -29,11 +19,9 @@ methods (held-out scene ``i``, i.e. seed ``HELDOUT_SEED_BASE + i``, chunk ``c``:
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -47,54 +35,12 @@ from trajectory_ensemble_node.reducers import ContinuityReference, get_reducer
 from trajectory_ensemble_node.toy import load_toy_pipeline, request_kwargs, task
 from trajectory_ensemble_node.toy.episodes import EXECUTE, STEP_BUDGET, Episode, scene_seed, summarize
 
+from ..chunk_execution import (  # noqa: F401 - the method table is importable from here, as before
+    EXTRA_METHODS, GRADIENT_FREE, METHODS, TE_M, WA_OLD, ChunkPlan, Method, method_table)
+
 DT = 1.0 / task.FPS
-TE_M = 0.01
-WA_OLD = 0.3
 DEFAULT_JSON = Path("bench/results/closed_loop-toy.json")
-
-
-@dataclass(frozen=True)
-class Method:
-    """How a method draws and executes chunks.
-
-    Args:
-        count (`int`): Candidates per chunk.
-        reducer (`str`): Reducer name (``"none"`` for one candidate).
-        guidance (`str`, *optional*): Context guidance mode; ``None`` sends no context at all.
-        execution (`str`): ``"sync"``, ``"switch"``, ``"temporal_ensemble"`` or ``"weighted_average"``.
-    """
-
-    count: int
-    reducer: str
-    guidance: str | None
-    execution: str
-
-
-METHODS: dict[str, Method] = {
-    "sync": Method(1, "none", None, "sync"),
-    "naive_async": Method(1, "none", None, "switch"),
-    "temporal_ensemble": Method(1, "none", None, "temporal_ensemble"),
-    "weighted_average": Method(1, "none", None, "weighted_average"),
-    "bid": Method(8, "backward_coherence", "none", "switch"),
-    "guided": Method(1, "none", "prefix", "switch"),
-    "guided_mode": Method(8, "mode_continuity", "prefix", "switch"),
-    "rtc_vjp": Method(1, "none", "vjp", "switch"),
-}
-EXTRA_METHODS: dict[str, Method] = {
-    "guided_mask": Method(1, "none", "mask", "switch"),
-    "guided_bid": Method(8, "backward_coherence", "prefix", "switch"),
-}
 DEFAULT_METHODS = tuple(METHODS)
-GRADIENT_FREE = ("prefix", "mask")
-"""Guidance modes ``--context-guidance`` can give the gradient-free methods."""
-
-
-def method_table(context_guidance: str = "prefix") -> dict[str, Method]:
-    """Every method by name, the gradient-free ones (``"prefix"`` by default) served with ``context_guidance``."""
-    if context_guidance not in GRADIENT_FREE:
-        raise ValueError(f"context_guidance must be one of {GRADIENT_FREE}, got {context_guidance!r}")
-    return {name: dataclasses.replace(method, guidance=context_guidance) if method.guidance == "prefix" else method
-            for name, method in {**METHODS, **EXTRA_METHODS}.items()}
 
 
 class Drawer:
@@ -151,8 +97,7 @@ def run_episode(draw: Drawer, scene: task.Scene, method: Method, delay: int, see
     chunk, ms = draw(scene, position, method, seed, None)
     episode.group_ms.append(ms)
     episode.sides.append(task.passing_side(scene, chunk, start=position))
-    plan: dict[int, np.ndarray] = {1 + k: chunk[k] for k in range(task.HORIZON)}  # absolute step -> waypoint
-    chunks: list[tuple[int, np.ndarray]] = [(0, chunk)]  # (planning step, chunk), for temporal ensembling
+    plan = ChunkPlan(chunk)
     current, current_time = chunk, 0
     pending: tuple[int, np.ndarray] | None = None
     t, index = 0, 0
@@ -198,27 +143,11 @@ def run_episode(draw: Drawer, scene: task.Scene, method: Method, delay: int, see
         if pending is not None and t == pending[0] + delay:
             planned_at, new = pending
             pending = None
-            old_next = plan.get(t + 1, position)
-            first = t + 1
-            if method.execution == "switch":
-                for k in range(delay, task.HORIZON):
-                    plan[planned_at + 1 + k] = new[k]
-            elif method.execution == "weighted_average":
-                for k in range(delay, task.HORIZON):
-                    step = planned_at + 1 + k
-                    plan[step] = WA_OLD * plan[step] + (1 - WA_OLD) * new[k] if step in plan else new[k]
-            else:  # temporal_ensemble: every arrived chunk covering a step, oldest first
-                chunks.append((planned_at, new))
-                chunks = [(at, c) for at, c in chunks if at + task.HORIZON >= first]
-                for step in range(first, planned_at + 1 + task.HORIZON):
-                    covering = [c[step - at - 1] for at, c in chunks if 0 <= step - at - 1 < task.HORIZON]
-                    weights = np.exp(-TE_M * np.arange(len(covering)))
-                    plan[step] = (weights[:, None] * np.asarray(covering)).sum(0) / weights.sum()
             episode.switches.append(t)
-            episode.seams.append(float(np.linalg.norm(plan[first] - old_next)))
+            episode.seams.append(plan.take_over(method.execution, planned_at, new, delay, t, position))
             episode.sides.append(task.passing_side(scene, new, start=position))
             current, current_time = new, planned_at
-        if advance(plan.get(t + 1, position)):
+        if advance(plan.target(t, position)):
             return episode
     return episode
 

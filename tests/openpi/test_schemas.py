@@ -10,6 +10,7 @@ import pytest
 from trajectory_ensemble_node.errors import (
     CandidateCountError,
     DelayTooLongError,
+    ExecutionContextError,
     GoalRequestError,
     ImageTooLargeError,
     InvalidSpecError,
@@ -124,6 +125,7 @@ def test_an_unknown_schema_is_a_parameter_error():
     ({"endpoint": "train"}, GoalRequestError, "'train'"),
     ({"stamp": float("nan")}, GoalRequestError, "stamp must be finite"),
     ({"session_id": "x" * 300}, GoalRequestError, "at most 256 characters"),
+    ({"guidance": 1}, GoalRequestError, "guidance must be a string, got int 1"),
 ])
 def test_extras_of_the_wrong_type_are_named(obs, error, quoted):
     with pytest.raises(error) as caught:
@@ -145,6 +147,7 @@ def _goal(**fields):
     ({"num_candidates": 2, "reducer": "none"}, {"candidate_count": 2, "reducer": "none"}),
     ({"inference_delay": 8}, {"inference_delay": 8}),
     ({"inference_delay": -1}, {"inference_delay": -1}),
+    ({"continue_previous": True, "guidance": "sideways"}, {"continue_previous": True, "guidance": "sideways"}),
 ])
 def test_an_extra_gets_the_same_error_and_text_as_the_same_goal(extras, goal):
     params = validate({})
@@ -156,7 +159,7 @@ def test_an_extra_gets_the_same_error_and_text_as_the_same_goal(extras, goal):
     assert type(over_the_wire.value) is type(as_a_goal.value)
     assert str(over_the_wire.value) == str(as_a_goal.value)
     assert isinstance(over_the_wire.value, (CandidateCountError, UnknownReducerError, InvalidSpecError,
-                                            DelayTooLongError))
+                                            DelayTooLongError, ExecutionContextError))
 
 
 def test_defaults_seed_and_deadline_become_the_goals_plan():
@@ -170,3 +173,7 @@ def test_defaults_seed_and_deadline_become_the_goals_plan():
                              default_instruction=params.instruction, valid_reducers=VALID_REDUCERS)
     assert continued.continue_previous and continued.spec.reducer == params.continuity_reducer
     assert continued.instruction == "go" and continued.spec.count == params.candidate_count
+    assert continued.guidance == params.guidance_mode
+    unguided = plan_request(parse_extras({"continue_previous": True, "guidance": "none"}), "go", params,
+                            default_instruction=params.instruction, valid_reducers=VALID_REDUCERS)
+    assert unguided.guidance == "none"  # a request picks its guidance as a goal does (bid: selection only)

@@ -8,7 +8,8 @@ All are optional; a request without any is served like a goal with every field a
 - ``deadline_ms`` (number >= 0; 0 = none): from the request's arrival;
 - ``session_id`` (str), ``continue_previous`` (bool), ``inference_delay`` (int actions; 0 = the session's latency
   estimate), ``stamp`` (seconds, the observation's time on the client's clock; absent = arrival time): the closed
-  loop over the wire (:mod:`.sessions`); ``session_scope`` (``"connection"``, the default: the session is private to
+  loop over the wire (:mod:`.sessions`); ``guidance`` (str; "" = ``guidance_mode``): how a continued chunk is pulled
+  toward the previous one, as a goal's ``guidance``; ``session_scope`` (``"connection"``, the default: the session is private to
   this connection; ``"key"``: shared by every connection holding the same key, to resume after a reconnect; see
   docs/security.md);
 - ``endpoint``: ``"infer"`` (default) or ``"reset"`` (vLLM-Omni's session reset).
@@ -31,7 +32,7 @@ from ..serving.params import NodeParams
 from ..serving.planning import GoalPlan, PlanRequest, plan_goal
 
 EXTRA_KEYS = ("num_candidates", "reducer", "seed", "return_candidates", "deadline_ms", "session_id",
-              "continue_previous", "inference_delay", "stamp", "endpoint", "session_scope")
+              "continue_previous", "inference_delay", "stamp", "endpoint", "session_scope", "guidance")
 """Request keys that are not observation keys."""
 ENDPOINTS = ("infer", "reset")
 SESSION_SCOPES = ("connection", "key")
@@ -55,6 +56,7 @@ class RequestExtras:
         inference_delay (`int`): Frozen actions; 0 = the session's latency estimate.
         stamp (`float`, *optional*): The observation's time (seconds); ``None`` = arrival time.
         session_scope (`str`): ``"connection"`` or ``"key"`` (:data:`SESSION_SCOPES`).
+        guidance (`str`): Guidance toward the previous chunk ("" = the ``guidance_mode`` parameter).
     """
 
     endpoint: str = "infer"
@@ -68,6 +70,7 @@ class RequestExtras:
     inference_delay: int = 0
     stamp: float | None = None
     session_scope: str = "connection"
+    guidance: str = ""
 
 
 def _int(obs: Mapping[str, Any], key: str, error: type[Exception], default: int = 0) -> int:
@@ -138,6 +141,7 @@ def parse_extras(obs: Mapping[str, Any]) -> RequestExtras:
         inference_delay=_int(obs, "inference_delay", GoalRequestError),
         stamp=_number(obs, "stamp"),
         session_scope=str(scope),
+        guidance=_text(obs, "guidance", GoalRequestError, "") or "",
     )
 
 
@@ -160,7 +164,7 @@ def plan_request(extras: RequestExtras, prompt: str, params: NodeParams, *, defa
     request = PlanRequest(
         instruction=prompt, candidate_count=extras.num_candidates, reducer=extras.reducer, seed=extras.seed,
         return_candidates=extras.return_candidates, continue_previous=extras.continue_previous,
-        inference_delay=extras.inference_delay,
+        inference_delay=extras.inference_delay, guidance=extras.guidance,
         # The seconds a goal's Duration(sec, nanosec) gives, bit for bit: a goal of the same deadline plans the same.
         # nanosec unrounded: rounding made 1e-9 ms a 0 s deadline, which means none (check_deadline's rule).
         deadline_s=float(int(deadline_s)) + float((deadline_s % 1) * 1e9) * 1e-9,

@@ -2,11 +2,15 @@
 
 The robot, its clock and its records are :mod:`.sim_model`; the ROS node is :class:`.sim_robot.SimRobot`; running
 episodes through a node and writing their report is :mod:`.sim_report`. This module is the command line.
+
+``--env pusht`` plays ``gym_pusht/PushT-v0`` with the same robot: its world and report are the lab's
+(:data:`PUSHT_MODULE`, imported by name, as ``calibrate``'s toy-scene mode; the product never imports ``gym_pusht``).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import sys
 from pathlib import Path
@@ -14,6 +18,12 @@ from pathlib import Path
 from ..toy import task
 from ..toy.episodes import EXECUTE, STEP_BUDGET
 from .sim_model import DEFAULT_RTF, SimSettings
+
+ENVS = ("toy", "pusht")
+PUSHT_MODULE = "trajectory_ensemble_lab.pusht.ros_world"
+"""The lab module that runs ``--env pusht`` (``run(args) -> int``)."""
+EXIT_NO_LAB = 2
+"""Exit status of ``--env pusht`` without the lab (a usage error: the toy still runs)."""
 
 
 def _execute(text: str) -> int | None:
@@ -28,6 +38,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the ``sim`` flags to ``parser``."""
     from ..cli.ros_client import DEFAULT_NODE
 
+    parser.add_argument("--env", choices=ENVS, default="toy",
+                        help="toy: the toy task's point robot (default); pusht: gym_pusht/PushT-v0 from the lab, "
+                             "a node serving a PushT checkpoint (docs/pusht.md)")
     parser.add_argument("--episodes", type=int, default=3, help="episodes, one held-out scene each (3)")
     parser.add_argument("--scene-seed", type=int, default=0, help="first held-out scene offset (0)")
     parser.add_argument("--real-time-factor", type=float, default=DEFAULT_RTF, metavar="R",
@@ -41,8 +54,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="every chunk takes over exactly D steps after its goal (the sim holds early chunks and "
                              "stops its clock for late ones): runs repeat exactly; default: when it arrives")
     parser.add_argument("--candidates", type=int, default=0, help="goal candidate_count (0 = node default)")
-    parser.add_argument("--image-rate", type=float, default=task.FPS, help=f"camera frames per sim second ({task.FPS:g})")
-    parser.add_argument("--step-budget", type=int, default=STEP_BUDGET, help=f"steps per episode ({STEP_BUDGET})")
+    parser.add_argument("--image-rate", type=float, default=None, help=f"camera frames per sim second ({task.FPS:g})")
+    parser.add_argument("--step-budget", type=int, default=None, help=f"steps per episode ({STEP_BUDGET})")
     parser.add_argument("--base-seed", type=int, default=0, help="candidate seeds: base + 1000 scene + chunk (0)")
     parser.add_argument("--json", type=Path, default=Path("out/sim/episodes.json"), help="output (out/sim/episodes.json)")
     parser.add_argument("--node", "--node-name", dest="node", default=DEFAULT_NODE,
@@ -55,14 +68,33 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def settings_from(args: argparse.Namespace) -> SimSettings:
-    return SimSettings(execute=args.execute, real_time_factor=args.real_time_factor, image_rate=args.image_rate,
+    """The toy's settings from the flags (``--image-rate`` and ``--step-budget`` unset: the toy's 8 fps and
+    :data:`STEP_BUDGET`; ``--env pusht`` reads them with its own defaults)."""
+    image_rate = task.FPS if args.image_rate is None else args.image_rate
+    step_budget = STEP_BUDGET if args.step_budget is None else args.step_budget
+    return SimSettings(execute=args.execute, real_time_factor=args.real_time_factor, image_rate=image_rate,
                        continue_previous=not args.no_continue, inference_delay=args.inference_delay,
-                       candidates=args.candidates, step_budget=args.step_budget, base_seed=args.base_seed,
+                       candidates=args.candidates, step_budget=step_budget, base_seed=args.base_seed,
                        fixed_delay=args.fixed_delay)
+
+
+def _run_lab_env(args: argparse.Namespace) -> int:
+    # The PushT world needs gym_pusht, which only the lab installs.
+    try:
+        module = importlib.import_module(PUSHT_MODULE)
+    except ModuleNotFoundError as error:
+        if not error.name or not (PUSHT_MODULE == error.name or PUSHT_MODULE.startswith(error.name + ".")):
+            raise  # the lab is there but one of its own imports is missing: say that, not "no lab"
+        print(f"error: sim --env {args.env} plays gym_pusht/PushT-v0 through the lab ({PUSHT_MODULE}), which is not "
+              "installed; install the lab (pip install -e lab, as make test does) or use --env toy", file=sys.stderr)
+        return EXIT_NO_LAB
+    return int(module.run(args))
 
 
 def run(args: argparse.Namespace) -> int:
     """Run ``trajectory-ensemble sim``; 0 when every episode ran to its end."""
+    if getattr(args, "env", "toy") != "toy":
+        return _run_lab_env(args)
     from ..cli.launcher import NodeStartError
     from ..cli.ros_client import NodeUnreachableError, check_node_name
     from .sim_report import report, simulate

@@ -249,6 +249,7 @@ class SimSettings:
             sent, as in the in-process bench: the sim holds a chunk that comes earlier, and stops its clock while one
             that comes later is still computing. Runs then repeat exactly, whatever the CPU's load. Asynchronous goals
             whose ``inference_delay`` is 0 ask for this many frozen actions. ``None``: chunks take over on arrival.
+        horizon (`int`): Rows per served chunk (the toy policy's 8; the world's ``horizon``).
     """
 
     execute: int | None = EXECUTE
@@ -263,16 +264,17 @@ class SimSettings:
     step_budget: int = STEP_BUDGET
     base_seed: int = 0
     fixed_delay: int | None = None
+    horizon: int = task.HORIZON
 
     def __post_init__(self) -> None:
-        if self.execute is not None and not 1 <= self.execute <= task.HORIZON:
-            raise ValueError(f"execute must be in [1, {task.HORIZON}] or sync, got {self.execute!r}")
+        if self.execute is not None and not 1 <= self.execute <= self.horizon:
+            raise ValueError(f"execute must be in [1, {self.horizon}] or sync, got {self.execute!r}")
         for name in ("real_time_factor", "fps", "image_rate"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value > 0):
                 raise ValueError(f"{name} must be finite and > 0, got {value!r}")
         # Asynchronous: the chunk must take over before the executing one runs out.
-        most = task.HORIZON if self.execute is None else task.HORIZON - self.execute
+        most = self.horizon if self.execute is None else self.horizon - self.execute
         if self.fixed_delay is not None and not 0 <= self.fixed_delay <= most:
             raise ValueError(f"fixed_delay must be in [0, {most}] (with s = {self.execute}), got {self.fixed_delay!r}")
         if self.step_budget < 1 or self.inference_delay < 0 or self.candidates < 0:

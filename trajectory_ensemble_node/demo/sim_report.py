@@ -21,6 +21,7 @@ import numpy as np
 from ..toy import task
 from .sim_model import EpisodeRecord, SimSettings, episode_line
 from .sim_robot import SimRobot
+from .sim_world import SimWorld
 
 BENCH_RTF = 0.1
 """Real-time factor of ``bench --closed-loop --ros`` and the demo: a toy group of N = 8 takes ~2 s of wall time on one
@@ -64,13 +65,14 @@ def serving_node(settings: SimSettings, log_dir: Path, device: str = "cpu",
         log(f"sim: node stopped (exit status {code})")
 
 
-def simulate(scenes: Sequence[task.Scene], settings: SimSettings, *, node: str = "/trajectory_ensemble",
+def simulate(scenes: Sequence[Any], settings: SimSettings, *, node: str = "/trajectory_ensemble",
              image_topic: str | None = None, start_node: bool = False, device: str = "cpu", wait_s: float = 60.0,
-             log_dir: Path = Path("out/sim"), log: Callable[[str], None] = print) -> list[EpisodeRecord]:
+             log_dir: Path = Path("out/sim"), log: Callable[[str], None] = print,
+             world: SimWorld | None = None) -> list[EpisodeRecord]:
     """One episode per scene through the node; returns their records.
 
     Args:
-        scenes (`Sequence[task.Scene]`): Initial scenes.
+        scenes (`Sequence[Any]`): Initial scenes (what ``world.reset`` takes: toy scenes, PushT reset seeds).
         settings (`SimSettings`): How the sim drives the node.
         node (`str`): The node's fully qualified name.
         image_topic (`str`, *optional*): Camera topic (default ``<node>/observation/image``).
@@ -79,6 +81,7 @@ def simulate(scenes: Sequence[task.Scene], settings: SimSettings, *, node: str =
         wait_s (`float`): Seconds to wait for the node's action server and camera subscription.
         log_dir (`Path`): With ``start_node``: where ``node.log`` goes.
         log (`Callable[[str], None]`): Progress lines.
+        world (`SimWorld`, *optional*): What the robot acts in (default: the toy task, :class:`.sim_world.ToyWorld`).
 
     Raises:
         NodeStartError: The started node failed to come up.
@@ -87,12 +90,13 @@ def simulate(scenes: Sequence[task.Scene], settings: SimSettings, *, node: str =
     """
     if start_node:
         with serving_node(settings, log_dir, device, log):
-            return simulate(scenes, settings, node=node, image_topic=image_topic, wait_s=wait_s, log=log)
+            return simulate(scenes, settings, node=node, image_topic=image_topic, wait_s=wait_s, log=log,
+                            world=world)
     from ..cli.ros_client import ClientSession
 
     records = []
     with ClientSession("toy_robot_sim") as session:
-        robot = SimRobot(session, settings, node=node, image_topic=image_topic, log=log)
+        robot = SimRobot(session, settings, node=node, image_topic=image_topic, log=log, world=world)
         robot.wait_for_node(wait_s)
         robot.warm_up(scenes[0])
         log(f"sim: {len(scenes)} episodes, {settings.mode}, continue_previous {settings.continue_previous}, "
@@ -140,7 +144,9 @@ def summary(records: Sequence[EpisodeRecord]) -> dict[str, Any]:
 
 def report(records: Sequence[EpisodeRecord], settings: SimSettings) -> dict[str, Any]:
     """The ``sim --json`` document: settings, :func:`summary` and the per-episode records."""
-    return finite({"settings": {**asdict(settings), "mode": settings.mode, "horizon": task.HORIZON},
+    # horizon last, after mode, as before SimSettings had the field: the toy's report keeps its bytes.
+    fields = {k: v for k, v in asdict(settings).items() if k != "horizon"}
+    return finite({"settings": {**fields, "mode": settings.mode, "horizon": settings.horizon},
                    "summary": summary(records) if records else {},
                    "episodes": [r.to_json() for r in records]})
 

@@ -11,8 +11,8 @@ from typing import Any
 
 import numpy as np
 
-from ..toy import task
-from ..toy.episodes import scene_seed
+from ..toy import task  # noqa: F401  (tools.sim_robot re-exports it from here)
+from ..toy.episodes import scene_seed  # noqa: F401  (tools.sim_robot re-exports it from here)
 from ..replay.bags import stamp_ns
 from .clock_publisher import ClockPublisher
 from .sim_model import (
@@ -25,11 +25,12 @@ from .sim_model import (
     Plan,
     SimClock,
     SimSettings,
-    episode_end,
+    episode_end,  # noqa: F401  (tools.sim_robot re-exports it from here)
     handover_seam,
     row_times,
     should_request,
 )
+from .sim_world import SimWorld, ToyWorld
 
 
 class SimRobot:
@@ -43,10 +44,13 @@ class SimRobot:
         node (`str`): The serving node's fully qualified name.
         image_topic (`str`, *optional*): Camera topic (default ``<node>/observation/image``).
         log (`Callable[[str], None]`): Progress lines.
+        world (`SimWorld`, *optional*): What the robot acts in (default :class:`.sim_world.ToyWorld`); an episode
+            is whatever its ``reset`` takes (a toy scene, a PushT reset seed).
     """
 
     def __init__(self, session: Any, settings: SimSettings, node: str = "/trajectory_ensemble",
-                 image_topic: str | None = None, log: Callable[[str], None] = print) -> None:
+                 image_topic: str | None = None, log: Callable[[str], None] = print,
+                 world: SimWorld | None = None) -> None:
         from rclpy.action import ActionClient
         from rclpy.qos import QoSProfile
         from sensor_msgs.msg import Image
@@ -57,6 +61,7 @@ class SimRobot:
         from ..ros.guards import ACTION_SERVICE_QOS
 
         self.session, self.settings, self.node_name, self.log = session, settings, node, log
+        self.world: SimWorld = world if world is not None else ToyWorld()
         self.image_topic = image_topic or f"{node}/observation/image"
         self.clock = SimClock(settings.real_time_factor)
         self.clock.pause()
@@ -130,11 +135,11 @@ class SimRobot:
         values = future.result().values if future.done() and future.result() is not None else []
         return bool(values[0].bool_value) if values else None
 
-    def _publish_frame(self, scene: task.Scene, position: np.ndarray, t_ns: int, repeats: int = 1) -> None:
-        rgb = task.render(scene, robot=position)
+    def _publish_frame(self, position: np.ndarray, t_ns: int, repeats: int = 1) -> None:
+        rgb = self.world.render(position)
         msg = self._Image(height=rgb.shape[0], width=rgb.shape[1], encoding="rgb8", step=rgb.shape[1] * 3)
         msg.header.stamp = self._ns_to_time(t_ns)
-        msg.header.frame_id = "toy_camera"
+        msg.header.frame_id = self.world.frame_id
         msg.data = np.ascontiguousarray(rgb).tobytes()
         for _ in range(repeats):
             self.image_pub.publish(msg)
@@ -218,8 +223,9 @@ class SimRobot:
 
     # --- an episode ----------------------------------------------------------------------------------------------
 
-    def run_episode(self, scene: task.Scene) -> EpisodeRecord:
-        """Run one episode on ``scene``; the clock is paused again when it returns.
+    def run_episode(self, scene: Any) -> EpisodeRecord:
+        """Run one episode of the world from ``scene`` (what its ``reset`` takes); the clock is paused again when it
+        returns.
 
         Raises:
             TimeoutError: The episode's first chunk did not come within :data:`GOAL_TIMEOUT_S` wall seconds.
@@ -231,14 +237,15 @@ class SimRobot:
         now = max(self.clock.now_ns(), self._last_frame_ns + 1)
         self.clock.skip(-(-now // s.dt_ns) * s.dt_ns - self.clock.now_ns())
         origin = self.clock.now_ns()
-        record = EpisodeRecord(scene.seed, s.mode, s.continue_previous, start_s=origin / NS_PER_S)
+        world = self.world
+        record = EpisodeRecord(world.episode_id(scene), s.mode, s.continue_previous, start_s=origin / NS_PER_S)
         self._goals, self._arrivals, self._seen, self._positions_at = {}, [], set(), {}
         self._due_ns = {}
         self._min_stamp_ns = origin
-        position = np.asarray(scene.robot, dtype=np.float64).copy()
-        seed0 = scene_seed(s.base_seed, scene)
+        position = world.reset(scene)
+        seed0 = world.first_seed(s.base_seed, scene)
         plan, steps, chunk_index = Plan(), 0, 0
-        first = self._first_chunk(record, scene, position, origin, seed0)
+        first = self._first_chunk(record, record.scene_seed, position, origin, seed0)
         self.clock.resume()
         record.positions.append(position.tolist())
         frame_ns = int(round(NS_PER_S / s.image_rate))
@@ -257,7 +264,7 @@ class SimRobot:
             deviation = plan.deviation(times, rows, hold=position)
             switch = plan.splice(times, rows, arrival_ns, hold=position)
             planned_from = self._positions_at.get(stamp, position)
-            record.sides.append(task.passing_side(scene, rows, start=planned_from))
+            record.sides.append(world.passing_side(rows, planned_from))
             record.switches.append({
                 "chunk": goal.index, "seed": goal.seed, "stamp_s": stamp / NS_PER_S, "arrival_s": arrival_ns / NS_PER_S,
                 "step": steps, "time_s": None if switch is None else switch.time_ns / NS_PER_S,
@@ -280,20 +287,20 @@ class SimRobot:
                     break
                 if next_tick == due:
                     previous, steps = position, steps + 1
-                    position = plan.target(next_tick, hold=position)
+                    position, record.outcome = world.step(previous, plan.target(next_tick, hold=position), steps,
+                                                          s.step_budget)
                     record.positions.append(position.tolist())
                     next_tick += s.dt_ns
-                    record.outcome = episode_end(scene, previous, position, steps, s.step_budget) or ""
                     ended = bool(record.outcome)
                 elif next_frame == due:
-                    self._publish_frame(scene, position, next_frame)
+                    self._publish_frame(position, next_frame)
                     next_frame += frame_ns
                 else:
                     chunk_start = splice(*arrivals.pop(0))
             if ended:
                 break
             if (self._in_flight is None and not arrivals and now >= retry_after
-                    and should_request(now, chunk_start, s.dt_ns, task.HORIZON, s.execute)):
+                    and should_request(now, chunk_start, s.dt_ns, s.horizon, s.execute)):
                 chunk_index += 1
                 self._send(record, chunk_index, seed0 + chunk_index, reset=False)
                 retry_after = now + s.dt_ns  # a refused goal is sent again one step later, not in a tight loop
@@ -307,12 +314,12 @@ class SimRobot:
         record.wall_s = time.monotonic() - wall0
         return record
 
-    def _first_chunk(self, record: EpisodeRecord, scene: task.Scene, position: np.ndarray, origin: int,
+    def _first_chunk(self, record: EpisodeRecord, episode_id: int, position: np.ndarray, origin: int,
                      seed: int) -> tuple[int, Any, GoalRecord]:
         # The world waits for an episode's first chunk (paused clock): it then starts at once, with rows at their
         # stamped times, so the node's alignment of the next chunk by stamps holds from the first switch on.
         for _ in range(FIRST_GOAL_TRIES):
-            self._publish_frame(scene, position, origin, repeats=3)
+            self._publish_frame(position, origin, repeats=3)
             self.pump(0.1)
             self._send(record, 0, seed, reset=True)
             deadline = time.monotonic() + GOAL_TIMEOUT_S
@@ -324,10 +331,10 @@ class SimRobot:
             if self._in_flight is not None:
                 break
         last = record.goals[-1]
-        raise TimeoutError(f"scene {scene.seed}: no first chunk from {self.node_name} (last goal: {last.status}, "
+        raise TimeoutError(f"scene {episode_id}: no first chunk from {self.node_name} (last goal: {last.status}, "
                            f"error {last.error_code} {last.error_message!r})")
 
-    def warm_up(self, scene: task.Scene) -> None:
+    def warm_up(self, scene: Any) -> None:
         """One goal on running sim time before the first episode, its answer discarded.
 
         Why: an episode's first goal runs on a paused clock, so the node measures 0 s for it; without one real
@@ -335,9 +342,9 @@ class SimRobot:
         """
         self.clock.pause()
         t_ns = self.clock.now_ns()
-        record = EpisodeRecord(scene.seed, self.settings.mode, self.settings.continue_previous)
+        record = EpisodeRecord(self.world.episode_id(scene), self.settings.mode, self.settings.continue_previous)
         self._goals, self._min_stamp_ns = {}, t_ns
-        self._publish_frame(scene, scene.robot, t_ns, repeats=3)
+        self._publish_frame(self.world.reset(scene), t_ns, repeats=3)
         self.pump(0.1)
         self.clock.resume()
         self._send(record, 0, 0, reset=True)

@@ -11,8 +11,6 @@ from typing import Any
 
 import numpy as np
 
-from ..toy import task  # noqa: F401  (tools.sim_robot re-exports it from here)
-from ..toy.episodes import scene_seed  # noqa: F401  (tools.sim_robot re-exports it from here)
 from ..replay.bags import stamp_ns
 from .clock_publisher import ClockPublisher
 from .sim_model import (
@@ -25,7 +23,6 @@ from .sim_model import (
     Plan,
     SimClock,
     SimSettings,
-    episode_end,  # noqa: F401  (tools.sim_robot re-exports it from here)
     handover_seam,
     row_times,
     should_request,

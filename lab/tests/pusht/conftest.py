@@ -1,7 +1,10 @@
-"""The PushT tests' one expensive thing, played once per session: both expert seeds on start 10 (the committed bag's
-start), with the env's frames. About 5 s on a loaded core."""
+"""The PushT tests' shared fixtures: both expert seeds on start 10 (the committed bag's start), with the env's frames
+(about 5 s on a loaded core), and a tiny untrained PushT checkpoint, each built once per session."""
 
 from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
 
 import pytest
 
@@ -16,3 +19,22 @@ def pusht_pair():
 
     env_seed, expert_seeds = TEST_BAG_START
     return [run_episode(env_seed, e, frames=True) for e in expert_seeds]
+
+
+@pytest.fixture(scope="session")
+def checkpoint(tmp_path_factory) -> Path:
+    """An untrained PushT checkpoint as train-pusht writes one (pipeline + action_stats.json), one layer of 64."""
+    import torch
+
+    from trajectory_ensemble_lab.pusht import train as pusht_train
+    from trajectory_ensemble_lab.pusht.recording import TEST_BAG
+    from trajectory_ensemble_lab.training.pipeline import fresh_pipeline, save_pipeline
+
+    out = tmp_path_factory.mktemp("pusht_checkpoint") / "policy"
+    config = dataclasses.replace(pusht_train.PUSHT_CONFIG, hidden_size=64, num_layers=1, num_heads=2, num_kv_heads=2,
+                                 intermediate_size=128)
+    pipe = fresh_pipeline(config, 0, pusht_train.normalization_images([TEST_BAG], count=2), pusht_train.PUSHT_FORMAT,
+                          log=lambda message: None)
+    save_pipeline(pipe, out, torch.float16)
+    pusht_train.write_stats(out)
+    return out

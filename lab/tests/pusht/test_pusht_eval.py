@@ -6,14 +6,12 @@ is the env's own; a refused setting exits 2 with its named code."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 
 pytest.importorskip("gym_pusht")
 pytest.importorskip("openpi_client.websocket_client_policy")
@@ -21,10 +19,7 @@ pytest.importorskip("openpi_client.websocket_client_policy")
 from trajectory_ensemble_node.serving.params import validate
 from trajectory_ensemble_lab.pusht import VALIDATION_SEED_BASE
 from trajectory_ensemble_lab.pusht import evaluate as ev
-from trajectory_ensemble_lab.pusht import train as pusht_train
-from trajectory_ensemble_lab.pusht.recording import TEST_BAG
 from trajectory_ensemble_lab.pusht.sim import make_env
-from trajectory_ensemble_lab.training.pipeline import fresh_pipeline, save_pipeline
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "tests" / "openpi"))
 from _openpi_harness import server_process  # noqa: E402
@@ -34,19 +29,6 @@ pytestmark = pytest.mark.filterwarnings("ignore:connect\\(\\) must be used as a 
 SEEDS = (VALIDATION_SEED_BASE, VALIDATION_SEED_BASE + 1)
 SERVE = {"num_inference_steps": 2, "candidate_count": 2, "reducer": "mode"}
 EPISODE = {"count": 2, "reducer": "mode", "max_steps": 20}
-
-
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory) -> Path:
-    """An untrained PushT checkpoint as train-pusht writes one (pipeline + action_stats.json), one layer of 64."""
-    out = tmp_path_factory.mktemp("pusht_eval") / "policy"
-    config = dataclasses.replace(pusht_train.PUSHT_CONFIG, hidden_size=64, num_layers=1, num_heads=2, num_kv_heads=2,
-                                 intermediate_size=128)
-    pipe = fresh_pipeline(config, 0, pusht_train.normalization_images([TEST_BAG], count=2), pusht_train.PUSHT_FORMAT,
-                          log=lambda message: None)
-    save_pipeline(pipe, out, torch.float16)
-    pusht_train.write_stats(out)
-    return out
 
 
 @pytest.fixture(scope="module")

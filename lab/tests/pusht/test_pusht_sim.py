@@ -6,42 +6,24 @@ Without the lab, ``--env pusht`` exits 2 and says so."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 
 pytest.importorskip("gym_pusht")
 
 from trajectory_ensemble_lab.pusht import VALIDATION_SEED_BASE
 from trajectory_ensemble_lab.pusht import ros_world
-from trajectory_ensemble_lab.pusht import train as pusht_train
-from trajectory_ensemble_lab.pusht.recording import TEST_BAG
 from trajectory_ensemble_lab.pusht.sim import make_env
-from trajectory_ensemble_lab.training.pipeline import fresh_pipeline, save_pipeline
 from trajectory_ensemble_node.cli.dispatch import main
 from trajectory_ensemble_node.demo import sim
 
 STEPS = 30
 DELAY = 2
 EXECUTE = 8
-
-
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory) -> Path:
-    """An untrained PushT checkpoint as train-pusht writes one (pipeline + action_stats.json), one layer of 64."""
-    out = tmp_path_factory.mktemp("pusht_sim") / "policy"
-    config = dataclasses.replace(pusht_train.PUSHT_CONFIG, hidden_size=64, num_layers=1, num_heads=2, num_kv_heads=2,
-                                 intermediate_size=128)
-    pipe = fresh_pipeline(config, 0, pusht_train.normalization_images([TEST_BAG], count=2), pusht_train.PUSHT_FORMAT,
-                          log=lambda message: None)
-    save_pipeline(pipe, out, torch.float16)
-    pusht_train.write_stats(out)
-    return out
 
 
 def _flags(out: Path) -> list[str]:

@@ -68,6 +68,9 @@ MODES: dict[str, Mode] = {
     "fleet": Mode(("--fleet",), "trajectory_ensemble_lab.bench.fleet:run",
                   "K openpi-client processes against the OpenPI server, co-batched vs one request at a time",
                   delegated=False, options="trajectory_ensemble_lab.bench.fleet:add_arguments"),
+    "pusht": Mode(("--pusht",), "trajectory_ensemble_lab.pusht.bench:run",
+                  "reducers and continuity methods on PushT, closed loop, paired by seed", delegated=False,
+                  options="trajectory_ensemble_lab.pusht.bench:add_arguments"),
     "clock-rate": Mode(("--clock-rate",), "trajectory_ensemble_lab.bench.clock_rate:run",
                        "engine time under a 1 kHz /clock vs the host clock, idle CPU at 0/100/1000 Hz"),
     "warmup": Mode(("--warmup",), "trajectory_ensemble_lab.bench.warmup:run",
@@ -83,6 +86,8 @@ MODE_FLAGS: dict[str, str] = {
                      "(trajectory_ensemble_lab.toy.closed_loop); with --ros: through the node on sim time",
     "--fleet": "K openpi-client processes against the OpenPI server, co-batched vs serial "
                "(trajectory_ensemble_lab.bench.fleet; --clients, --candidates, --rate, --duration, --json)",
+    "--pusht": "reducers and continuity methods on PushT (gym-pusht) closed loop, paired by seed "
+               "(trajectory_ensemble_lab.pusht.bench; --policy, --episodes, --seed, --count, --continuity, --through)",
     "--clock-rate": "the node under a 1 kHz /clock: engine time vs the host clock, idle CPU per /clock rate "
                     "(trajectory_ensemble_lab.bench.clock_rate)",
     "--warmup": "the first goal after start-up against the steady median, warm and cold "

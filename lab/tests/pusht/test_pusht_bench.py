@@ -1,0 +1,121 @@
+"""``bench --pusht`` on a tiny untrained PushT checkpoint: the JSON contract other checks read, methods paired by
+seed (``single`` is candidate 0 of the same group: its episode is the one-candidate methods' at ``d = 0``, bit for
+bit), continuity blocks per delay, a method the server refuses named on stderr and left out, and the same episodes
+through openpi-client against ``serve-openpi`` as in process."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("gym_pusht")
+pytest.importorskip("openpi_client.websocket_client_policy")
+
+from trajectory_ensemble_lab.bench import cli
+from trajectory_ensemble_lab.pusht import VALIDATION_SEED_BASE
+from trajectory_ensemble_lab.pusht.evaluate import serve_params
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "tests" / "openpi"))
+from _openpi_harness import server_process  # noqa: E402
+
+pytestmark = pytest.mark.filterwarnings("ignore:connect\\(\\) must be used as a context manager:DeprecationWarning")
+
+STEPS = 2
+COMMON = ["--pusht", "--episodes", "2", "--seed", str(VALIDATION_SEED_BASE), "--count", "2", "--max-steps", "20",
+          "--steps", str(STEPS), "--trace"]
+
+
+def _bench(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser()
+    cli.add_arguments(parser)
+    return cli.run(parser.parse_args(argv))
+
+
+@pytest.fixture(scope="module")
+def in_process(checkpoint, tmp_path_factory):
+    out = tmp_path_factory.mktemp("pusht_bench") / "bench.json"
+    argv = [*COMMON, "--methods", "single,mode,mean,pose_gripper", "--delays", "0,2",
+            "--continuity", "sync,naive_async,guided_mode", "--policy", str(checkpoint), "--json", str(out)]
+    return _bench(argv), json.loads(out.read_text())
+
+
+def test_the_json_has_every_method_and_delay_with_figures_in_range(in_process):
+    status, document = in_process
+    assert status == 0
+    assert set(document["pusht"]) == {"single", "mode", "mean"}
+    assert set(document["continuity"]) == {"sync", "naive_async", "guided_mode"}
+    for name, figures in [*document["pusht"].items(),
+                          *((f"{m}@{d}", f) for m, by_d in document["continuity"].items() for d, f in by_d.items())]:
+        assert figures["episodes"] == 2, name
+        assert 0.0 <= figures["coverage_mean"] <= 1.0 and 0.0 <= figures["success_rate"] <= 1.0, name
+        low, high = figures["success_rate_ci95"]
+        assert 0.0 <= low <= figures["success_rate"] <= high <= 1.0, name
+        assert [e["env_seed"] for e in figures["per_episode"]] == [VALIDATION_SEED_BASE, VALIDATION_SEED_BASE + 1]
+        assert all(e["steps"] == 20 or e["success"] for e in figures["per_episode"]), name
+        assert figures["seam_jump_mean"] >= 0.0
+    for by_delay in document["continuity"].values():
+        assert set(by_delay) == {"0", "2"}
+    settings = document["settings"]
+    assert settings["through"] == "process" and settings["count"] == 2 and settings["delays"] == [0, 2]
+    assert document["date"] and document["commit"]
+    assert set(document["latency"]["per_count"]) == {"1", "2"}
+    assert document["latency"]["control_period_ms"] == 100.0
+
+
+def test_single_is_candidate_zero_of_the_same_group(in_process):
+    # Candidate 0 of a group of 2 with base seed s is the one-candidate draw with seed s (the seeding rule, batched
+    # bit for bit), and at d = 0 sync and naive_async execute what single executes: the same episode, every step.
+    _, document = in_process
+    single = [e["actions"] for e in document["pusht"]["single"]["per_episode"]]
+    for name in ("sync", "naive_async"):
+        assert [e["actions"] for e in document["continuity"][name]["0"]["per_episode"]] == single, name
+    assert [e["actions"] for e in document["pusht"]["mean"]["per_episode"]] != single
+
+
+def test_continued_methods_freeze_their_first_rows(in_process):
+    # guided_mode at d = 2 continues the session's chunk; naive_async switches from row 2 without a context. Both
+    # executed their first chunk alike (the same first group), then went their own ways.
+    _, document = in_process
+    guided = document["continuity"]["guided_mode"]["2"]["per_episode"]
+    naive = document["continuity"]["naive_async"]["2"]["per_episode"]
+    for g, n in zip(guided, naive):
+        assert len(g["seams"]) == len(n["seams"]) >= 1
+
+
+def test_a_method_the_server_refuses_is_named_and_left_out(checkpoint, tmp_path, capsys):
+    out = tmp_path / "refused.json"
+    status = _bench([*COMMON, "--episodes", "1", "--methods", "pose_gripper,single", "--policy", str(checkpoint),
+                     "--json", str(out)])
+    assert status == 0
+    assert set(json.loads(out.read_text())["pusht"]) == {"single"}
+    assert "method pose_gripper cannot run: REDUCER_INVALID_FOR_ACTION_SPACE (13)" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("flags", "says"), [
+    (["--through", "node"], "sim --env pusht"),
+    (["--methods", "modal"], "'modal'"),
+    (["--continuity", "guided_mode", "--delays", "8"], "--delays in 0..7"),
+    ([], "--policy DIR"),
+])
+def test_a_refused_setting_exits_2_and_says_why(flags, says, capsys):
+    assert _bench([*COMMON, *flags]) == 2
+    assert says in capsys.readouterr().err
+
+
+def test_through_openpi_client_plays_the_same_episodes(checkpoint, in_process, tmp_path):
+    params = serve_params(checkpoint, num_inference_steps=STEPS, candidate_count=2, reducer="mode")
+    out = tmp_path / "wire.json"
+    with server_process(tmp_path, params, env={"OMP_NUM_THREADS": "1"}) as server:
+        status = _bench([*COMMON, "--methods", "single,mode", "--delays", "2", "--continuity", "guided_mode",
+                         "--through", "openpi", "--url", f"ws://127.0.0.1:{server.port}", "--json", str(out)])
+    assert status == 0
+    wire, (_, local) = json.loads(out.read_text()), in_process
+    for name in ("single", "mode"):
+        assert ([e["actions"] for e in wire["pusht"][name]["per_episode"]]
+                == [e["actions"] for e in local["pusht"][name]["per_episode"]]), name
+    assert ([e["actions"] for e in wire["continuity"]["guided_mode"]["2"]["per_episode"]]
+            == [e["actions"] for e in local["continuity"]["guided_mode"]["2"]["per_episode"]])

@@ -1,0 +1,375 @@
+"""``trajectory-ensemble bench --pusht``: reducers and continuity methods on PushT, closed loop, paired by seed.
+
+    trajectory-ensemble bench --pusht --policy DIR --episodes K --seed S --methods single,mean,mode --count 8 \\
+        [--delays 0,2,4 --continuity sync,naive_async,guided_mode] [--through process|openpi] --json PATH
+
+Every episode is ``gym_pusht/PushT-v0`` as published; episode ``i`` uses reset seed ``S + i``, and its request ``c``
+the base seed :func:`~.evaluate.request_seed` ``(S + i, c)``, so every method of one start draws from the same seeds
+and the comparison is paired. Requests are the OpenPI wire's dicts, answered by the server's own policy in this
+process (``--through process``, the default) or by openpi-client against a running ``serve-openpi``
+(``--through openpi``): the same requests give the same episodes through both.
+
+- **Reducers** (``--methods``, the ``pusht`` block): the env waits for each chunk (``d = 0``), executes its first 8 of
+  16 rows, and asks again. ``single`` is candidate 0 of the same group of ``--count`` candidates (the reply's
+  ``candidates[0]``); every other method is that reducer over the group.
+- **Continuity** (``--continuity`` at ``--delays``, the ``continuity`` block): the methods of
+  :mod:`trajectory_ensemble_lab.chunk_execution`, the ensemble ones (``bid``, ``guided_mode``) at N = ``--count``.
+  A method with guidance continues the session's last chunk
+  (``continue_previous``, ``inference_delay: d``, its ``guidance``, aligned by ``stamp``); the seam jump is the
+  distance (env pixels) between the next target before and after a chunk takes over.
+
+Per method: mean max coverage with a bootstrap 95 % interval, success (coverage > 0.95, the env's ``is_success``)
+with its Wilson interval, seams, and the chunk latency per candidate count against the 100 ms control period. A
+method the server refuses (a reducer this model does not declare, a guidance it cannot serve) is named on stderr and
+left out of the JSON, never reported as zero.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from trajectory_ensemble_node.errors import TrajectoryEnsembleError, describe_error
+from trajectory_ensemble_node.provenance import git_commit, utc_now
+from trajectory_ensemble_node.stats import bootstrap_mean, wilson
+
+from ..chunk_execution import ChunkPlan, Method, method_table
+from . import INSTRUCTION, VALIDATION_SEED_BASE
+from .evaluate import (
+    EXECUTE,
+    IMAGE_KEY,
+    SPLITS,
+    ChunkPolicy,
+    InProcessPolicy,
+    WirePolicy,
+    check_served,
+    describe_error_frame,
+    request_seed,
+    serve_params,
+)
+from .sim import CONTROL_HZ, MAX_STEPS, PushTError, make_env
+
+REDUCER_METHODS = ("single", "mean", "median", "medoid", "mode")
+"""``--methods`` by default: every reducer at N, and ``single``, candidate 0 of the same group."""
+CONTINUITY_METHODS = ("sync", "naive_async", "temporal_ensemble", "bid", "guided_mode")
+OTHER_REDUCERS = ("first", "pose_gripper")
+"""Reducers ``--methods`` also takes (a reducer the model does not declare is refused by the server, named, left out)."""
+THROUGH = ("process", "openpi", "node")
+CONTROL_PERIOD_MS = 1000.0 / CONTROL_HZ
+
+
+class MethodRefused(Exception):
+    """The server refused a method's request with a named error: the method cannot run on this server."""
+
+
+@dataclass
+class BenchEpisode:
+    """One closed-loop episode of one method.
+
+    Args:
+        env_seed (`int`): gym-pusht reset seed.
+        steps (`int`): Control steps taken.
+        max_coverage (`float`): Highest ``info["coverage"]``.
+        success (`bool`): ``info["is_success"]`` at some step.
+        seams (`list[float]`): Seam jumps at chunk take-overs (env pixels).
+        group_ms (`list[float]`): Wall time of each request.
+        actions (`list[list[float]]`): The executed targets ``[steps, 2]`` (env pixels).
+    """
+
+    env_seed: int
+    steps: int = 0
+    max_coverage: float = 0.0
+    success: bool = False
+    seams: list[float] = field(default_factory=list)
+    group_ms: list[float] = field(default_factory=list)
+    actions: list[list[float]] = field(default_factory=list)
+
+
+class Drawer:
+    """Asks ``policy`` for one chunk of one method, in the wire's words, and times it.
+
+    Args:
+        policy (`ChunkPolicy`): Answers OpenPI request dicts.
+        count (`int`): Candidates of the reducer methods' groups.
+    """
+
+    def __init__(self, policy: ChunkPolicy, count: int) -> None:
+        self.policy, self.count = policy, count
+        self.latency_ms: dict[int, list[float]] = {}
+
+    def reset(self, session: str) -> None:
+        """Forget the session's chunk (a replayed start must not continue its last episode)."""
+        self.policy.infer({"endpoint": "reset", "session_id": session})
+
+    def __call__(self, frame: np.ndarray, *, seed: int, step: int, session: str, count: int, reducer: str,
+                 first_candidate: bool = False, delay: int | None = None, guidance: str = "") -> tuple[np.ndarray, float]:
+        """The chunk ``[H, 2]`` (env pixels, float64) for the frame at ``step``, and the request's wall time in ms.
+
+        Raises:
+            MethodRefused: the server refused the request with a named error.
+        """
+        request: dict[str, Any] = {IMAGE_KEY: frame, "prompt": INSTRUCTION, "seed": seed, "num_candidates": count,
+                                   "reducer": reducer, "session_id": session, "stamp": step / CONTROL_HZ,
+                                   "return_candidates": first_candidate}
+        if delay is not None:
+            request.update(continue_previous=True, inference_delay=delay, guidance=guidance)
+        started = time.perf_counter()
+        try:
+            reply = self.policy.infer(request)
+        except TrajectoryEnsembleError as error:
+            raise MethodRefused(describe_error(error)) from None
+        except RuntimeError as error:  # openpi-client raises the server's error frame as RuntimeError
+            raise MethodRefused(describe_error_frame(str(error))) from None
+        elapsed = (time.perf_counter() - started) * 1000.0
+        self.latency_ms.setdefault(count, []).append(elapsed)
+        chunk = reply["candidates"][0] if first_candidate else reply["actions"]
+        return np.asarray(chunk, dtype=np.float64), elapsed
+
+
+def run_episode(draw: Drawer, env: Any, env_seed: int, method: Method, delay: int, *, name: str,
+                first_candidate: bool = False, execute: int = EXECUTE, max_steps: int = MAX_STEPS) -> BenchEpisode:
+    """Play one episode of ``method`` with inference delay ``delay`` (control steps) from reset seed ``env_seed``.
+
+    Args:
+        draw (`Drawer`): Serves the chunks.
+        env: A ``make_env(pixels=True)`` env.
+        env_seed (`int`): The reset seed; request ``c`` has base seed ``request_seed(env_seed, c)``.
+        method (`Method`): Candidates, reducer, guidance and execution.
+        delay (`int`): Steps the env goes on with the old chunk while the next is inferred (``sync``: stands still).
+        name (`str`): The method's name (its session).
+        first_candidate (`bool`): Execute candidate 0 of the group instead of the reduced chunk (``single``).
+        execute (`int`): Rows of each chunk executed before the next request.
+        max_steps (`int`): Step cap (the env's own limit is 300).
+    """
+    obs, _ = env.reset(seed=env_seed)
+    episode = BenchEpisode(env_seed)
+    session = f"bench-pusht-{name}-{delay}-{env_seed}"
+    draw.reset(session)
+    index = 0
+
+    def request(t: int, continued: bool) -> np.ndarray:
+        nonlocal index
+        chunk, ms = draw(obs["pixels"], seed=request_seed(env_seed, index), step=t, session=session,
+                         count=method.count, reducer=method.reducer, first_candidate=first_candidate,
+                         delay=delay if continued else None, guidance=method.guidance or "")
+        index += 1
+        episode.group_ms.append(ms)
+        return chunk
+
+    def advance(target: np.ndarray) -> bool:
+        nonlocal obs
+        obs, _, terminated, truncated, info = env.step(np.asarray(target, dtype=np.float32))
+        episode.steps += 1
+        episode.actions.append([float(v) for v in target])
+        episode.max_coverage = max(episode.max_coverage, float(info["coverage"]))
+        episode.success = episode.success or bool(info["is_success"])
+        return bool(terminated or truncated) or episode.steps >= max_steps
+
+    current = request(0, False)
+    if method.execution == "sync":
+        while True:
+            for k in range(execute):
+                if advance(current[k]):
+                    return episode
+            for _ in range(delay):  # standing still (at the last target) while the next chunk is computed
+                if advance(current[execute - 1]):
+                    return episode
+            new = request(episode.steps, method.guidance is not None)
+            episode.seams.append(float(np.linalg.norm(new[0] - current[execute])))
+            current = new
+
+    plan = ChunkPlan(current)
+    hold = current[0]
+    pending: tuple[int, np.ndarray] | None = None
+    t = 0
+    while True:
+        if t > 0 and t % execute == 0:
+            pending = (t, request(t, method.guidance is not None))
+        if pending is not None and t == pending[0] + delay:
+            planned_at, new = pending
+            pending = None
+            episode.seams.append(plan.take_over(method.execution, planned_at, new, delay, t, hold))
+        hold = plan.target(t, hold)
+        if advance(hold):
+            return episode
+        t += 1
+
+
+def summarize(episodes: Sequence[BenchEpisode], *, trace: bool = False) -> dict[str, Any]:
+    """One method's figures: coverage and success with their intervals, seams, requests, per-episode records."""
+    successes = sum(e.success for e in episodes)
+    coverage = [e.max_coverage for e in episodes]
+    seams = [s for e in episodes for s in e.seams]
+    low, high = wilson(successes, len(episodes))
+    cov_low, cov_high = bootstrap_mean(coverage)
+    keep = (lambda e: asdict(e)) if trace else (lambda e: {k: v for k, v in asdict(e).items() if k != "actions"})
+    return {
+        "episodes": len(episodes), "coverage_mean": float(np.mean(coverage)), "coverage_mean_ci95": [cov_low, cov_high],
+        "success_rate": successes / len(episodes), "success_rate_ci95": [low, high], "successes": successes,
+        "seam_jump_mean": float(np.mean(seams)) if seams else 0.0,
+        "seam_jump_max": float(np.max(seams)) if seams else 0.0,
+        "requests": sum(len(e.group_ms) for e in episodes),
+        "per_episode": [keep(e) for e in episodes],
+    }
+
+
+def reducer_method(name: str, count: int) -> Method:
+    """``single``: candidate 0 of a group of ``count``; any other name: that reducer over the group."""
+    return Method(count, "mode" if name == "single" else name, None, "switch")
+
+
+def bench(draw: Drawer, seeds: Sequence[int], *, methods: Sequence[str], continuity: Sequence[str],
+          delays: Sequence[int], count: int, max_steps: int, trace: bool = False,
+          log: Callable[[str], None] = print, refused: Callable[[str, str], None]) -> dict[str, Any]:
+    """Every method on every start; a method the server refuses is reported to ``refused(name, why)`` and left out.
+
+    Returns:
+        `dict`: ``{"pusht": {METHOD: figures}, "continuity": {METHOD: {d: figures}}}`` (``continuity`` only when
+        methods are named).
+    """
+    env = make_env(pixels=True)
+    table = method_table()
+    runs: list[tuple[str, str, Method, int, bool]] = [("pusht", name, reducer_method(name, count), 0, name == "single")
+                                                      for name in methods]
+    # The ensemble methods (bid, guided_mode) draw N = --count candidates, as the reducers do.
+    runs += [("continuity", name, dataclasses.replace(table[name], count=count) if table[name].count > 1 else table[name],
+              d, False) for name in continuity for d in delays]
+    episodes: dict[tuple[str, str, int], list[BenchEpisode]] = {}
+    dropped: set[tuple[str, str]] = set()
+    for seed in seeds:
+        for block, name, method, delay, first in runs:
+            if (block, name) in dropped:
+                continue
+            try:
+                episode = run_episode(draw, env, seed, method, delay, name=name, first_candidate=first,
+                                      max_steps=max_steps)
+            except MethodRefused as why:
+                dropped.add((block, name))
+                refused(name, str(why))
+                continue
+            episodes.setdefault((block, name, delay), []).append(episode)
+            log(f"seed {seed} {name} d={delay}: max coverage {episode.max_coverage:.3f} "
+                f"{'success' if episode.success else 'failure'} in {episode.steps} steps")
+    out: dict[str, Any] = {"pusht": {}}
+    if continuity:
+        out["continuity"] = {}
+    for (block, name, delay), found in episodes.items():
+        if (block, name) in dropped:
+            continue
+        if block == "pusht":
+            out["pusht"][name] = summarize(found, trace=trace)
+        else:
+            out["continuity"].setdefault(name, {})[str(delay)] = summarize(found, trace=trace)
+    return out
+
+
+def latency(draw: Drawer) -> dict[str, Any]:
+    """Median and p95 request wall time per candidate count, beside the control period."""
+    per_count = {str(n): {"median_ms": float(np.median(v)), "p95_ms": float(np.percentile(v, 95)),
+                          "requests": len(v)} for n, v in sorted(draw.latency_ms.items())}
+    return {"per_count": per_count, "control_period_ms": CONTROL_PERIOD_MS}
+
+
+def _names(text: str, choices: Sequence[str], flag: str) -> tuple[str, ...]:
+    names = tuple(dict.fromkeys(n.strip() for n in text.split(",") if n.strip()))
+    bad = [n for n in names if n not in choices]
+    if bad:
+        raise PushTError(f"{flag}: {bad} not among {list(choices)}")
+    return names
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The ``--pusht`` mode's own flags (``--methods``, ``--delays``, ``--steps`` and ``--json`` are the bench's
+    shared ones)."""
+    group = parser.add_argument_group("--pusht")
+    group.add_argument("--episodes", type=int, default=10, help="--pusht: episodes, reset seeds SEED .. SEED + K - 1")
+    group.add_argument("--seed", type=int, default=None,
+                       help=f"--pusht: first reset seed and base seed (default {VALIDATION_SEED_BASE}, the first "
+                            "validation start)")
+    group.add_argument("--count", type=int, default=8, help="--pusht: candidates N of the reducer methods (8)")
+    group.add_argument("--policy", type=Path, default=None,
+                       help="--pusht --through process: a PushT checkpoint (train-pusht's --out)")
+    group.add_argument("--continuity", type=str, default="",
+                       help=f"--pusht: continuity methods at --delays, comma-separated (of {list(CONTINUITY_METHODS)} "
+                            "and the rest of chunk_execution's)")
+    group.add_argument("--through", choices=THROUGH, default="process",
+                       help="--pusht: the server's policy in this process, openpi-client against --url, or the node")
+    group.add_argument("--url", default="ws://127.0.0.1:8000", help="--pusht --through openpi: serve-openpi's address")
+    group.add_argument("--api-key", default=None, help="--pusht --through openpi: the server's key")
+    group.add_argument("--max-steps", type=int, default=MAX_STEPS, help="--pusht: step cap per episode (300)")
+    group.add_argument("--trace", action="store_true", help="--pusht: keep each episode's executed actions")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run ``bench --pusht``; 0 done, 2 a refused setting (``NAME (code): message`` on stderr)."""
+    try:
+        return _run(args)
+    except TrajectoryEnsembleError as error:
+        print(f"error: {describe_error(error)}", file=sys.stderr)
+        return 2
+
+
+def _run(args: argparse.Namespace) -> int:
+    episodes, steps = args.episodes, args.steps or 10
+    first = VALIDATION_SEED_BASE if args.seed is None else int(args.seed)
+    low, high = SPLITS["validation"][0], SPLITS["heldout"][1]
+    if episodes < 1 or first < 0 or first + episodes > high:
+        raise PushTError(f"--seed {first} with --episodes {episodes} must stay in 0..{high - 1}")
+    if first < low:
+        print(f"bench --pusht: note: seeds {first}.. are demonstration starts (validation starts at {low})",
+              file=sys.stderr)
+    methods = _names(args.methods or ",".join(REDUCER_METHODS), REDUCER_METHODS + OTHER_REDUCERS, "--methods")
+    continuity = _names(args.continuity, tuple(method_table()), "--continuity") if args.continuity else ()
+    delays = tuple(int(d) for d in str(args.delays).split(",") if d.strip()) if continuity else (0,)
+    count = args.count
+    if count < 1 or any(not 0 <= d < EXECUTE for d in delays) or not 1 <= args.max_steps <= MAX_STEPS:
+        raise PushTError(f"--count must be >= 1, --delays in 0..{EXECUTE - 1} and --max-steps in 1..{MAX_STEPS}; "
+                         f"got {count}, {list(delays)} and {args.max_steps}")
+    if args.through == "node":
+        raise PushTError("bench --pusht --through node needs `trajectory-ensemble sim --env pusht`, which this "
+                         "checkout does not have yet; use --through process or openpi")
+    if args.through == "process":
+        if args.policy is None:
+            raise PushTError("bench --pusht --through process needs --policy DIR (a train-pusht checkpoint)")
+        from trajectory_ensemble_node.serving.params import validate
+
+        policy: ChunkPolicy = InProcessPolicy(validate(serve_params(args.policy, num_inference_steps=steps,
+                                                                    candidate_count=count, reducer="mode")))
+    else:
+        policy = WirePolicy(args.url, args.api_key)
+    try:
+        check_served(policy.metadata, EXECUTE, max(delays))
+        draw = Drawer(policy, count)
+        result = bench(draw, range(first, first + episodes), methods=methods, continuity=continuity, delays=delays,
+                       count=count, max_steps=args.max_steps, trace=args.trace,
+                       log=lambda line: print(line, flush=True),
+                       refused=lambda name, why: print(f"bench --pusht: method {name} cannot run: {why}",
+                                                       file=sys.stderr, flush=True))
+        served = {k: policy.metadata.get(k) for k in ("model", "weights", "weights_version", "action_shape")}
+    finally:
+        policy.close()
+    result["latency"] = latency(draw)
+    result["settings"] = {"through": args.through, "policy": str(args.policy) if args.policy else None,
+                          "url": args.url if args.through == "openpi" else None, "seed": first,
+                          "episodes": episodes, "methods": list(methods), "continuity": list(continuity),
+                          "delays": list(delays), "count": count, "execute": EXECUTE, "max_steps": args.max_steps,
+                          "steps": steps if args.through == "process" else None, "served": served,
+                          "env": "gym_pusht/PushT-v0 (gym-pusht 0.1.8)"}
+    result["date"], result["commit"] = utc_now(), git_commit()
+    for name, figures in result["pusht"].items():
+        low, high = figures["success_rate_ci95"]
+        print(f"{name}@{count}: mean max coverage {figures['coverage_mean']:.3f}, success {figures['successes']}/"
+              f"{figures['episodes']} (95 % {low:.0%}..{high:.0%})", flush=True)
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+    return 0

@@ -18,6 +18,7 @@ from trajectory_ensemble_node.demo.sim_model import (
     SimSettings,
     episode_end,
     handover_seam,
+    row_period_ns,
     row_times,
     should_request,
 )
@@ -89,6 +90,15 @@ def chunk(start: float, horizon: int = 8) -> np.ndarray:
 
 def test_rows_are_timed_from_the_stamp():
     assert row_times(1000, DT, 3).tolist() == [1000 + DT, 1000 + 2 * DT, 1000 + 3 * DT]
+
+
+@pytest.mark.parametrize(("fps", "own_ns"), [(10.0, 100_000_000), (8.0, 125_000_000), (15.0, 66_666_667)])
+def test_a_float32_dt_of_the_sims_own_period_is_that_period(fps, own_ns):
+    # The node's message carries dt as float32: 0.1 s reads back 1.49 ns long, which rounding would add to every row.
+    wire = float(np.float32(1.0 / fps))
+    assert row_period_ns(wire, own_ns) == own_ns
+    assert row_period_ns(float(np.float32(0.2)), 100_000_000) == 200_000_003  # another period: rounded, not snapped
+
 
 
 def test_a_new_chunk_takes_over_from_its_first_row_still_ahead():

@@ -108,6 +108,18 @@ class SimClock:
         self._base_ns += int(ns)
 
 
+def row_period_ns(dt: float, own_ns: int) -> int:
+    """The period (ns) between a served chunk's rows, from its message's ``dt`` (seconds, a float32 on the wire).
+
+    The float32 of 0.1 s reads back as 100 000 001.49 ns: rounded, every row of a 10 Hz chunk would fall 1 ns later
+    per row than the sim's ticks, and the robot would hold (or interpolate) at the ticks meant to be rows. So a ``dt``
+    that is the float32 of the sim's own period ``own_ns`` is that period; any other is rounded to the nanosecond.
+    """
+    if np.float32(own_ns / NS_PER_S) == np.float32(dt):
+        return int(own_ns)
+    return int(round(dt * NS_PER_S))
+
+
 def row_times(stamp_ns: int, dt_ns: int, horizon: int) -> np.ndarray:
     """Times ``[H]`` (ns) of a chunk's rows: row ``k`` at ``stamp + (k + 1) * dt``."""
     return int(stamp_ns) + int(dt_ns) * np.arange(1, horizon + 1, dtype=np.int64)

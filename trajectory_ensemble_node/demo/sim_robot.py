@@ -24,6 +24,7 @@ from .sim_model import (
     SimClock,
     SimSettings,
     handover_seam,
+    row_period_ns,
     row_times,
     should_request,
 )
@@ -253,7 +254,7 @@ class SimRobot:
         def splice(arrival_ns: int, msg: Any, goal: GoalRecord) -> int:
             horizon, width = int(msg.horizon), int(msg.action_dim)
             rows = np.asarray(msg.data, dtype=np.float64).reshape(horizon, width)
-            dt_ns, stamp = int(round(float(msg.dt) * NS_PER_S)), stamp_ns(msg)
+            dt_ns, stamp = row_period_ns(float(msg.dt), s.dt_ns), stamp_ns(msg)
             if s.execute is None and goal.index > 0:  # synchronous: the robot waited; the chunk starts next step
                 times, start = next_tick + dt_ns * np.arange(horizon, dtype=np.int64), next_tick - dt_ns
             else:

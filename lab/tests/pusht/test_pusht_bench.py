@@ -96,7 +96,6 @@ def test_a_method_the_server_refuses_is_named_and_left_out(checkpoint, tmp_path,
 
 
 @pytest.mark.parametrize(("flags", "says"), [
-    (["--through", "node"], "sim --env pusht"),
     (["--methods", "modal"], "'modal'"),
     (["--continuity", "guided_mode", "--delays", "8"], "--delays in 0..7"),
     ([], "--policy DIR"),
@@ -119,3 +118,28 @@ def test_through_openpi_client_plays_the_same_episodes(checkpoint, in_process, t
                 == [e["actions"] for e in local["pusht"][name]["per_episode"]]), name
     assert ([e["actions"] for e in wire["continuity"]["guided_mode"]["2"]["per_episode"]]
             == [e["actions"] for e in local["continuity"]["guided_mode"]["2"]["per_episode"]])
+
+
+@pytest.mark.ros
+@pytest.mark.slow
+def test_through_the_node_plays_the_same_goals_as_in_process(checkpoint, in_process, tmp_path, ros_domain_id,
+                                                             capsys):
+    # The sim stops its clock until each chunk arrives (fixed delay), so the node serves the frame of the step its goal
+    # was sent at, and goal c carries the in-process request c's seed: the same chunks, the same episode.
+    pytest.importorskip("rclpy")
+    pytest.importorskip("trajectory_ensemble_msgs")
+    out = tmp_path / "node.json"
+    status = _bench([*COMMON, "--episodes", "1", "--methods", "single,mode", "--delays", "2",
+                     "--continuity", "guided_mode,temporal_ensemble", "--through", "node", "--policy", str(checkpoint),
+                     "--json", str(out)])
+    assert status == 0
+    node, (_, local) = json.loads(out.read_text()), in_process
+    assert "method temporal_ensemble cannot run: not through the node" in capsys.readouterr().err
+    assert set(node["continuity"]) == {"guided_mode"}
+    for name in ("single", "mode"):
+        first = node["pusht"][name]["per_episode"][0]
+        assert first["env_seed"] == VALIDATION_SEED_BASE
+        assert first["actions"] == local["pusht"][name]["per_episode"][0]["actions"], name
+    guided = node["continuity"]["guided_mode"]["2"]["per_episode"][0]
+    assert guided["steps"] == 20 or guided["success"]
+    assert len(guided["seams"]) >= 1

@@ -62,7 +62,7 @@ REDUCER_METHODS = ("single", "mean", "median", "medoid", "mode")
 """``--methods`` by default: every reducer at N, and ``single``, candidate 0 of the same group."""
 CONTINUITY_METHODS = ("sync", "naive_async", "temporal_ensemble", "bid", "guided_mode")
 OTHER_REDUCERS = ("first", "pose_gripper")
-"""Reducers ``--methods`` also takes (a reducer the model does not declare is refused by the server, named, left out)."""
+"""Reducers ``--methods`` also takes (one the model does not declare is refused by the server, named, left out)."""
 THROUGH = ("process", "openpi", "node")
 CONTROL_PERIOD_MS = 1000.0 / CONTROL_HZ
 
@@ -111,7 +111,8 @@ class Drawer:
         self.policy.infer({"endpoint": "reset", "session_id": session})
 
     def __call__(self, frame: np.ndarray, *, seed: int, step: int, session: str, count: int, reducer: str,
-                 first_candidate: bool = False, delay: int | None = None, guidance: str = "") -> tuple[np.ndarray, float]:
+                 first_candidate: bool = False, delay: int | None = None,
+                 guidance: str = "") -> tuple[np.ndarray, float]:
         """The chunk ``[H, 2]`` (env pixels, float64) for the frame at ``step``, and the request's wall time in ms.
 
         Raises:
@@ -237,12 +238,7 @@ def bench(draw: Drawer, seeds: Sequence[int], *, methods: Sequence[str], continu
         methods are named).
     """
     env = make_env(pixels=True)
-    table = method_table()
-    runs: list[tuple[str, str, Method, int, bool]] = [("pusht", name, reducer_method(name, count), 0, name == "single")
-                                                      for name in methods]
-    # The ensemble methods (bid, guided_mode) draw N = --count candidates, as the reducers do.
-    runs += [("continuity", name, dataclasses.replace(table[name], count=count) if table[name].count > 1 else table[name],
-              d, False) for name in continuity for d in delays]
+    runs = plan_runs(methods, continuity, delays, count)
     episodes: dict[tuple[str, str, int], list[BenchEpisode]] = {}
     dropped: set[tuple[str, str]] = set()
     for seed in seeds:
@@ -259,12 +255,30 @@ def bench(draw: Drawer, seeds: Sequence[int], *, methods: Sequence[str], continu
             episodes.setdefault((block, name, delay), []).append(episode)
             log(f"seed {seed} {name} d={delay}: max coverage {episode.max_coverage:.3f} "
                 f"{'success' if episode.success else 'failure'} in {episode.steps} steps")
+    return collect({k: v for k, v in episodes.items() if k[:2] not in dropped}, continuity=bool(continuity),
+                   trace=trace)
+
+
+def plan_runs(methods: Sequence[str], continuity: Sequence[str], delays: Sequence[int],
+              count: int) -> list[tuple[str, str, Method, int, bool]]:
+    """``(block, name, method, delay, single)`` for every reducer method (at ``d = 0``) and continuity method and
+    delay, the ensemble methods at N = ``count``."""
+    table = method_table()
+    runs = [("pusht", name, reducer_method(name, count), 0, name == "single") for name in methods]
+    # The ensemble methods (bid, guided_mode) draw N = --count candidates, as the reducers do.
+    ensemble = {name: dataclasses.replace(table[name], count=count) if table[name].count > 1 else table[name]
+                for name in continuity}
+    runs += [("continuity", name, ensemble[name], d, False) for name in continuity for d in delays]
+    return runs
+
+
+def collect(episodes: dict[tuple[str, str, int], list[BenchEpisode]], *, continuity: bool,
+            trace: bool) -> dict[str, Any]:
+    """The ``pusht`` and (with ``continuity``) ``continuity`` blocks of the JSON from each run's episodes."""
     out: dict[str, Any] = {"pusht": {}}
     if continuity:
         out["continuity"] = {}
     for (block, name, delay), found in episodes.items():
-        if (block, name) in dropped:
-            continue
         if block == "pusht":
             out["pusht"][name] = summarize(found, trace=trace)
         else:
@@ -272,10 +286,11 @@ def bench(draw: Drawer, seeds: Sequence[int], *, methods: Sequence[str], continu
     return out
 
 
-def latency(draw: Drawer) -> dict[str, Any]:
-    """Median and p95 request wall time per candidate count, beside the control period."""
+def latency(per_count_ms: dict[int, list[float]]) -> dict[str, Any]:
+    """Median and p95 wall time of a chunk per candidate count (a request, or a goal through the node), beside the
+    control period."""
     per_count = {str(n): {"median_ms": float(np.median(v)), "p95_ms": float(np.percentile(v, 95)),
-                          "requests": len(v)} for n, v in sorted(draw.latency_ms.items())}
+                          "requests": len(v)} for n, v in sorted(per_count_ms.items()) if v}
     return {"per_count": per_count, "control_period_ms": CONTROL_PERIOD_MS}
 
 
@@ -310,12 +325,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run ``bench --pusht``; 0 done, 2 a refused setting (``NAME (code): message`` on stderr)."""
+    """Run ``bench --pusht``; 0 done, 2 a refused setting (``NAME (code): message`` on stderr), 3 the node (``--through
+    node``) did not come up or answer."""
+    from trajectory_ensemble_node.cli.launcher import NodeStartError
+    from trajectory_ensemble_node.cli.ros_client import NodeUnreachableError
+
     try:
         return _run(args)
     except TrajectoryEnsembleError as error:
         print(f"error: {describe_error(error)}", file=sys.stderr)
         return 2
+    except (NodeStartError, NodeUnreachableError, TimeoutError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 3
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -334,30 +356,48 @@ def _run(args: argparse.Namespace) -> int:
     if count < 1 or any(not 0 <= d < EXECUTE for d in delays) or not 1 <= args.max_steps <= MAX_STEPS:
         raise PushTError(f"--count must be >= 1, --delays in 0..{EXECUTE - 1} and --max-steps in 1..{MAX_STEPS}; "
                          f"got {count}, {list(delays)} and {args.max_steps}")
-    if args.through == "node":
-        raise PushTError("bench --pusht --through node needs `trajectory-ensemble sim --env pusht`, which this "
-                         "checkout does not have yet; use --through process or openpi")
-    if args.through == "process":
-        if args.policy is None:
-            raise PushTError("bench --pusht --through process needs --policy DIR (a train-pusht checkpoint)")
-        from trajectory_ensemble_node.serving.params import validate
+    if args.through in ("process", "node") and args.policy is None:
+        raise PushTError(f"bench --pusht --through {args.through} needs --policy DIR (a train-pusht checkpoint)")
+    seeds = range(first, first + episodes)
 
-        policy: ChunkPolicy = InProcessPolicy(validate(serve_params(args.policy, num_inference_steps=steps,
-                                                                    candidate_count=count, reducer="mode")))
+    def report(line: str) -> None:
+        print(line, flush=True)
+
+    def refused(name: str, why: str) -> None:
+        print(f"bench --pusht: method {name} cannot run: {why}", file=sys.stderr, flush=True)
+
+    if args.through == "node":
+        from .bench_node import play
+
+        runs = plan_runs(methods, continuity, delays, count)
+        log_dir = (args.json.parent if args.json is not None else Path("out/pusht")) / "bench_node"
+        found = play(args.policy, runs, seeds, steps=steps, count=count, execute=EXECUTE, max_steps=args.max_steps,
+                     log_dir=log_dir, log=report, refused=refused)
+        result = collect(found, continuity=bool(continuity), trace=args.trace)
+        per_count: dict[int, list[float]] = {}
+        for (block, name, delay), episodes_found in found.items():
+            method = next(m for b, n, m, d, _ in runs if (b, n, d) == (block, name, delay))
+            per_count.setdefault(1 if name == "single" else method.count, []).extend(
+                ms for e in episodes_found for ms in e.group_ms)
+        result["latency"] = latency(per_count)
+        served = {"model": str(args.policy.resolve())}
     else:
-        policy = WirePolicy(args.url, args.api_key)
-    try:
-        check_served(policy.metadata, EXECUTE, max(delays))
-        draw = Drawer(policy, count)
-        result = bench(draw, range(first, first + episodes), methods=methods, continuity=continuity, delays=delays,
-                       count=count, max_steps=args.max_steps, trace=args.trace,
-                       log=lambda line: print(line, flush=True),
-                       refused=lambda name, why: print(f"bench --pusht: method {name} cannot run: {why}",
-                                                       file=sys.stderr, flush=True))
-        served = {k: policy.metadata.get(k) for k in ("model", "weights", "weights_version", "action_shape")}
-    finally:
-        policy.close()
-    result["latency"] = latency(draw)
+        if args.through == "process":
+            from trajectory_ensemble_node.serving.params import validate
+
+            policy: ChunkPolicy = InProcessPolicy(validate(serve_params(
+                args.policy, num_inference_steps=steps, candidate_count=count, reducer="mode")))
+        else:
+            policy = WirePolicy(args.url, args.api_key)
+        try:
+            check_served(policy.metadata, EXECUTE, max(delays))
+            draw = Drawer(policy, count)
+            result = bench(draw, seeds, methods=methods, continuity=continuity, delays=delays, count=count,
+                           max_steps=args.max_steps, trace=args.trace, log=report, refused=refused)
+            served = {k: policy.metadata.get(k) for k in ("model", "weights", "weights_version", "action_shape")}
+        finally:
+            policy.close()
+        result["latency"] = latency(draw.latency_ms)
     result["settings"] = {"through": args.through, "policy": str(args.policy) if args.policy else None,
                           "url": args.url if args.through == "openpi" else None, "seed": first,
                           "episodes": episodes, "methods": list(methods), "continuity": list(continuity),

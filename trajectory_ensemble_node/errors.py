@@ -405,3 +405,36 @@ class NoveltyScorerError(TrajectoryEnsembleError, ValueError):
     """A novelty scorer file is unreadable or malformed, or a scorer and an embedding do not fit each other."""
 
     code = ErrorCode.NOVELTY_SCORER_INVALID
+
+
+# --- remote engine (engine: openpi) ---------------------------------------------------------------------------------
+
+
+class RemoteEngineError(TrajectoryEnsembleError):
+    """The remote engine failed a request for a network reason (its own refusals keep their own classes)."""
+
+    code = ErrorCode.REMOTE_UNREACHABLE
+
+
+class RemoteUnreachableError(RemoteEngineError, ConnectionError):
+    """Connecting to the remote engine, or its handshake, failed."""
+
+    code = ErrorCode.REMOTE_UNREACHABLE
+
+
+class RemoteDisconnectedError(RemoteEngineError, ConnectionError):
+    """The connection to the remote engine dropped while a request was in flight."""
+
+    code = ErrorCode.REMOTE_DISCONNECTED
+
+
+class RemoteTimeoutError(RemoteEngineError, TimeoutError):
+    """The remote engine did not reply within the request's deadline or the configured bound."""
+
+    code = ErrorCode.REMOTE_TIMEOUT
+
+
+class RemoteSchemaError(RemoteEngineError, ValueError):
+    """The remote engine's handshake metadata does not fit the node's parameters."""
+
+    code = ErrorCode.REMOTE_SCHEMA

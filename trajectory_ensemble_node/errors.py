@@ -438,3 +438,19 @@ class RemoteSchemaError(RemoteEngineError, ValueError):
     """The remote engine's handshake metadata does not fit the node's parameters."""
 
     code = ErrorCode.REMOTE_SCHEMA
+
+
+class RemoteRefusalError(TrajectoryEnsembleError):
+    """A remote server's error frame naming a class this package does not have: its code and message as sent.
+
+    Args:
+        code (`int`): The frame's numeric code (``ENGINE_FAILURE`` when it is no known code).
+        name (`str`): The class name it named. message (`str`): Its message.
+    """
+
+    code = ErrorCode.ENGINE_FAILURE
+
+    def __init__(self, code: int, name: str, message: str) -> None:
+        super().__init__(f"{name}: {message}")
+        known = code in ErrorCode._value2member_map_
+        self.code = ErrorCode(code) if known else ErrorCode.ENGINE_FAILURE

@@ -128,7 +128,8 @@ def parse_context(value: Any) -> ExecutionContext:
     unknown = sorted(set(value) - set(CONTEXT_KEYS), key=str)
     missing = [key for key in CONTEXT_KEYS[:5] if key not in value]
     if unknown or missing:
-        raise ExecutionContextError(f"context keys: unknown {unknown}, missing {missing}; expected {list(CONTEXT_KEYS)}")
+        raise ExecutionContextError(f"context keys: unknown {unknown}, missing {missing}; expected "
+                                    f"{list(CONTEXT_KEYS)}")
     previous = value["previous"]
     if not isinstance(previous, np.ndarray) or previous.dtype.kind != "f" or previous.ndim != 2:
         kind = f"array {previous.dtype} {list(previous.shape)}" if isinstance(previous, np.ndarray) else \

@@ -35,6 +35,7 @@ from ..engine.context import ExecutionContext
 from ..errors import (
     AbortReason,
     GroupAbortedError,
+    RemoteDisconnectedError,
     RemoteEngineError,
     RemoteTimeoutError,
     RemoteUnreachableError,
@@ -117,6 +118,7 @@ class RemoteEngine:
         self.metadata: dict[str, Any] = {}
         self._lock = threading.Lock()
         self._open: dict[str, list[Connection]] = collections.defaultdict(list)
+        self._canceled: set[str] = set()  # groups canceled: a connection still being opened sends nothing
         self._running = 0
         self._outcomes: collections.Counter[str] = collections.Counter()
         self._stop = threading.Event()
@@ -274,6 +276,7 @@ class RemoteEngine:
         with self._lock:
             self._running -= 1
             self._open.pop(request.request_id, None)
+            self._canceled.discard(request.request_id)
             self._outcomes["succeeded" if error is None else type(error).__name__] += 1
         handle.finish(result, error)
 
@@ -292,7 +295,10 @@ class RemoteEngine:
         connection = open_connection(self.url, api_key=self.api_key, timeout_s=min(self.timeout_s, left))
         with self._lock:
             self._open[request.request_id].append(connection)
+            canceled = request.request_id in self._canceled
         try:
+            if canceled:  # canceled while this connection was being opened: nothing is sent
+                raise RemoteDisconnectedError(f"request {request.request_id}: canceled before it was sent")
             check_metadata(connection.metadata, self.params, batched=count > 1)
             self.metadata = connection.metadata  # the latest version the server reports
             extras = list((connection.metadata.get("extras") or {}).get("keys") or ("seed",))
@@ -338,6 +344,7 @@ class RemoteEngine:
 
     def _close_group(self, request_id: str) -> None:
         with self._lock:
+            self._canceled.add(request_id)
             connections = list(self._open.get(request_id, ()))
         for connection in connections:
             connection.close()

@@ -41,6 +41,9 @@ def check_engine(p: Mapping[str, Any], problems: list[str], env: Mapping[str, st
         _ = parts.port  # a port that is no number raises here
     except ValueError:
         usable = False
+    if p["enable_weight_updates"]:
+        problems.append("enable_weight_updates: weights are updated on the remote server, not on a node with engine: "
+                        "openpi")
     if not usable:
         problems.append(f"engine_url: {url!r} must be a ws://HOST:PORT or wss://HOST:PORT url when engine is openpi")
     if key_env:

@@ -1,9 +1,12 @@
-"""Acceptance 1 of issue 48: the node with ``engine: openpi`` against a ``serve-openpi`` the test starts, over DDS.
+"""Acceptances 1 and 2 of issue 48: the node with ``engine: openpi`` against a ``serve-openpi`` the test starts, over
+DDS.
 
 - a goal equals, bitwise, the same group of the local model (the Python API on the same image and seed);
 - a preempted and a canceled goal end their remote requests (the server's ``canceled_on_disconnect``);
 - killing the server mid-goal ends the goal with ``REMOTE_DISCONNECTED`` well within its deadline, and after a
-  restart on the same port the next goal succeeds.
+  restart on the same port the next goal succeeds;
+- against a server restarted as one sample per request (``openpi_samples_per_request: 1``), a goal of N = 8 is 8
+  seeded requests reduced on the node, equal bitwise to the local group.
 
 The node and every server are subprocesses; the paced server (``TRAJECTORY_ENSEMBLE_TEST_STEP_DELAY_S``) holds a group
 in its engine for seconds, so cancel, preemption and the kill land mid-group however fast the machine is.
@@ -41,8 +44,8 @@ STEP_DELAY_S = 0.5
 """The paced server's sleep per step: a 10-step group stays in its engine about 5 s."""
 
 
-def start_server(tmp, name: str, port: int, step_delay_s: float = 0.0) -> ServerProcess:
-    params = write_params(tmp / f"{name}.yaml", SERVED)
+def start_server(tmp, name: str, port: int, step_delay_s: float = 0.0, **overrides) -> ServerProcess:
+    params = write_params(tmp / f"{name}.yaml", {**SERVED, **overrides})
     env = {"TRAJECTORY_ENSEMBLE_TESTING": "1", "TRAJECTORY_ENSEMBLE_TEST_STEP_DELAY_S": str(step_delay_s)}
     server = ServerProcess(["--params-file", str(params), "--port", str(port)], tmp / f"{name}.log", env)
     server.wait_ready()
@@ -122,6 +125,21 @@ def test_preempt_and_cancel_end_the_remote_requests_then_a_killed_server_fails_t
     goal = succeeded(ros.run_goal(candidate_count=2))
     assert goal.error_code == ErrorCode.OK
     assert stats(port)["server"]["replies"] == 1
+
+
+def test_against_a_one_sample_server_a_goal_of_8_is_8_seeded_requests_equal_to_the_local_group(remote):
+    """Acceptance 2: the server restarts as a one-sample-per-request server; the node notices at the next goal."""
+    tmp, ros, port, servers = remote
+    servers[-1].kill()
+    servers.append(start_server(tmp, "server-one-sample", port, openpi_samples_per_request=1))
+    image, seed = toy_image(seed=8), 99
+    ros.publish_rgb(image, stamp_sec=1003.0)
+    goal = succeeded(ros.run_goal(use_seed=True, seed=seed, candidate_count=8, reducer="mode"))
+    local = Cosmos3ActionModel(load_toy_pipeline()).generate(
+        **request_kwargs(image), spec=CandidateTrajectorySpec(count=8, reducer="mode"), base_seed=seed)
+    np.testing.assert_array_equal(np.asarray(goal.trajectory.data, dtype=np.float32).reshape(8, 2),
+                                  local.action.numpy())
+    assert stats(port)["server"]["requests"] == stats(port)["server"]["replies"] == 8
 
 
 def _duration(seconds: float):

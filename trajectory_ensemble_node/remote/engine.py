@@ -258,14 +258,17 @@ class RemoteEngine:
         result: EnsembleResult | None = None
         error: BaseException | None = None
         try:
-            per_request = self.samples_per_request
+            # The first connection's handshake says how this server draws (it may have restarted as another).
+            first = self._connect(request, submitted)
+            per_request = samples_per_request(first.metadata)
             if per_request is not None and per_request < request.count:
                 if per_request != 1:
+                    first.close()
                     raise RemoteEngineError(f"the remote engine draws {per_request} samples per request; a group of "
                                             f"{request.count} is served whole or one sample per request only")
-                result = self._serve_samples(request, submitted)
+                result = self._serve_samples(request, submitted, first)
             else:
-                result = self._serve_batched(request, submitted)
+                result = self._serve_batched(request, submitted, first)
         except BaseException as caught:  # noqa: BLE001 - every outcome ends the handle
             error = caught
         canceled = handle.cancel_requested
@@ -290,40 +293,51 @@ class RemoteEngine:
             return left, left * 1000.0
         return self.timeout_s - (time.monotonic() - submitted), 0.0
 
-    def _request(self, request: GroupRequest, submitted: float, *, count: int, seed: int) -> dict[str, Any]:
-        left, deadline_ms = self._budget(request, submitted)
+    def _connect(self, request: GroupRequest, submitted: float) -> Connection:
+        """A connection for one of ``request``'s requests, registered so a cancel closes it."""
+        left, _ = self._budget(request, submitted)
         connection = open_connection(self.url, api_key=self.api_key, timeout_s=min(self.timeout_s, left))
         with self._lock:
             self._open[request.request_id].append(connection)
             canceled = request.request_id in self._canceled
+        if canceled:  # canceled while this connection was being opened: nothing is sent
+            connection.close()
+            raise RemoteDisconnectedError(f"request {request.request_id}: canceled before it was sent")
+        self.metadata = connection.metadata  # the latest version the server reports
+        return connection
+
+    def _request(self, request: GroupRequest, submitted: float, *, count: int, seed: int,
+                 connection: Connection | None = None) -> dict[str, Any]:
+        """One request of ``request``'s group on ``connection`` (else a new one), closed after its reply."""
         try:
-            if canceled:  # canceled while this connection was being opened: nothing is sent
-                raise RemoteDisconnectedError(f"request {request.request_id}: canceled before it was sent")
+            connection = connection or self._connect(request, submitted)
             check_metadata(connection.metadata, self.params, batched=count > 1)
-            self.metadata = connection.metadata  # the latest version the server reports
             extras = list((connection.metadata.get("extras") or {}).get("keys") or ("seed",))
+            left, deadline_ms = self._budget(request, submitted)
             frame = request_frame(request, image_key=self.image_key, prompt_key=self.prompt_key, extras=extras,
                                   count=count, seed=seed, deadline_ms=deadline_ms)
-            left, _ = self._budget(request, submitted)
             started = time.monotonic()
             reply = connection.request(frame, timeout_s=left, request_id=request.request_id)
             self._observe(ok=True, round_trip_ms=(time.monotonic() - started) * 1000.0)
             return reply
         finally:
-            connection.close()
+            if connection is not None:
+                connection.close()
 
-    def _serve_batched(self, request: GroupRequest, submitted: float) -> EnsembleResult:
+    def _serve_batched(self, request: GroupRequest, submitted: float, connection: Connection) -> EnsembleResult:
         started = time.monotonic()
-        reply = self._request(request, submitted, count=request.count, seed=request.base_seed)
+        reply = self._request(request, submitted, count=request.count, seed=request.base_seed, connection=connection)
         return result_from_reply(request, reply, extra_metrics=self._metrics(started, 1))
 
-    def _serve_samples(self, request: GroupRequest, submitted: float) -> EnsembleResult:
+    def _serve_samples(self, request: GroupRequest, submitted: float, first: Connection) -> EnsembleResult:
         started = time.monotonic()
         samples: list[Any] = [None] * request.count
 
         def draw(i: int) -> None:
             try:
-                samples[i] = self._request(request, submitted, count=1, seed=request.seeds[i])["actions"]
+                reply = self._request(request, submitted, count=1, seed=request.seeds[i],
+                                      connection=first if i == 0 else None)
+                samples[i] = reply["actions"]
             except BaseException as error:  # noqa: BLE001 - named per candidate
                 samples[i] = error
 

@@ -32,6 +32,7 @@ from _node_harness import BASE_PARAMS, serve_node, succeeded  # noqa: E402
 from _openpi_harness import ServerProcess, toy_image, wait_until, write_params  # noqa: E402
 
 from trajectory_ensemble_node.contract import CandidateTrajectorySpec
+from trajectory_ensemble_node.engine.context import ExecutionContext
 from trajectory_ensemble_node.errors import ErrorCode
 from trajectory_ensemble_node.models.cosmos3 import Cosmos3ActionModel
 from trajectory_ensemble_node.toy import ACTION_SETTINGS, INSTRUCTION, load_toy_pipeline, request_kwargs
@@ -90,6 +91,22 @@ def test_a_goal_on_the_remote_engine_equals_the_local_group_bitwise(remote):
     np.testing.assert_array_equal(np.asarray(goal.trajectory.data, dtype=np.float32).reshape(8, 2),
                                   local.action.numpy())
     assert stats(port)["server"]["replies"] == 1
+
+    # The next goal continues it: the node's own decision (frozen count, alignment by stamps) travels as the
+    # request's context extra, and the server guides and selects as the local engine would.
+    later = toy_image(seed=6)
+    ros.publish_rgb(later, stamp_sec=1001.25)  # two actions (dt 0.125 s) after the first chunk's observation
+    continued = succeeded(ros.run_goal(use_seed=True, seed=seed, candidate_count=4, continue_previous=True,
+                                       inference_delay=1))
+    assert continued.continuity.continued and continued.continuity.frozen_actions == 1
+    assert continued.continuity.shift == 2
+    context = ExecutionContext(local.action.clone(), previous_stamp=1001.0, dt=0.125, frozen=1, stamp=1001.25)
+    local_continued = Cosmos3ActionModel(load_toy_pipeline()).generate(
+        **request_kwargs(later), spec=CandidateTrajectorySpec(count=4, reducer="mode_continuity"), base_seed=seed,
+        context=context)
+    np.testing.assert_array_equal(np.asarray(continued.trajectory.data, dtype=np.float32).reshape(8, 2),
+                                  local_continued.action.numpy())
+    assert stats(port)["server"]["replies"] == 2
 
 
 def test_preempt_and_cancel_end_the_remote_requests_then_a_killed_server_fails_the_goal_and_a_restart_serves(remote):

@@ -215,3 +215,28 @@ def test_engine_parameters_are_checked(monkeypatch):
     with pytest.raises(ParameterError, match="engine_api_key_env: the environment variable 'TE_UNSET_KEY'"):
         validate({"engine": "openpi", "engine_url": "ws://127.0.0.1:1", "engine_api_key_env": "TE_UNSET_KEY"})
     assert validate({}).engine == "local"
+
+
+def test_the_prober_sees_the_server_go_and_come_back_on_the_same_port(toy_policy, monkeypatch):
+    from trajectory_ensemble_node.openpi import OpenPIServer, ServerLimits, ServerThread
+    from trajectory_ensemble_node.remote import engine as remote_module
+
+    monkeypatch.setattr(remote_module, "PROBE_EVERY_S", 0.2)  # the states, not the production cadence, are tested
+    with serving(toy_policy) as server:
+        port = server.port
+        engine = remote_engine(server.url)
+    try:
+        wait_until(lambda: engine.status()["state"] in ("reconnecting", "unreachable"), what="the server gone")
+        wait_until(lambda: engine.status()["state"] == "unreachable", what="three failed probes")
+        back = ServerThread(OpenPIServer(toy_policy, ServerLimits(), port=port)).start()
+        try:
+            wait_until(lambda: engine.status()["state"] == "connected", what="the server back")
+            status = engine.status()
+            assert status["failures"] == 0 and status["round_trip_ms"] is not None
+            assert status["server"] == "trajectory_ensemble" and status["weights_version"] == 0
+            here, there = serve_both(toy_policy.model, engine, count=2, request_id="after-restart")
+            assert torch.equal(here.action, there.action)
+        finally:
+            back.stop()
+    finally:
+        engine.stop()

@@ -34,7 +34,7 @@ from ..engine import GroupHandle, GroupRequest, ValidityCheck, ValidityPolicy
 from ..engine.context import ExecutionContext
 from ..errors import (
     AbortReason,
-    GroupAbortedError,
+    GroupFailedError,
     RemoteDisconnectedError,
     RemoteEngineError,
     RemoteTimeoutError,
@@ -275,7 +275,7 @@ class RemoteEngine:
         if canceled is not None:
             result, error = None, canceled
         elif error is not None and not isinstance(error, TrajectoryEnsembleError):
-            error = GroupAbortedError(request.request_id, f"remote engine: {type(error).__name__}: {error}")
+            error = GroupFailedError(request.request_id, f"remote engine: {type(error).__name__}: {error}")
         with self._lock:
             self._running -= 1
             self._open.pop(request.request_id, None)
@@ -291,7 +291,11 @@ class RemoteEngine:
                 raise RemoteTimeoutError(f"request {request.request_id}: its deadline {request.deadline_s:.3f} s "
                                          "passed before it could be sent")
             return left, left * 1000.0
-        return self.timeout_s - (time.monotonic() - submitted), 0.0
+        left = self.timeout_s - (time.monotonic() - submitted)
+        if left <= 0:
+            raise RemoteTimeoutError(f"request {request.request_id}: no reply within engine_timeout_s "
+                                     f"{self.timeout_s:g} s (it has no deadline)")
+        return left, 0.0
 
     def _connect(self, request: GroupRequest, submitted: float) -> Connection:
         """A connection for one of ``request``'s requests, registered so a cancel closes it."""

@@ -240,3 +240,16 @@ def test_the_prober_sees_the_server_go_and_come_back_on_the_same_port(toy_policy
             back.stop()
     finally:
         engine.stop()
+
+
+def test_the_goal_feedback_stages_reach_the_progress_callback(toy_policy):
+    events: list = []
+    with serving(toy_policy) as server:
+        engine = remote_engine(server.url)
+        try:
+            kwargs = {**group_kwargs(engine.params, count=1, reducer="none"), "on_progress": events.append}
+            engine.wait(engine.submit_request(engine.make_request(**kwargs)), timeout=120)
+        finally:
+            engine.stop()
+    assert [(e.stage, e.step, e.total_steps) for e in events] == [("queued", 0, 10), ("denoising", 0, 10),
+                                                                  ("reducing", 10, 10)]

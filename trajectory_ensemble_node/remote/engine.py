@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from ..contract import CandidateGroup, CandidateTrajectorySpec, EnsembleResult, allowed_reducers, check_request
-from ..engine import GroupHandle, GroupRequest, ValidityCheck, ValidityPolicy
+from ..engine import GroupHandle, GroupRequest, ProgressEvent, ValidityCheck, ValidityPolicy
 from ..engine.context import ExecutionContext
 from ..errors import (
     AbortReason,
@@ -258,8 +258,10 @@ class RemoteEngine:
         result: EnsembleResult | None = None
         error: BaseException | None = None
         try:
+            self._progress(request, "queued", 0)
             # The first connection's handshake says how this server draws (it may have restarted as another).
             first = self._connect(request, submitted)
+            self._progress(request, "denoising", 0)  # sent: the remote reports no steps, only its reply
             per_request = samples_per_request(first.metadata)
             if per_request is not None and per_request < request.count:
                 if per_request != 1:
@@ -271,6 +273,9 @@ class RemoteEngine:
                 result = self._serve_batched(request, submitted, first)
         except BaseException as caught:  # noqa: BLE001 - every outcome ends the handle
             error = caught
+        if error is None:
+            steps = request.payload.num_inference_steps
+            self._progress(request, "reducing", steps)
         canceled = handle.cancel_requested
         if canceled is not None:
             result, error = None, canceled
@@ -282,6 +287,17 @@ class RemoteEngine:
             self._canceled.discard(request.request_id)
             self._outcomes["succeeded" if error is None else type(error).__name__] += 1
         handle.finish(result, error)
+
+    @staticmethod
+    def _progress(request: GroupRequest, stage: str, step: int) -> None:
+        """The stages the node publishes as feedback, as the local engine reports them (a broken callback ends
+        nothing)."""
+        if request.on_progress is None:
+            return
+        try:
+            request.on_progress(ProgressEvent(request.request_id, stage, step, request.payload.num_inference_steps))
+        except Exception:  # noqa: BLE001 - as the local engine: a callback must not fail the group
+            pass
 
     def _budget(self, request: GroupRequest, submitted: float) -> tuple[float, float]:
         """Seconds left for the reply, and the deadline to send (ms, 0 = none)."""

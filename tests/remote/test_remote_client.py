@@ -157,7 +157,7 @@ def test_a_wrong_key_is_unreachable_with_the_servers_refusal(toy_policy, monkeyp
 
 
 def start_paced_group(toy_policy, paced, server, engine: RemoteEngine, **kwargs: Any):
-    paced(0.5)  # 10 steps of 0.5 s: the group is in the engine for seconds
+    paced(1.0)  # 10 steps of 1 s: the group is in the engine for about 10 s
     handle = engine.submit_request(engine.make_request(**group_kwargs(engine.params, **kwargs)))
     wait_until(lambda: server.server.stats()["in_engine"] == 1, what="the remote group in the engine")
     return handle
@@ -193,7 +193,7 @@ def test_a_connection_dropped_mid_request_is_remote_disconnected(toy_policy, pac
 
 def test_a_reply_slower_than_its_bound_is_remote_timeout(toy_policy, paced):
     with serving(toy_policy) as server:
-        engine = remote_engine(server.url, engine_timeout_s=1.0)
+        engine = remote_engine(server.url, engine_timeout_s=3.0)
         try:
             handle = start_paced_group(toy_policy, paced, server, engine)
             with pytest.raises(RemoteTimeoutError) as caught:

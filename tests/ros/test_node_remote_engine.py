@@ -41,8 +41,9 @@ pytestmark = [pytest.mark.ros, pytest.mark.slow]
 
 SERVED = {**BASE_PARAMS, **ACTION_SETTINGS, "model": "toy", "instruction": INSTRUCTION, "reducer": "mode",
           "candidate_count": 4, "max_candidates": 8, "max_batch_candidates": 8, "max_observation_age_s": 120.0}
-STEP_DELAY_S = 0.5
-"""The paced server's sleep per step: a 10-step group stays in its engine about 5 s."""
+STEP_DELAY_S = 1.0
+"""The paced server's sleep per step: a 10-step group stays in its engine about 10 s, time enough for a goal, a
+cancel or a kill to reach it on a loaded machine."""
 
 
 def start_server(tmp, name: str, port: int, step_delay_s: float = 0.0, **overrides) -> ServerProcess:

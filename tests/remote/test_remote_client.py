@@ -214,7 +214,17 @@ def test_engine_parameters_are_checked(monkeypatch):
     monkeypatch.delenv("TE_UNSET_KEY", raising=False)
     with pytest.raises(ParameterError, match="engine_api_key_env: the environment variable 'TE_UNSET_KEY'"):
         validate({"engine": "openpi", "engine_url": "ws://127.0.0.1:1", "engine_api_key_env": "TE_UNSET_KEY"})
+    with pytest.raises(ParameterError, match="enable_weight_updates: weights are updated on the remote server"):
+        validate({"engine": "openpi", "engine_url": "ws://127.0.0.1:1", "enable_weight_updates": True,
+                  "weights_dir": "/tmp"})
+    with pytest.raises(ParameterError, match="openpi_samples_per_request: must be >= 0"):
+        validate({"openpi_samples_per_request": -1})
+    with pytest.raises(ParameterError, match="engine_timeout_s: must be > 0"):
+        validate({"engine_timeout_s": 0.0})
     assert validate({}).engine == "local"
+    monkeypatch.setenv("TE_SET_KEY", "k")
+    assert validate({"engine": "openpi", "engine_url": "wss://gpu.example:443",
+                     "engine_api_key_env": "TE_SET_KEY"}).engine_url == "wss://gpu.example:443"
 
 
 def test_the_prober_sees_the_server_go_and_come_back_on_the_same_port(toy_policy, monkeypatch):

@@ -42,7 +42,7 @@ LAB_RCLPY_ALLOWED = ("bench.ros_floor", "bench.ros_overhead", "bench.closed_loop
                      "grpo.ros", "toy.markers_figure")
 """Where rclpy may be imported in the lab: its measurements and training through the node."""
 
-ROS_FREE_PACKAGES = ("core", "serving", "engine", "models", "openpi", "service", "catalog")
+ROS_FREE_PACKAGES = ("core", "serving", "engine", "models", "openpi", "remote", "service", "catalog")
 """Packages (as :func:`package_of` names them) whose every module imports with rclpy blocked."""
 
 

@@ -66,6 +66,11 @@ class ErrorCode(enum.IntEnum):
     LIMITS_FILE_INVALID = 83
     # Observation novelty (issue 33).
     NOVELTY_SCORER_INVALID = 84
+    # A remote engine (engine: openpi; issue 48).
+    REMOTE_UNREACHABLE = 90
+    REMOTE_DISCONNECTED = 91
+    REMOTE_TIMEOUT = 92
+    REMOTE_SCHEMA = 93
 
 
 ERROR_KINDS = ("ok", "refusal", "observation", "engine failure", "lifecycle", "configuration")
@@ -142,6 +147,14 @@ _TABLE: dict[ErrorCode, tuple[str, str]] = {
     ErrorCode.NOVELTY_SCORER_INVALID: ("configuration", "The novelty scorer file is not a trajectory-ensemble "
                                                         "safetensors scorer, or does not fit the model's observation "
                                                         "embedding."),
+    ErrorCode.REMOTE_UNREACHABLE: ("engine failure", "The remote engine (engine_url) could not be reached or refused "
+                                                     "the handshake; nothing was run."),
+    ErrorCode.REMOTE_DISCONNECTED: ("engine failure", "The connection to the remote engine dropped while it served "
+                                                      "the goal; nothing was published."),
+    ErrorCode.REMOTE_TIMEOUT: ("engine failure", "The remote engine did not reply within the goal's deadline (or "
+                                                 "engine_timeout_s past its expected time); nothing was published."),
+    ErrorCode.REMOTE_SCHEMA: ("configuration", "The remote engine's handshake does not fit the node's parameters "
+                                               "(embodiment, action shape, dt, schema or extras)."),
 }
 
 

@@ -405,3 +405,52 @@ class NoveltyScorerError(TrajectoryEnsembleError, ValueError):
     """A novelty scorer file is unreadable or malformed, or a scorer and an embedding do not fit each other."""
 
     code = ErrorCode.NOVELTY_SCORER_INVALID
+
+
+# --- remote engine (engine: openpi) ---------------------------------------------------------------------------------
+
+
+class RemoteEngineError(TrajectoryEnsembleError):
+    """The remote engine failed a request for a network reason (its own refusals keep their own classes)."""
+
+    code = ErrorCode.REMOTE_UNREACHABLE
+
+
+class RemoteUnreachableError(RemoteEngineError, ConnectionError):
+    """Connecting to the remote engine, or its handshake, failed."""
+
+    code = ErrorCode.REMOTE_UNREACHABLE
+
+
+class RemoteDisconnectedError(RemoteEngineError, ConnectionError):
+    """The connection to the remote engine dropped while a request was in flight."""
+
+    code = ErrorCode.REMOTE_DISCONNECTED
+
+
+class RemoteTimeoutError(RemoteEngineError, TimeoutError):
+    """The remote engine did not reply within the request's deadline or the configured bound."""
+
+    code = ErrorCode.REMOTE_TIMEOUT
+
+
+class RemoteSchemaError(RemoteEngineError, ValueError):
+    """The remote engine's handshake metadata does not fit the node's parameters."""
+
+    code = ErrorCode.REMOTE_SCHEMA
+
+
+class RemoteRefusalError(TrajectoryEnsembleError):
+    """A remote server's error frame naming a class this package does not have: its code and message as sent.
+
+    Args:
+        code (`int`): The frame's numeric code (``ENGINE_FAILURE`` when it is no known code).
+        name (`str`): The class name it named. message (`str`): Its message.
+    """
+
+    code = ErrorCode.ENGINE_FAILURE
+
+    def __init__(self, code: int, name: str, message: str) -> None:
+        super().__init__(f"{name}: {message}")
+        known = code in ErrorCode._value2member_map_
+        self.code = ErrorCode(code) if known else ErrorCode.ENGINE_FAILURE

@@ -9,10 +9,15 @@ All are optional; a request without any is served like a goal with every field a
 - ``session_id`` (str), ``continue_previous`` (bool), ``inference_delay`` (int actions; 0 = the session's latency
   estimate), ``stamp`` (seconds, the observation's time on the client's clock; absent = arrival time): the closed
   loop over the wire (:mod:`.sessions`); ``guidance`` (str; "" = ``guidance_mode``): how a continued chunk is pulled
-  toward the previous one, as a goal's ``guidance``; ``session_scope`` (``"connection"``, the default: the session is private to
-  this connection; ``"key"``: shared by every connection holding the same key, to resume after a reconnect; see
-  docs/security.md);
-- ``endpoint``: ``"infer"`` (default) or ``"reset"`` (vLLM-Omni's session reset).
+  toward the previous one, as a goal's ``guidance``; ``session_scope`` (``"connection"``, the default: the session is
+  private to this connection; ``"key"``: shared by every connection holding the same key, to resume after a
+  reconnect; see docs/security.md);
+- ``endpoint``: ``"infer"`` (default) or ``"reset"`` (vLLM-Omni's session reset);
+- ``context`` (a map): the chunk this request continues, brought by the client instead of kept in a session (a node
+  on a remote engine, replicas that share no memory): ``previous`` float32 ``[H_prev, D]`` in the model's normalized
+  space, ``previous_stamp``, ``stamp``, ``dt`` (seconds), ``frozen`` (int), and optionally ``guidance`` and
+  ``max_guidance_weight``; it becomes an :class:`~trajectory_ensemble_node.engine.context.ExecutionContext`, whose
+  own checks name a bad one. Not with ``continue_previous``.
 
 Types are checked here; values go through :func:`~trajectory_ensemble_node.serving.planning.plan_goal`, the node's
 own goal validation (:func:`~trajectory_ensemble_node.contract.check_request` and the continuity checks), so a bad count
@@ -27,17 +32,23 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import GoalRequestError, InvalidSpecError
+import torch
+
+from ..engine.context import DEFAULT_MAX_GUIDANCE_WEIGHT, ExecutionContext
+from ..errors import ExecutionContextError, GoalRequestError, InvalidSpecError
 from ..serving.params import NodeParams
 from ..serving.planning import GoalPlan, PlanRequest, plan_goal
 
 EXTRA_KEYS = ("num_candidates", "reducer", "seed", "return_candidates", "deadline_ms", "session_id",
-              "continue_previous", "inference_delay", "stamp", "endpoint", "session_scope", "guidance")
+              "continue_previous", "inference_delay", "stamp", "endpoint", "session_scope", "guidance",
+              "context")
 """Request keys that are not observation keys."""
 ENDPOINTS = ("infer", "reset")
 SESSION_SCOPES = ("connection", "key")
 """``connection``: a session private to its connection (the default); ``key``: shared by the key's connections."""
 MAX_SESSION_ID_CHARS = 256
+CONTEXT_KEYS = ("previous", "previous_stamp", "stamp", "dt", "frozen", "guidance", "max_guidance_weight")
+"""Keys of the ``context`` extra; the last two are optional."""
 
 
 @dataclass(frozen=True)
@@ -57,6 +68,7 @@ class RequestExtras:
         stamp (`float`, *optional*): The observation's time (seconds); ``None`` = arrival time.
         session_scope (`str`): ``"connection"`` or ``"key"`` (:data:`SESSION_SCOPES`).
         guidance (`str`): Guidance toward the previous chunk ("" = the ``guidance_mode`` parameter).
+        context (`ExecutionContext`, *optional*): The chunk the request brings to continue (``context`` extra).
     """
 
     endpoint: str = "infer"
@@ -71,6 +83,7 @@ class RequestExtras:
     stamp: float | None = None
     session_scope: str = "connection"
     guidance: str = ""
+    context: ExecutionContext | None = None
 
 
 def _int(obs: Mapping[str, Any], key: str, error: type[Exception], default: int = 0) -> int:
@@ -107,13 +120,51 @@ def _text(obs: Mapping[str, Any], key: str, error: type[Exception], default: str
     return value
 
 
+def parse_context(value: Any) -> ExecutionContext:
+    """The ``context`` extra as an :class:`ExecutionContext` (its own checks name what is wrong in it).
+
+    Raises:
+        ExecutionContextError: not a map, an unknown or missing key, ``previous`` not a 2-D float array, a field of
+            the wrong type; and the context's own errors (``NegativeDelayError``, ``DelayTooLongError``, ...).
+    """
+    if not isinstance(value, Mapping):
+        raise ExecutionContextError(f"context must be a map of {list(CONTEXT_KEYS)}, got {type(value).__name__}")
+    unknown = sorted(set(value) - set(CONTEXT_KEYS), key=str)
+    missing = [key for key in CONTEXT_KEYS[:5] if key not in value]
+    if unknown or missing:
+        raise ExecutionContextError(f"context keys: unknown {unknown}, missing {missing}; expected "
+                                    f"{list(CONTEXT_KEYS)}")
+    previous = value["previous"]
+    if not isinstance(previous, np.ndarray) or previous.dtype.kind != "f" or previous.ndim != 2:
+        kind = f"array {previous.dtype} {list(previous.shape)}" if isinstance(previous, np.ndarray) else \
+            type(previous).__name__
+        raise ExecutionContextError(f"context previous must be a 2-D float array [H_prev, D], got {kind}")
+    frozen = value["frozen"]
+    if isinstance(frozen, (bool, np.bool_)) or not isinstance(frozen, (int, np.integer)):
+        raise ExecutionContextError(f"context frozen must be an integer, got {type(frozen).__name__} {frozen!r}")
+    guidance = value.get("guidance", "prefix")
+    if not isinstance(guidance, str):
+        raise ExecutionContextError(f"context guidance must be a string, got {type(guidance).__name__}")
+
+    def number(key: str, default: float | None = None) -> Any:
+        # Numbers pass as floats; anything else goes as it is, for the context's own check to name.
+        got = value.get(key, default)
+        return float(got) if isinstance(got, (int, float, np.integer, np.floating)) and not isinstance(
+            got, (bool, np.bool_)) else got
+
+    return ExecutionContext(torch.from_numpy(np.array(previous, dtype=np.float32)), number("previous_stamp"),
+                            number("dt"), int(frozen), number("stamp"), guidance=guidance,
+                            max_guidance_weight=number("max_guidance_weight", DEFAULT_MAX_GUIDANCE_WEIGHT))
+
+
 def parse_extras(obs: Mapping[str, Any]) -> RequestExtras:
     """Type-check the extras of one decoded request.
 
     Raises:
         InvalidSpecError: ``num_candidates``, ``reducer``, ``seed`` or ``return_candidates`` of the wrong type.
-        GoalRequestError: another extra of the wrong type, an unknown ``endpoint`` or ``session_scope``, or a session
-            id too long.
+        GoalRequestError: another extra of the wrong type, an unknown ``endpoint`` or ``session_scope``, a session
+            id too long, or ``context`` with ``continue_previous``.
+        ExecutionContextError: a malformed ``context`` (and its subclasses, :func:`parse_context`).
     """
     endpoint = _text(obs, "endpoint", GoalRequestError, "infer")
     if endpoint not in ENDPOINTS:
@@ -129,6 +180,11 @@ def parse_extras(obs: Mapping[str, Any]) -> RequestExtras:
     deadline_ms = _number(obs, "deadline_ms") or 0.0
     if deadline_ms < 0:
         raise GoalRequestError(f"deadline_ms must be >= 0 (0 = none), got {deadline_ms!r}")
+    continue_previous = _bool(obs, "continue_previous", GoalRequestError)
+    context = None if obs.get("context") is None else parse_context(obs["context"])
+    if context is not None and continue_previous:
+        raise GoalRequestError("context and continue_previous: true cannot be combined; a request brings the chunk "
+                               "it continues, or continues its session's")
     return RequestExtras(
         endpoint=str(endpoint),
         num_candidates=_int(obs, "num_candidates", InvalidSpecError),
@@ -137,11 +193,12 @@ def parse_extras(obs: Mapping[str, Any]) -> RequestExtras:
         return_candidates=_bool(obs, "return_candidates", InvalidSpecError),
         deadline_ms=deadline_ms,
         session_id=session_id,
-        continue_previous=_bool(obs, "continue_previous", GoalRequestError),
+        continue_previous=continue_previous,
         inference_delay=_int(obs, "inference_delay", GoalRequestError),
         stamp=_number(obs, "stamp"),
         session_scope=str(scope),
         guidance=_text(obs, "guidance", GoalRequestError, "") or "",
+        context=context,
     )
 
 

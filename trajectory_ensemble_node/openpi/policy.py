@@ -31,14 +31,14 @@ import torch
 from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import CosmosActionCondition
 
 from ..catalog import model_notice
-from ..contract import EnsembleResult, reducers_for_width
+from ..contract import EnsembleResult, check_count, reducers_for_width
 from ..engine import GroupHandle, GroupRequest
 from ..engine.deadline import StepsReport, check_deadline
 from ..metrics import wire_metrics
 from ..models.cosmos3 import Cosmos3ActionModel
 from ..serving import model_factory
 from ..serving import params as node_params
-from ..serving.continuity import ContinuityDecision
+from ..serving.continuity import CONTINUED, ContinuityDecision
 from ..serving.faults import FaultInjector
 from ..serving.input_limits import InputLimits, TokenCounter, check_instruction, min_image_side, token_counter
 from ..serving.planning import GoalPlan
@@ -154,7 +154,7 @@ class OpenPIPolicy:
             "observation_schema": self.schema.describe(),
             "extras": {
                 "keys": list(EXTRA_KEYS),
-                "num_candidates": {"default": p.candidate_count, "max": p.max_candidates},
+                "num_candidates": {"default": p.candidate_count, "max": self.samples_per_request},
                 "reducer": {"default": p.reducer, "continuity_default": p.continuity_reducer,
                             "valid": list(reducers_for_width(self.model.valid_reducers(), p.action_dim))},
                 "num_inference_steps": p.num_inference_steps,
@@ -162,8 +162,17 @@ class OpenPIPolicy:
             "limits": dict(limits or {}),
             # vLLM-Omni's handshake fields, for its clients.
             "policy_server_config": {**self.schema.server_config, "needs_session_id": False,
-                                     "action_space": p.domain_name},
+                                     "action_space": p.domain_name, **self._samples_advertised()},
         }
+
+    @property
+    def samples_per_request(self) -> int:
+        """Most candidates one request may draw: ``openpi_samples_per_request``, else ``max_candidates``."""
+        return min(self.params.openpi_samples_per_request or self.params.max_candidates, self.params.max_candidates)
+
+    def _samples_advertised(self) -> dict[str, int]:
+        # Only when set: the handshake of a server that leaves it at 0 keeps its bytes.
+        return {"samples_per_request": self.samples_per_request} if self.params.openpi_samples_per_request else {}
 
     def prepare(self, obs: dict[str, Any], *, request_id: str, caller: Caller, arrival: float) -> Job:
         """Check one decoded request, before any model work.
@@ -183,6 +192,8 @@ class OpenPIPolicy:
         check_instruction(observation.prompt, self.limits, None, source="prompt")
         plan = plan_request(extras, observation.prompt, self.params, default_instruction=self.params.instruction,
                             valid_reducers=self.model.valid_reducers())
+        if self.params.openpi_samples_per_request:
+            check_count(plan.spec.count, self.samples_per_request)  # the count error, at this server's own cap
         session = session_key(caller, extras.session_id, extras.session_scope)
         stamp = extras.stamp if extras.stamp is not None else arrival
         return Job(request_id, session, extras, plan, observation, arrival, stamp)
@@ -206,7 +217,10 @@ class OpenPIPolicy:
         """
         p, plan = self.params, job.plan
         check_instruction(job.observation.prompt, self.limits, self.count_tokens, source="prompt")
-        job.decision = decide(self.sessions.memory(job.session), plan, job.stamp, self.model.weights_version)
+        if job.extras.context is not None:  # the client's own chunk (the context extra), not the session's
+            job.decision = ContinuityDecision(job.extras.context, CONTINUED, "goal")
+        else:
+            job.decision = decide(self.sessions.memory(job.session), plan, job.stamp, self.model.weights_version)
         action = CosmosActionCondition(
             mode="policy", chunk_size=p.chunk_size, domain_name=p.domain_name, resolution_tier=p.resolution_tier,
             image=job.observation.image, view_point=p.view_point,

@@ -68,6 +68,8 @@ class DiagnosticsInputs:
         readiness (`str`): ``loading`` or ``warming up`` while configure runs; once configured ``ready``, or while
             active ``waiting for first frame on <topics>`` until each topic has delivered something.
         states_rejected (`int`): Joint states refused on arrival (ragged arrays).
+        remote (`Mapping[str, Any]`, *optional*): ``engine: openpi``: the remote engine's state (``connected`` /
+            ``reconnecting`` / ``unreachable``), last round trip, url, server, model and version; ``None`` = local.
     """
 
     node_name: str
@@ -90,6 +92,12 @@ class DiagnosticsInputs:
     lifecycle_state: str = "active"
     readiness: str = "ready"
     states_rejected: int = 0
+    remote: Mapping[str, Any] | None = None
+
+
+REMOTE_KEYS = ("state", "url", "round_trip_ms", "failures", "server", "model", "weights_version",
+               "samples_per_request", "last_error")
+"""What ``/diagnostics`` shows of a remote engine, each as ``remote_<key>``."""
 
 
 def _kv(key: str, value: Any) -> KeyValue:
@@ -109,6 +117,9 @@ def engine_status(inputs: DiagnosticsInputs) -> DiagnosticStatus:
         _kv("groups_running", inputs.groups_running),
         _kv("groups_queued", inputs.groups_queued),
     ]
+    remote = inputs.remote
+    if remote is not None:
+        values += [_kv(f"remote_{key}", remote.get(key)) for key in REMOTE_KEYS]
     values += metrics_key_values({k: v for k, v in inputs.last_metrics.items() if k != "weights_version"})
     if inputs.lifecycle_state != "active":
         doing = inputs.readiness if inputs.readiness != "ready" else (
@@ -116,6 +127,8 @@ def engine_status(inputs: DiagnosticsInputs) -> DiagnosticStatus:
         level, message = OK, f"{inputs.lifecycle_state}: {doing} ({inputs.notice})"
     elif not inputs.engine_alive:
         level, message = ERROR, f"engine stopped ({inputs.notice})"
+    elif remote is not None and remote.get("state") != "connected":
+        level, message = ERROR, f"remote engine {remote.get('state')}: {remote.get('url')} ({inputs.notice})"
     elif inputs.readiness != "ready":
         # Not a fault: a camera that has not published yet is what a node just started sees.
         level, message = OK, f"active: {inputs.readiness} ({inputs.notice})"

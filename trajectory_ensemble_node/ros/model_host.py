@@ -45,6 +45,7 @@ from ..errors import (
 )
 from ..metrics import GroupCounters
 from ..models.cosmos3 import RolloutSpec, resolve_device
+from ..remote import RemoteEngine
 from ..serving import model_factory
 from ..serving import params as node_params
 from ..serving.continuity import FRESH_REASONS, NO_PREVIOUS, ChunkMemory, ServedChunk
@@ -94,14 +95,16 @@ class ModelHost:
             if mismatch:
                 node.get_logger().warning(f"[{self.notice}] {mismatch}")
 
-        self.model = model_factory.build_model(p, on_loaded=warn_settings)
+        # engine: openpi serves the groups on a remote OpenPI server; everything about the robot stays here.
+        self.remote = p.engine == "openpi"
+        self.model = RemoteEngine(p) if self.remote else model_factory.build_model(p, on_loaded=warn_settings)
         self.device = str(resolve_device(p.device))
         # The alarm over the last uncertainty_window goals of one episode (a chain of continued chunks).
         self.uncertainty_window = UncertaintyWindow(
             p.uncertainty_window, alarm_in_force(self.model.novelty, self.model.uncertainty_threshold))
         limits = self.model.validity.limits
         self.start_jump = limits is not None and any(c.max_start_jump is not None for c in limits.channels)
-        self.faults = model_factory.fault_hook(self.model)
+        self.faults = None if self.remote else model_factory.fault_hook(self.model)
         self.limits = InputLimits(p.max_instruction_chars, p.max_instruction_tokens, p.max_image_bytes,
                                   p.max_image_pixels, min_image_side(self.model.pipe))
         self.count_tokens = token_counter(self.model.pipe)
@@ -158,6 +161,11 @@ class ModelHost:
                 checks refused ran every step: that is no failure of the warm-up).
         """
         p = self.params
+        if self.remote:
+            # Its costs are the server's (warmed by its own start); the handshake in start() checked it fits.
+            status = self.model.status()
+            return [f"remote engine {p.engine_url}: {status['server']} serving {status['model']!r} (weights version "
+                    f"{status['weights_version']}); no local warm-up, deadlines bound each remote request's wait"]
         if list(p.warmup_counts) == [-1]:
             return ["no warm-up (warmup_counts: [-1]): the first goal pays one-time costs, and goals with a deadline "
                     "are refused until a goal has measured a step"]

@@ -62,6 +62,7 @@ from ..errors import (
     error_table,
 )
 from ..metrics import GroupCounters
+from ..remote import RemoteEngine
 from ..serving.continuity import CONTINUED, NOT_REQUESTED, WEIGHTS_UPDATED
 from . import params as node_params
 from .action_server import NotifyingActionServer
@@ -458,6 +459,7 @@ class TrajectoryEnsembleNode(LifecycleNode):
             clock_jumps=self.simulated_time.jumps if self.simulated_time is not None else None,
             lifecycle_state=self.lifecycle_state(), readiness=self.readiness_now(),
             states_rejected=observations.states_rejected() if observations is not None else 0,
+            remote=model.status() if isinstance(model, RemoteEngine) else None,
         )
         try:
             self.diagnostics_pub.publish(build_diagnostics(inputs, self.get_clock().now().to_msg()))

@@ -23,18 +23,15 @@ from ..errors import InvalidSpecError, ParameterError
 from ..models.cosmos3 import CFG_MODES, RESOLUTION_TIERS, STEP_CAPTURE_MODES, VIEW_POINTS, embodiment_widths
 from ..normalization import NORMALIZATION_METHODS
 from ..uncertainty import ALARM_RULES
+from .param_faults import FAULTS, TESTING_ENV, check_fault_injection, parse_fault  # noqa: F401 - importable here
 from .param_values import INT64_RANGE, coerce, preview  # noqa: F401 - INT64_RANGE is importable from here too
+from .remote_params import ENGINES, check_engine
 
 _WIDTHS = embodiment_widths()
 
 GOAL_POLICIES = ("preempt", "queue", "reject")
 DTYPE_NAMES = ("float32", "bfloat16", "float16")
-FAULTS = ("engine_exception", "out_of_memory", "nan_candidates")
-"""Test-only faults ``fault_injection`` may arm (see :mod:`.faults`). ``nan_candidates:I,J`` corrupts only the
-candidates with those indices."""
 POSITION_LIMIT_POLICIES = ("drop", "clamp")
-TESTING_ENV = "TRAJECTORY_ENSEMBLE_TESTING"
-"""``fault_injection`` is refused unless this environment variable is ``1``."""
 
 
 @dataclass(frozen=True)
@@ -178,6 +175,15 @@ PARAMETERS: tuple[ParamSpec, ...] = (
               ">= 0"),
     ParamSpec("openpi_handshake_idle_s", 5.0, "serve-openpi: a connection without a request for this long is closed "
               "to make room when openpi_max_connections is reached", ">= 0"),
+    ParamSpec("openpi_samples_per_request", 0, "serve-openpi: most candidates one request may draw (advertised in "
+              "the handshake); 0 = up to max_candidates, 1 = one sample per request as vLLM-Omni", ">= 0"),
+    ParamSpec("engine", "local", "where the model runs: local (this process) or openpi (a remote OpenPI server)",
+              ", ".join(ENGINES)),
+    ParamSpec("engine_url", "", "engine: openpi: the server's ws:// or wss:// url", "ws://HOST:PORT or wss://..."),
+    ParamSpec("engine_api_key_env", "", "engine: openpi: the NAME of the environment variable holding the server's "
+              "key ('' = no key); never the key itself", "empty or a set environment variable"),
+    ParamSpec("engine_timeout_s", 10.0, "engine: openpi: bound of a connect and handshake, and of a reply without "
+              "a deadline past its expected time", "> 0"),
 )
 PARAMETER_NAMES = tuple(spec.name for spec in PARAMETERS)
 
@@ -252,6 +258,11 @@ class NodeParams:
     openpi_max_connections: int
     openpi_max_connections_per_client: int
     openpi_handshake_idle_s: float
+    openpi_samples_per_request: int
+    engine: str
+    engine_url: str
+    engine_api_key_env: str
+    engine_timeout_s: float
 
     @property
     def action_dim(self) -> int:
@@ -262,45 +273,6 @@ class NodeParams:
     def dt(self) -> float:
         """Seconds between trajectory rows."""
         return 1.0 / self.fps
-
-
-def check_fault_injection(value: str, env: Mapping[str, str] | None = None) -> None:
-    """Refuse ``fault_injection`` outside tests, and names that are no fault.
-
-    Raises:
-        ParameterError: set without ``TRAJECTORY_ENSEMBLE_TESTING=1``, or not one of :data:`FAULTS`.
-    """
-    if not value:
-        return
-    env = os.environ if env is None else env
-    if env.get(TESTING_ENV) != "1":
-        raise ParameterError(
-            f"fault_injection: {value!r} is a test-only hook and is refused unless {TESTING_ENV}=1 is set"
-        )
-    parse_fault(value)
-
-
-def parse_fault(value: str) -> tuple[str, tuple[int, ...] | None]:
-    """Split a ``fault_injection`` value into the fault and, for ``nan_candidates:I,J``, the chosen indices.
-
-    Returns:
-        `tuple[str, tuple[int, ...] | None]`: the fault name, and the candidate indices (``None`` = all).
-
-    Raises:
-        ParameterError: not one of :data:`FAULTS`, or indices that are not non-negative integers.
-    """
-    name, _, chosen = value.partition(":")
-    if name not in FAULTS or (chosen and name != "nan_candidates"):
-        raise ParameterError(f"fault_injection: {value!r} is not one of {list(FAULTS)} (or nan_candidates:I,J)")
-    if not chosen:
-        return name, None
-    try:
-        indices = tuple(int(part) for part in chosen.split(","))
-    except ValueError:
-        indices = (-1,)
-    if any(i < 0 for i in indices):
-        raise ParameterError(f"fault_injection: {value!r}: candidate indices must be integers >= 0")
-    return name, indices
 
 
 class _Problems(list[str]):
@@ -336,6 +308,7 @@ def validate(raw: Mapping[str, Any], *, env: Mapping[str, str] | None = None) ->
     _check_validity_and_uncertainty(values, problems)
     _check_continuity(values, problems, domain_ok)
     _check_topics_warmup_markers(values, problems, domain_ok)
+    check_engine(values, problems, env)
     try:
         check_fault_injection(values["fault_injection"], env)
     except ParameterError as error:

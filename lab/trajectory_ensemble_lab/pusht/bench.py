@@ -32,7 +32,7 @@ import json
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +44,7 @@ from trajectory_ensemble_node.stats import bootstrap_mean, wilson
 
 from ..chunk_execution import ChunkPlan, Method, method_table
 from . import INSTRUCTION, VALIDATION_SEED_BASE
+from .bench_records import BenchEpisode
 from .evaluate import (
     EXECUTE,
     IMAGE_KEY,
@@ -69,29 +70,6 @@ CONTROL_PERIOD_MS = 1000.0 / CONTROL_HZ
 
 class MethodRefused(Exception):
     """The server refused a method's request with a named error: the method cannot run on this server."""
-
-
-@dataclass
-class BenchEpisode:
-    """One closed-loop episode of one method.
-
-    Args:
-        env_seed (`int`): gym-pusht reset seed.
-        steps (`int`): Control steps taken.
-        max_coverage (`float`): Highest ``info["coverage"]``.
-        success (`bool`): ``info["is_success"]`` at some step.
-        seams (`list[float]`): Seam jumps at chunk take-overs (env pixels).
-        group_ms (`list[float]`): Wall time of each request.
-        actions (`list[list[float]]`): The executed targets ``[steps, 2]`` (env pixels).
-    """
-
-    env_seed: int
-    steps: int = 0
-    max_coverage: float = 0.0
-    success: bool = False
-    seams: list[float] = field(default_factory=list)
-    group_ms: list[float] = field(default_factory=list)
-    actions: list[list[float]] = field(default_factory=list)
 
 
 class Drawer:

@@ -55,7 +55,7 @@ def play(checkpoint: Path, runs: Sequence[tuple[str, str, Method, int, bool]], s
     from trajectory_ensemble_node.demo.sim_model import SimSettings
     from trajectory_ensemble_node.demo.sim_report import simulate
 
-    from .bench import BenchEpisode
+    from .bench_records import BenchEpisode
     from .ros_world import PushTWorld, node_params
     from .sim import CONTROL_HZ
     from .train import CHUNK

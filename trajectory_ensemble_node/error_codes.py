@@ -66,6 +66,8 @@ class ErrorCode(enum.IntEnum):
     LIMITS_FILE_INVALID = 83
     # Observation novelty (issue 33).
     NOVELTY_SCORER_INVALID = 84
+    # Replicas behind Ray Serve (issue 48).
+    REPLICA_LOST = 95
 
 
 ERROR_KINDS = ("ok", "refusal", "observation", "engine failure", "lifecycle", "configuration")
@@ -142,6 +144,8 @@ _TABLE: dict[ErrorCode, tuple[str, str]] = {
     ErrorCode.NOVELTY_SCORER_INVALID: ("configuration", "The novelty scorer file is not a trajectory-ensemble "
                                                         "safetensors scorer, or does not fit the model's observation "
                                                         "embedding."),
+    ErrorCode.REPLICA_LOST: ("engine failure", "The engine replica serving the request died (serve-ray); nothing was "
+                                               "published. Ray restarts it and the next requests are served."),
 }
 
 

@@ -405,3 +405,13 @@ class NoveltyScorerError(TrajectoryEnsembleError, ValueError):
     """A novelty scorer file is unreadable or malformed, or a scorer and an embedding do not fit each other."""
 
     code = ErrorCode.NOVELTY_SCORER_INVALID
+
+
+# --- replicas behind Ray Serve (issue 48) -------------------------------------------------------------------------
+
+
+class ReplicaLostError(GroupFailedError):
+    """The engine replica running the group died (its actor was lost) before it replied; Ray restarts the replica,
+    and the next requests are served without restarting the server."""
+
+    code = ErrorCode.REPLICA_LOST

@@ -82,7 +82,8 @@ MODE_FLAGS: dict[str, str] = {
     "--closed-loop": "chunks executed back to back on the toy task, per method and inference delay "
                      "(trajectory_ensemble_lab.toy.closed_loop); with --ros: through the node on sim time",
     "--fleet": "K openpi-client processes against the OpenPI server, co-batched vs serial "
-               "(trajectory_ensemble_lab.bench.fleet; --clients, --candidates, --rate, --duration, --json)",
+               "(trajectory_ensemble_lab.bench.fleet; --clients, --candidates, --rate, --duration, --json); "
+               "--through ray --replicas R: serve-ray's replicas beside serve-openpi (bench.fleet_ray)",
     "--clock-rate": "the node under a 1 kHz /clock: engine time vs the host clock, idle CPU per /clock rate "
                     "(trajectory_ensemble_lab.bench.clock_rate)",
     "--warmup": "the first goal after start-up against the steady median, warm and cold "

@@ -140,32 +140,69 @@ def _replica_states() -> dict[str, int]:
     return dict(app.deployments["EngineReplica"].replica_states) if app else {}
 
 
+def _replicas(fleet: Fleet) -> dict[str, dict[str, Any]]:
+    """Each replica's ``identify()`` (outcome counts, groups in its engine), by actor name (Serve routes each call to
+    one replica: ask until both answered)."""
+    engine = serve.get_deployment_handle("EngineReplica", app_name=APP)
+    seen: dict[str, dict[str, Any]] = {}
+    for _ in range(40):
+        info = engine.identify.remote().result()
+        seen[info[REPLICA_ACTOR]] = info
+        if len(seen) == 2:
+            break
+    return seen
+
+
 def test_a_killed_replica_fails_its_inflight_requests_by_name_and_the_next_are_served(fleet):
     client = fleet.client()
-    names: set[str] = set()
-    for seed in range(8):  # learn both replicas' actor names
-        names.add(client.infer({"observation/image": IMAGE, "seed": seed})["metrics"][REPLICA_ACTOR])
-        if len(names) == 2:
-            break
-    victim = sorted(names)[0]
     replies, threads = _infer_all(fleet, 6)
-    wait_until(lambda: fleet.ingress.stats.remote().result()["in_engine"] == 6, 60, "6 groups in the replicas")
+    inflight: dict[str, int] = {}
+
+    def all_in_engines() -> bool:
+        inflight.clear()
+        inflight.update({name: info["in_engine"] for name, info in _replicas(fleet).items()})
+        return sum(inflight.values()) == 6
+
+    wait_until(all_in_engines, 60, "the 6 groups in the replicas' engines")
+    victim = max(inflight, key=inflight.__getitem__)  # the replica holding the most of them
     ray.kill(ray.get_actor(victim, namespace="serve"), no_restart=True)
     for thread in threads:
         thread.join(120)
     lost = [r for r in replies if isinstance(r, str)]
     served = [r for r in replies if not isinstance(r, str)]
-    assert lost, "no request was in the killed replica"
+    assert len(lost) == inflight[victim] >= 3 and len(served) == 6 - len(lost)
     for text in lost:
         frame = parse_error_frame(text)
         assert (frame["error"], frame["code"], frame["type"]) == ("REPLICA_LOST", int(ErrorCode.REPLICA_LOST),
                                                                  "ReplicaLostError")
         assert "Traceback" not in frame["message"]
     assert all(r["metrics"][REPLICA_ACTOR] != victim for r in served)
+    assert fleet.ingress.stats.remote().result()["groups"]["replica_lost"] == len(lost)
     # Serve replaces the replica; the same server serves the next requests.
-    wait_until(lambda: _replica_states() == {"RUNNING": 2}, 120, "Serve to restart the replica")
+    def replaced() -> bool:
+        try:
+            names = set(_replicas(fleet))
+        except ray.exceptions.RayError:  # routed to the dead replica before the router heard of it
+            return False
+        return _replica_states() == {"RUNNING": 2} and len(names) == 2 and victim not in names
+
+    wait_until(replaced, 120, "Serve to replace the replica")
     after = {client.infer({"observation/image": IMAGE, "seed": 200 + i})["metrics"][REPLICA_ACTOR] for i in range(4)}
     assert victim not in after
+
+
+def test_a_client_that_leaves_mid_request_cancels_its_group_on_the_replica(fleet):
+    def canceled() -> int:
+        return sum(info["outcomes"].get("canceled", 0) for info in _replicas(fleet).values())
+
+    before = canceled()
+    ws, _ = raw_client(f"ws://127.0.0.1:{fleet.port}", {"Authorization": f"Api-Key {KEY}"})
+    ws.send(msgpack_numpy.packb({"observation/image": IMAGE, "num_candidates": 2, "seed": 7}))
+    wait_until(lambda: sum(info["in_engine"] for info in _replicas(fleet).values()) == 1, 60,
+               "the group in a replica's engine")
+    ws.close()
+    wait_until(lambda: canceled() == before + 1, 60, "the replica to cancel the group")
+    assert fleet.ingress.stats.remote().result()["server"]["canceled_on_disconnect"] >= 1
 
 
 def _handshake(port: int, headers: dict[str, str]) -> tuple[int, bytes]:

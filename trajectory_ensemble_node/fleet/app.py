@@ -59,6 +59,18 @@ def parse_autoscale(text: str | None) -> tuple[int, int] | None:
     return low, high
 
 
+class FleetServer(OpenPIServer):
+    """``serve-openpi``'s server, its ``/stats`` ``groups`` counted at the ingress (:meth:`RayBackend.outcome_counts`)
+    instead of by the ingress's own engine, which never runs a group."""
+
+    def stats(self) -> dict[str, Any]:
+        stats = super().stats()
+        backend = self.policy.backend
+        if isinstance(backend, RayBackend):
+            stats["groups"] = backend.outcome_counts()
+        return stats
+
+
 class Ingress:
     """The OpenPI wire in front of the engine deployment (one Serve replica, its server on its own thread).
 
@@ -81,7 +93,7 @@ class Ingress:
                               backend=RayBackend(engine))
         limits = ServerLimits.from_params(params)
         limits = dataclasses.replace(limits, max_concurrent=limits.max_concurrent * max(int(replicas), 1))
-        self.server = OpenPIServer(policy, limits, host=host, port=port, api_key=keys or None)
+        self.server = FleetServer(policy, limits, host=host, port=port, api_key=keys or None)
         self.thread = ServerThread(self.server).start()
 
     def ready_line(self) -> str:

@@ -14,6 +14,7 @@ routes the next requests to the live ones.
 
 from __future__ import annotations
 
+import collections
 import logging
 import threading
 from typing import Any
@@ -46,6 +47,7 @@ class RemoteGroupHandle(GroupHandle):
     def __init__(self, request: GroupRequest, response: Any) -> None:
         super().__init__(request)
         self._response = response
+        self.replica_lost = False
         self._mark(GroupStatus.RUNNING)
 
     def cancel(self, reason: AbortReason = AbortReason.CANCELED, message: str = "") -> bool:
@@ -67,6 +69,7 @@ class RemoteGroupHandle(GroupHandle):
             return
         except _lost_replica_errors() as error:
             logger.warning("fleet: %s: the replica serving it was lost (%s)", request_id, type(error).__name__)
+            self.replica_lost = True
             self._finish(None, ReplicaLostError(request_id, f"the engine replica serving request {request_id} died "
                                                             "before it replied; nothing was published"))
             return
@@ -93,6 +96,21 @@ class RayBackend:
 
     def __init__(self, handle: Any) -> None:
         self.handle = handle
+        self._outcomes: collections.Counter[str] = collections.Counter()
+        self._lock = threading.Lock()
+
+    def outcome_counts(self) -> dict[str, int]:
+        """How the groups sent to the replicas ended, counted as the engine's ``outcome_counts()`` counts them
+        (``succeeded``, ``canceled``, ``preempted``, ``shutdown``, ``failed``), plus ``replica_lost`` (also
+        ``failed``): the ingress's ``/stats`` ``groups``."""
+        with self._lock:
+            return dict(self._outcomes)
+
+    def _count(self, handle: GroupHandle) -> None:
+        with self._lock:
+            self._outcomes[handle.status.service_counter] += 1
+            if getattr(handle, "replica_lost", False):
+                self._outcomes["replica_lost"] += 1
 
     def start(self) -> None:
         """Nothing to start: the replicas run their engines."""
@@ -104,5 +122,6 @@ class RayBackend:
         """Send the job's group to a replica; the handle ends with its reply."""
         assert job.request is not None, "build() first"
         handle = RemoteGroupHandle(job.request, self.handle.remote(describe(job)))
+        handle.add_done_callback(self._count)
         threading.Thread(target=handle.wait_reply, name=f"fleet-{job.request_id}", daemon=True).start()
         return handle

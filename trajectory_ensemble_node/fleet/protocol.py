@@ -47,7 +47,7 @@ def describe(job: Job) -> dict[str, Any]:
     """The plain description of a built job's group.
 
     Args:
-        job (`Job`): Built (:meth:`OpenPIPolicy.build`): its request and continuity decision are set.
+        job (`Job`): Built (:meth:`OpenPIPolicy.build`): its request is set.
 
     Returns:
         `dict[str, Any]`: ``prompt``, ``image`` ``[H, W, 3]`` uint8, ``spec`` (count, reducer, return_candidates,
@@ -55,9 +55,9 @@ def describe(job: Job) -> dict[str, Any]:
         ``previous`` ``[H, D]`` as numpy, or ``None``) and ``request_id``.
     """
     request = job.request
-    assert request is not None and job.decision is not None, "build() first"
+    assert request is not None, "build() first"
     spec = request.spec
-    context = job.decision.context
+    context = request.context  # what the group was built with, however the ingress decided it
     return {
         "prompt": job.plan.instruction,
         "image": np.ascontiguousarray(job.observation.image, dtype=np.uint8),

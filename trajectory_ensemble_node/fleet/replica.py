@@ -83,8 +83,11 @@ class EngineReplica:
         return result_payload(result, self.identity)
 
     def identify(self) -> dict[str, Any]:
-        """Who this replica is (:data:`.protocol.REPLICA_PID`, ``REPLICA_ID``, ``REPLICA_ACTOR``)."""
-        return dict(self.identity)
+        """Who this replica is (:data:`.protocol.REPLICA_PID`, ``REPLICA_ID``, ``REPLICA_ACTOR``) and how its groups
+        ended so far (``outcomes``: the engine's ``outcome_counts()``), and ``in_engine``: its groups queued or
+        running now."""
+        return {**self.identity, "outcomes": self.model.outcome_counts(),
+                "in_engine": self.model.num_queued + self.model.num_running}
 
     def check_health(self) -> None:
         """Ray Serve's health check: a replica whose engine thread died is restarted.

@@ -153,8 +153,23 @@ def _replicas(fleet: Fleet) -> dict[str, dict[str, Any]]:
     return seen
 
 
+def _pace(delay_s: float, replicas: set[str] | None = None) -> set[str]:
+    """Set the step delay of every replica (or of ``replicas``); returns the names that acknowledged."""
+    engine = serve.get_deployment_handle("EngineReplica", app_name=APP)
+    seen: set[str] = set()
+    for _ in range(80):
+        try:
+            seen.add(engine.pace.remote(delay_s).result()[REPLICA_ACTOR])
+        except ray.exceptions.RayError:
+            continue  # routed to a replica that is gone
+        if (replicas is not None and replicas <= seen) or (replicas is None and len(seen) == 2):
+            return seen
+    raise AssertionError(f"only {sorted(seen)} acknowledged the step delay")
+
+
 def test_a_killed_replica_fails_its_inflight_requests_by_name_and_the_next_are_served(fleet):
     client = fleet.client()
+    names = _pace(1.0)  # 10 s a group: every group is still running when the kill lands
     replies, threads = _infer_all(fleet, 6)
     inflight: dict[str, int] = {}
 
@@ -166,6 +181,7 @@ def test_a_killed_replica_fails_its_inflight_requests_by_name_and_the_next_are_s
     wait_until(all_in_engines, 60, "the 6 groups in the replicas' engines")
     victim = max(inflight, key=inflight.__getitem__)  # the replica holding the most of them
     ray.kill(ray.get_actor(victim, namespace="serve"), no_restart=True)
+    _pace(STEP_DELAY_S, names - {victim})
     for thread in threads:
         thread.join(120)
     lost = [r for r in replies if isinstance(r, str)]

@@ -89,6 +89,18 @@ class EngineReplica:
         return {**self.identity, "outcomes": self.model.outcome_counts(),
                 "in_engine": self.model.num_queued + self.model.num_running}
 
+    def pace(self, step_delay_s: float) -> dict[str, Any]:
+        """TEST ONLY: sleep ``step_delay_s`` before every physical forward from now on (the node's test-run pacing,
+        :mod:`~trajectory_ensemble_node.serving.faults`), so a test lands a kill while groups are in this replica.
+
+        Raises:
+            RuntimeError: not a test run (``TRAJECTORY_ENSEMBLE_TESTING=1``): production replicas carry no hook.
+        """
+        if self.faults is None:
+            raise RuntimeError("pace() needs a test run (TRAJECTORY_ENSEMBLE_TESTING=1)")
+        self.faults.step_delay_s = float(step_delay_s)
+        return self.identify()
+
     def check_health(self) -> None:
         """Ray Serve's health check: a replica whose engine thread died is restarted.
 

@@ -73,7 +73,7 @@ def test_a_short_run_through_ray_writes_serve_openpi_and_each_replica_count(tmp_
     assert cli.run(args) == 0
     document = json.loads(out.read_text())
     assert document["benchmark"] == "fleet_ray" and document["commit"] and document["date"]
-    assert set(document["fleet_ray"]) == {"serve-openpi", "ray-R1"}
+    assert set(document["fleet_ray"]) == {"serve-openpi", "ray-R1", "serve-openpi (after)"}
     for server, by_k in document["fleet_ray"].items():
         figures = by_k["1"]
         assert figures["requests"] >= 1 and figures["errors"] == 0 and figures["p95_ms"] > 0, server

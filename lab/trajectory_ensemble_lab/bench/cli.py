@@ -65,7 +65,7 @@ MODES: dict[str, Mode] = {
                         "chunks executed back to back on the toy task, per method and inference delay"),
     "closed-loop-ros": Mode(("--closed-loop", "--ros"), "trajectory_ensemble_lab.bench.closed_loop_ros:run",
                             "the closed loop through the real node and the simulated robot, on sim time"),
-    "fleet": Mode(("--fleet",), "trajectory_ensemble_lab.bench.fleet:run",
+    "fleet": Mode(("--fleet",), "trajectory_ensemble_lab.bench.cli:run_fleet",
                   "K openpi-client processes against the OpenPI server, co-batched vs one request at a time",
                   delegated=False, options="trajectory_ensemble_lab.bench.fleet:add_arguments"),
     "clock-rate": Mode(("--clock-rate",), "trajectory_ensemble_lab.bench.clock_rate:run",
@@ -311,6 +311,15 @@ def run(args: argparse.Namespace) -> int:
     except SystemExit as exit_:
         return int(exit_.code or 2)
     return int(function(delegated_args(args) if mode.delegated else args) or 0)
+
+
+def run_fleet(args: argparse.Namespace) -> int:
+    """``--fleet``: through serve-openpi (:mod:`.fleet`, the default) or serve-ray's replicas (:mod:`.fleet_ray`)."""
+    if getattr(args, "through", "openpi") == "ray":
+        from .fleet_ray import run
+    else:
+        from .fleet import run
+    return run(args)
 
 
 def run_latency(args: argparse.Namespace) -> int:

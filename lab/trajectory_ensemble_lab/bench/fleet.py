@@ -308,11 +308,8 @@ def render_plot(document: dict[str, Any], path: Path) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Measure, then write the JSON, markdown and plot (``--through ray``: :mod:`.fleet_ray`)."""
-    if getattr(args, "through", "openpi") == "ray":
-        from .fleet_ray import run as run_through_ray
-
-        return run_through_ray(args)
+    """Measure, then write the JSON, markdown and plot (``--through ray`` runs :mod:`.fleet_ray` instead: the bench's
+    ``run_fleet`` picks)."""
     import torch
 
     from trajectory_ensemble_node.provenance import git_commit, utc_now

@@ -11,8 +11,9 @@ processes, one warm-up request each, then requests back to back, or at ``--rate`
 with a new rendered toy scene; N = the first ``--candidates``). In one run, in this order: **serve-openpi** (the
 toy policy's engine in this process, co-batched with ``openpi_max_concurrent = K``), then for each R in
 ``--replicas`` **serve-ray** (a local Ray instance with this machine's CPUs, the application ``serve-ray`` deploys:
-the OpenPI ingress and R CPU engine replicas, each co-batching up to ``openpi_max_concurrent = 8`` requests), each
-for every K in ``--clients``, ``--reps`` times. Reported per (server, K): answered requests per second over a run's
+the OpenPI ingress and R CPU engine replicas, each co-batching up to ``openpi_max_concurrent = 8`` requests), then
+**serve-openpi** once more (load that drifts during the run shows as the gap between its two series), each for
+every K in ``--clients``, ``--reps`` times. Reported per (server, K): answered requests per second over a run's
 window (median over repetitions), p50 and p95 latency (client send to reply, pooled) and the error frames.
 ``--threads`` (default 1) sets this process's torch threads; Ray gives each replica one CPU and so one thread.
 
@@ -70,8 +71,8 @@ def _series(port_for: Any, clients: tuple[int, ...], n: int, rate: float, durati
 
 def measure(clients: tuple[int, ...], replicas: tuple[int, ...], n: int, rate: float, duration: float, reps: int,
             log: Any = print) -> dict[str, dict[str, dict[str, Any]]]:
-    """serve-openpi, then serve-ray with each R, each for every K: ``{"serve-openpi": {"<K>": figures},
-    "ray-R<R>": {...}}``."""
+    """serve-openpi, then serve-ray with each R, then serve-openpi again, each for every K: ``{"serve-openpi":
+    {"<K>": figures}, "ray-R<R>": {...}, "serve-openpi (after)": {...}}``."""
     import ray
     from ray import serve
 
@@ -94,25 +95,29 @@ def measure(clients: tuple[int, ...], replicas: tuple[int, ...], n: int, rate: f
             threads.append(ServerThread(OpenPIServer(policy, limits, port=0)).start())
             return threads[-1].port
 
+        def local_series(label: str) -> dict[str, dict[str, Any]]:
+            return _series(local_port, clients, n, rate, duration, reps, images, lambda k: k, label, log)
+
         try:
-            results["serve-openpi"] = _series(local_port, clients, n, rate, duration, reps, images, lambda k: k,
-                                              "serve-openpi", log)
+            results["serve-openpi"] = local_series("serve-openpi")
+            ray.init(num_cpus=max(os.cpu_count() or 1, max(replicas)), include_dashboard=False, log_to_driver=False)
+            try:
+                serve.start(proxy_location="Disabled")
+                for r in replicas:
+                    ingress = serve.run(application(raw, replicas=r, port=0), name=f"bench_r{r}", route_prefix=None)
+                    port = int(READY.search(ingress.ready_line.remote().result()).group(1))
+                    results[f"ray-R{r}"] = _series(lambda k: port, clients, n, rate, duration, reps, images,
+                                                   lambda k: 8 * r, f"serve-ray R={r}", log)
+                    serve.delete(f"bench_r{r}")
+            finally:
+                serve.shutdown()
+                ray.shutdown()
+            # Once more at the end: load that drifts during the run shows as the gap between the two.
+            results["serve-openpi (after)"] = local_series("serve-openpi (after)")
         finally:
             for thread in threads:
                 thread.stop()
             policy.stop()
-        ray.init(num_cpus=max(os.cpu_count() or 1, max(replicas)), include_dashboard=False, log_to_driver=False)
-        try:
-            serve.start(proxy_location="Disabled")
-            for r in replicas:
-                ingress = serve.run(application(raw, replicas=r, port=0), name=f"bench_r{r}", route_prefix=None)
-                port = int(READY.search(ingress.ready_line.remote().result()).group(1))
-                results[f"ray-R{r}"] = _series(lambda k: port, clients, n, rate, duration, reps, images,
-                                               lambda k: 8 * r, f"serve-ray R={r}", log)
-                serve.delete(f"bench_r{r}")
-        finally:
-            serve.shutdown()
-            ray.shutdown()
     return results
 
 

@@ -29,7 +29,7 @@ require = command -v $(1) >/dev/null 2>&1 || { echo "error: $(1) not found; inst
 
 .PHONY: test demo bench soak calibrate-bags venv interfaces colcon clean
 
-test: $(VENV)/.stamp-interfaces $(VENV)/.stamp-openpi-client $(VENV)/.stamp-pusht
+test: $(VENV)/.stamp-interfaces $(VENV)/.stamp-openpi-client $(VENV)/.stamp-pusht $(VENV)/.stamp-fleet
 	@# pytest exits 5 when it collects nothing; that must fail the build, never pass quietly.
 	$(VPY) -m pytest $(PYTEST_ARGS) || { rc=$$?; [ $$rc -ne 5 ] || echo "error: pytest collected no tests" >&2; exit $$rc; }
 
@@ -87,6 +87,13 @@ $(VENV)/.stamp-project: $(VENV)/.stamp-torch pyproject.toml setup.py setup.cfg l
 # with the project.
 $(VENV)/.stamp-openpi-client: $(VENV)/.stamp-project
 	$(PIP) install --quiet --no-deps "openpi-client==$(OPENPI_CLIENT_VERSION)"
+	touch $@
+
+# Ray Serve, the product's optional extra .[fleet] (serve-ray, docs/scaling.md): the fleet tests run on a local Ray
+# instance with CPU replicas. The base install never imports it (tests/fleet/test_base_install_without_ray.py).
+$(VENV)/.stamp-fleet: $(VENV)/.stamp-project
+	$(PIP) install --quiet "ray[serve]==2.60.0"
+	$(VPY) -c "import ray, ray.serve; assert ray.__version__ == '2.60.0', ray.__version__"
 	touch $@
 
 # gym-pusht, the PushT environment of the lab's expert, demonstrations and benchmark (docs/pusht.md), as published:

@@ -71,6 +71,8 @@ class ErrorCode(enum.IntEnum):
     REMOTE_DISCONNECTED = 91
     REMOTE_TIMEOUT = 92
     REMOTE_SCHEMA = 93
+    # Replicas behind Ray Serve (issue 48).
+    REPLICA_LOST = 95
 
 
 ERROR_KINDS = ("ok", "refusal", "observation", "engine failure", "lifecycle", "configuration")
@@ -155,6 +157,8 @@ _TABLE: dict[ErrorCode, tuple[str, str]] = {
                                                  "engine_timeout_s past its expected time); nothing was published."),
     ErrorCode.REMOTE_SCHEMA: ("configuration", "The remote engine's handshake does not fit the node's parameters "
                                                "(embodiment, action shape, dt, schema or extras)."),
+    ErrorCode.REPLICA_LOST: ("engine failure", "The engine replica serving the request died (serve-ray); nothing was "
+                                               "published. Ray restarts it and the next requests are served."),
 }
 
 

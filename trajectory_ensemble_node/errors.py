@@ -454,3 +454,13 @@ class RemoteRefusalError(TrajectoryEnsembleError):
         super().__init__(f"{name}: {message}")
         known = code in ErrorCode._value2member_map_
         self.code = ErrorCode(code) if known else ErrorCode.ENGINE_FAILURE
+
+
+# --- replicas behind Ray Serve (issue 48) -------------------------------------------------------------------------
+
+
+class ReplicaLostError(GroupFailedError):
+    """The engine replica running the group died (its actor was lost) before it replied; Ray restarts the replica,
+    and the next requests are served without restarting the server."""
+
+    code = ErrorCode.REPLICA_LOST

@@ -29,6 +29,8 @@ _COMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("trajectory_ensemble_node.ros.serve", "run the ROS 2 node (same as the trajectory_ensemble_node executable)"),
     "serve-openpi": ("trajectory_ensemble_node.openpi.cli",
                      "serve the engine on the OpenPI websocket wire (openpi-client, vLLM-Omni, RoboLab), no ROS"),
+    "serve-ray": ("trajectory_ensemble_node.fleet.cli",
+                  "the OpenPI wire in front of engine replicas on Ray Serve (--replicas R); needs .[fleet]"),
     "demo": ("trajectory_ensemble_node.demo.demo", "the main job: node + bundled bag + goals, plots under out/"),
     "replay": ("trajectory_ensemble_node.replay.replay", "replay a rosbag2 into the node and record its trajectories"),
     "bags": ("trajectory_ensemble_node.replay.bags",

@@ -86,6 +86,17 @@ def load_params(params_file: str | None) -> node_params.NodeParams:
     return node_params.validate(raw)
 
 
+def ready_line(server: OpenPIServer, port: int) -> str:
+    """The line ``serve-openpi`` (and ``serve-ray``) logs once connections are accepted: ``[weights] ready:
+    ws://HOST:PORT (routes ...), schema, chunk, candidates, reducer, auth, max_concurrent``."""
+    policy = server.policy
+    p = policy.params
+    auth = f"on ({len(server.keys)} key{'s' if len(server.keys) > 1 else ''})" if server.keys else "off"
+    return (f"[{policy.notice}] ready: ws://{server.host}:{port} (routes {list(ROUTES)}), schema {policy.schema.name}, "
+            f"{p.domain_name} chunk {p.chunk_size} x {p.action_dim}, {p.candidate_count}x {p.reducer}, auth {auth}, "
+            f"max_concurrent {server.limits.max_concurrent}")
+
+
 async def _serve(server: OpenPIServer) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -93,13 +104,7 @@ async def _serve(server: OpenPIServer) -> None:
         loop.add_signal_handler(signum, lambda: (stop.set(), arm_exit_deadline(EXIT_DEADLINE_S, "serve-openpi")))
 
     def ready(port: int) -> None:
-        policy = server.policy
-        p = policy.params
-        auth = f"on ({len(server.keys)} key{'s' if len(server.keys) > 1 else ''})" if server.keys else "off"
-        logger.info("[%s] ready: ws://%s:%d (routes %s), schema %s, %s chunk %d x %d, %dx %s, auth %s, "
-                    "max_concurrent %d", policy.notice, server.host, port, list(ROUTES), policy.schema.name,
-                    p.domain_name, p.chunk_size, p.action_dim, p.candidate_count, p.reducer,
-                    auth, server.limits.max_concurrent)
+        logger.info("%s", ready_line(server, port))
 
     await server.run(stop, on_ready=ready)
 

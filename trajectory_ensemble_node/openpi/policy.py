@@ -24,15 +24,16 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
 from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import CosmosActionCondition
 
 from ..catalog import model_notice
-from ..contract import EnsembleResult, check_count, reducers_for_width
+from ..contract import CandidateTrajectorySpec, EnsembleResult, check_count, reducers_for_width
 from ..engine import GroupHandle, GroupRequest
+from ..engine.context import ExecutionContext
 from ..engine.deadline import StepsReport, check_deadline
 from ..metrics import wire_metrics
 from ..models.cosmos3 import Cosmos3ActionModel
@@ -75,6 +76,74 @@ class Job:
     handle: GroupHandle | None = None
 
 
+def group_request(model: Cosmos3ActionModel, params: node_params.NodeParams, *, prompt: str, image: np.ndarray,
+                  spec: CandidateTrajectorySpec, base_seed: int | None, request_id: str,
+                  context: ExecutionContext | None) -> GroupRequest:
+    """The group a request becomes, as the node builds a goal's: one home for the ingress and the fleet's replicas,
+    so a replica serves exactly what the local engine would.
+
+    Args:
+        model (`Cosmos3ActionModel`): The model that validates and will run it.
+        params (`NodeParams`): Chunk size, domain, resolution, view point, steps, guidance scale, fps.
+        prompt (`str`): The instruction.
+        image (`np.ndarray` of shape `[H, W, 3]`): The frame, uint8.
+        spec (`CandidateTrajectorySpec`): Count, reducer, candidates returned, seed policy.
+        base_seed (`int`, *optional*): The request's seed (``None``: drawn by the model).
+        request_id (`str`): The group's id.
+        context (`ExecutionContext`, *optional*): The chunk it continues.
+
+    Raises:
+        TrajectoryEnsembleError: what ``make_request`` refuses (count, reducer, context, ...).
+    """
+    p = params
+    action = CosmosActionCondition(
+        mode="policy", chunk_size=p.chunk_size, domain_name=p.domain_name, resolution_tier=p.resolution_tier,
+        image=image, view_point=p.view_point,
+    )
+    return model.make_request(
+        prompt=prompt, action=action, num_inference_steps=p.num_inference_steps, guidance_scale=p.guidance_scale,
+        fps=p.fps, spec=spec, base_seed=base_seed, request_id=request_id, context=context,
+    )
+
+
+class Backend(Protocol):
+    """Where a built group runs: :class:`LocalBackend` (this process's engine) or the fleet's replicas
+    (``trajectory_ensemble_node.fleet``)."""
+
+    encodes_ahead: bool
+    """Whether :meth:`OpenPIPolicy.build` encodes the conditioning on this process's model (the local engine then
+    finds it done); a remote backend's replica encodes it itself."""
+
+    def start(self) -> None: ...
+
+    def stop(self, timeout: float) -> None: ...
+
+    def submit(self, job: Job) -> GroupHandle: ...
+
+
+class LocalBackend:
+    """The group runs in this process's engine (``serve-openpi``).
+
+    Args:
+        model (`Cosmos3ActionModel`): The model whose engine runs the groups.
+    """
+
+    encodes_ahead = True
+
+    def __init__(self, model: Cosmos3ActionModel) -> None:
+        self.model = model
+
+    def start(self) -> None:
+        self.model.start()
+
+    def stop(self, timeout: float) -> None:
+        self.model.stop(timeout)
+
+    def submit(self, job: Job) -> GroupHandle:
+        assert job.request is not None, "build() first"
+        return self.model.submit_request(job.request)
+
+
 def build_model(params: node_params.NodeParams) -> tuple[Cosmos3ActionModel, str]:
     """The model the node would serve for ``params``: the faces' one factory
     (:func:`~trajectory_ensemble_node.serving.model_factory.build_model`), and its weights notice.
@@ -98,11 +167,14 @@ class OpenPIPolicy:
         schema (`ObservationSchema`, *optional*): Defaults to ``params.openpi_schema``.
         count_tokens (`TokenCounter`, *optional*): The pipeline's token counter (``max_instruction_tokens``);
             defaults to the model's tokenizer.
+        backend (`Backend`, *optional*): Where built groups run; defaults to :class:`LocalBackend` on ``model``.
     """
 
     def __init__(self, model: Cosmos3ActionModel, params: node_params.NodeParams, *, notice: str,
-                 schema: ObservationSchema | None = None, count_tokens: TokenCounter | None = None) -> None:
+                 schema: ObservationSchema | None = None, count_tokens: TokenCounter | None = None,
+                 backend: Backend | None = None) -> None:
         self.model = model
+        self.backend: Backend = backend if backend is not None else LocalBackend(model)
         self.params = params
         self.notice = notice
         self.schema = schema or get_schema(params.openpi_schema)
@@ -122,12 +194,12 @@ class OpenPIPolicy:
     # --- lifecycle -------------------------------------------------------------------------------------------------
 
     def start(self) -> None:
-        """Start the engine thread."""
-        self.model.start()
+        """Start the backend (the local engine's thread)."""
+        self.backend.start()
 
     def stop(self, timeout: float = 2.0) -> None:
-        """Stop the engine; groups still running end with ``EngineShutdownError``."""
-        self.model.stop(timeout)
+        """Stop the backend; groups still running end with ``EngineShutdownError``."""
+        self.backend.stop(timeout)
 
     # --- the wire's content ----------------------------------------------------------------------------------------
 
@@ -221,26 +293,20 @@ class OpenPIPolicy:
             job.decision = ContinuityDecision(job.extras.context, CONTINUED, "goal")
         else:
             job.decision = decide(self.sessions.memory(job.session), plan, job.stamp, self.model.weights_version)
-        action = CosmosActionCondition(
-            mode="policy", chunk_size=p.chunk_size, domain_name=p.domain_name, resolution_tier=p.resolution_tier,
-            image=job.observation.image, view_point=p.view_point,
-        )
-        request = self.model.make_request(
-            prompt=plan.instruction, action=action, num_inference_steps=p.num_inference_steps,
-            guidance_scale=p.guidance_scale, fps=p.fps, spec=plan.spec, base_seed=plan.base_seed,
-            request_id=job.request_id, context=job.decision.context,
-        )
+        request = group_request(self.model, p, prompt=plan.instruction, image=job.observation.image, spec=plan.spec,
+                                base_seed=plan.base_seed, request_id=job.request_id, context=job.decision.context)
         if plan.deadline_s:  # an unmeetable deadline is refused from the measured costs, before the encode
             request.deadline_s = check_deadline(plan.deadline_s)
             self.model.check_request(request)
-        started = time.perf_counter()
-        with torch.no_grad():
-            self.model.adapter.encode(request.payload)
-        job.encode_ms = (time.perf_counter() - started) * 1000.0
+        if self.backend.encodes_ahead:
+            started = time.perf_counter()
+            with torch.no_grad():
+                self.model.adapter.encode(request.payload)
+            job.encode_ms = (time.perf_counter() - started) * 1000.0
         job.request = request
 
     def submit(self, job: Job) -> GroupHandle:
-        """Queue the built group in the engine (its deadline, if any, counted from the request's arrival).
+        """Queue the built group in the backend's engine (its deadline, if any, counted from the request's arrival).
 
         Raises:
             TrajectoryEnsembleError: a deadline no step can meet, ...
@@ -250,7 +316,7 @@ class OpenPIPolicy:
         if job.plan.deadline_s:
             # The engine's deadline counts from submission; the request's from its arrival, a moment earlier.
             request.deadline_s = check_deadline(max(job.plan.deadline_s - (time.monotonic() - job.arrival), 1e-6))
-        job.handle = self.model.submit_request(request)
+        job.handle = self.backend.submit(job)
         return job.handle
 
     def reply(self, job: Job, result: EnsembleResult) -> dict[str, Any]:

@@ -53,3 +53,28 @@ def test_a_short_fleet_run_writes_the_documented_json_markdown_and_plot(tmp_path
 
     assert document["threads"] == 1 and document["forward_threads"] == max(1, min(4, usable_cores()))
     assert f"forward threads {document['forward_threads']}" in out.with_suffix(".md").read_text()
+
+
+def test_through_ray_is_a_flag_of_the_fleet_mode_and_openpi_stays_the_default():
+    parser = argparse.ArgumentParser()
+    cli.add_arguments(parser)
+    assert parser.parse_args(["--fleet"]).through == "openpi"
+    args = parser.parse_args(["--fleet", "--through", "ray", "--replicas", "1,2", "--clients", "1,8"])
+    assert cli.mode_name(args) == "fleet" and (args.through, args.replicas, args.clients) == ("ray", (1, 2), (1, 8))
+
+
+def test_a_short_run_through_ray_writes_serve_openpi_and_each_replica_count(tmp_path):
+    pytest.importorskip("ray.serve")
+    out = tmp_path / "fleet_ray.json"
+    parser = argparse.ArgumentParser()
+    cli.add_arguments(parser)
+    args = parser.parse_args(["--fleet", "--through", "ray", "--replicas", "1", "--clients", "1", "--duration", "1.5",
+                              "--reps", "1", "--json", str(out), "--quiet"])
+    assert cli.run(args) == 0
+    document = json.loads(out.read_text())
+    assert document["benchmark"] == "fleet_ray" and document["commit"] and document["date"]
+    assert set(document["fleet_ray"]) == {"serve-openpi", "ray-R1", "serve-openpi (after)"}
+    for server, by_k in document["fleet_ray"].items():
+        figures = by_k["1"]
+        assert figures["requests"] >= 1 and figures["errors"] == 0 and figures["p95_ms"] > 0, server
+    assert "| ray-R1 | 1 |" in out.with_suffix(".md").read_text() and out.with_suffix(".png").stat().st_size > 0

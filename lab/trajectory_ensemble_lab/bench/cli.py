@@ -65,7 +65,7 @@ MODES: dict[str, Mode] = {
                         "chunks executed back to back on the toy task, per method and inference delay"),
     "closed-loop-ros": Mode(("--closed-loop", "--ros"), "trajectory_ensemble_lab.bench.closed_loop_ros:run",
                             "the closed loop through the real node and the simulated robot, on sim time"),
-    "fleet": Mode(("--fleet",), "trajectory_ensemble_lab.bench.fleet:run",
+    "fleet": Mode(("--fleet",), "trajectory_ensemble_lab.bench.cli:run_fleet",
                   "K openpi-client processes against the OpenPI server, co-batched vs one request at a time",
                   delegated=False, options="trajectory_ensemble_lab.bench.fleet:add_arguments"),
     "pusht": Mode(("--pusht",), "trajectory_ensemble_lab.pusht.bench:run",
@@ -85,7 +85,8 @@ MODE_FLAGS: dict[str, str] = {
     "--closed-loop": "chunks executed back to back on the toy task, per method and inference delay "
                      "(trajectory_ensemble_lab.toy.closed_loop); with --ros: through the node on sim time",
     "--fleet": "K openpi-client processes against the OpenPI server, co-batched vs serial "
-               "(trajectory_ensemble_lab.bench.fleet; --clients, --candidates, --rate, --duration, --json)",
+               "(trajectory_ensemble_lab.bench.fleet; --clients, --candidates, --rate, --duration, --json); "
+               "--through ray --replicas R: serve-ray's replicas beside serve-openpi (bench.fleet_ray)",
     "--pusht": "reducers and continuity methods on PushT (gym-pusht) closed loop, paired by seed "
                "(trajectory_ensemble_lab.pusht.bench; --policy, --episodes, --seed, --count, --continuity, --through)",
     "--clock-rate": "the node under a 1 kHz /clock: engine time vs the host clock, idle CPU per /clock rate "
@@ -95,6 +96,10 @@ MODE_FLAGS: dict[str, str] = {
 }
 """The flags that select modes, with their help; each is a boolean ``store_true`` flag."""
 
+
+THROUGH = ("process", "openpi", "node", "ray")
+"""``--through``'s faces, shared by the modes that serve through several (``--fleet``: openpi, ray; ``--pusht``:
+process, openpi, node); each mode refuses the others."""
 
 CLOSED_LOOP_ROS_SCENES = 3
 """``--closed-loop --ros`` runs every scene three times in real time at factor 0.1 (up to ~40 s each): 3 by default."""
@@ -145,6 +150,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="--closed-loop: inference delays in control steps, comma-separated (default 0,2)")
     modes.add_argument("--methods", type=str, default=None,
                        help="--closed-loop: methods, comma-separated (default: all eight)")
+    modes.add_argument("--through", choices=THROUGH, default=None,
+                       help="--fleet: openpi (serve-openpi, the default) or ray (serve-ray with --replicas); --pusht: "
+                            "process (the default), openpi (openpi-client against --url) or node (over DDS)")
     modes.add_argument("--context-guidance", choices=("prefix", "mask"), default="prefix",
                        help="--closed-loop: guidance of the gradient-free methods (guided, guided_mode); 'mask' "
                             "suits a policy trained with clean action prefixes (train-toy --prefix-conditioning)")
@@ -315,6 +323,20 @@ def run(args: argparse.Namespace) -> int:
     except SystemExit as exit_:
         return int(exit_.code or 2)
     return int(function(delegated_args(args) if mode.delegated else args) or 0)
+
+
+def run_fleet(args: argparse.Namespace) -> int:
+    """``--fleet``: through serve-openpi (:mod:`.fleet`, the default) or serve-ray's replicas (:mod:`.fleet_ray`)."""
+    through = getattr(args, "through", None) or "openpi"
+    if through not in ("openpi", "ray"):
+        print(f"error: --fleet runs --through openpi or ray, got {through!r}", file=sys.stderr)
+        return 2
+    args.through = through
+    if through == "ray":
+        from .fleet_ray import run
+    else:
+        from .fleet import run
+    return run(args)
 
 
 def run_latency(args: argparse.Namespace) -> int:

@@ -67,6 +67,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--rate", type=float, default=0.0,
                        help="requests per second per client; 0 = the next as soon as the reply is in (default 0)")
     group.add_argument("--duration", type=float, default=20.0, help="seconds each (N, K, server) run sends (20)")
+    group.add_argument("--replicas", type=_ints, default=(1, 2), help="--through ray: engine replicas R (1,2)")
 
 
 # --- the client process --------------------------------------------------------------------------------------------
@@ -304,7 +305,8 @@ def render_plot(document: dict[str, Any], path: Path) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Measure, then write the JSON, markdown and plot."""
+    """Measure, then write the JSON, markdown and plot (``--through ray`` runs :mod:`.fleet_ray` instead: the bench's
+    ``run_fleet`` picks)."""
     import torch
 
     from trajectory_ensemble_node.provenance import git_commit, utc_now

@@ -281,8 +281,8 @@ def _names(text: str, choices: Sequence[str], flag: str) -> tuple[str, ...]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The ``--pusht`` mode's own flags (``--methods``, ``--delays``, ``--steps`` and ``--json`` are the bench's
-    shared ones)."""
+    """The ``--pusht`` mode's own flags (``--methods``, ``--delays``, ``--steps``, ``--through`` and ``--json`` are
+    the bench's shared ones)."""
     group = parser.add_argument_group("--pusht")
     group.add_argument("--episodes", type=int, default=10, help="--pusht: episodes, reset seeds SEED .. SEED + K - 1")
     group.add_argument("--seed", type=int, default=None,
@@ -294,8 +294,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--continuity", type=str, default="",
                        help=f"--pusht: continuity methods at --delays, comma-separated (of {list(CONTINUITY_METHODS)} "
                             "and the rest of chunk_execution's)")
-    group.add_argument("--through", choices=THROUGH, default="process",
-                       help="--pusht: the server's policy in this process, openpi-client against --url, or the node")
     group.add_argument("--url", default="ws://127.0.0.1:8000", help="--pusht --through openpi: serve-openpi's address")
     group.add_argument("--api-key", default=None, help="--pusht --through openpi: the server's key")
     group.add_argument("--max-steps", type=int, default=MAX_STEPS, help="--pusht: step cap per episode (300)")
@@ -320,6 +318,9 @@ def run(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     episodes, steps = args.episodes, args.steps or 10
+    args.through = args.through or "process"
+    if args.through not in THROUGH:
+        raise PushTError(f"--pusht runs --through {' or '.join(THROUGH)}, got {args.through!r}")
     first = VALIDATION_SEED_BASE if args.seed is None else int(args.seed)
     low, high = SPLITS["validation"][0], SPLITS["heldout"][1]
     if episodes < 1 or first < 0 or first + episodes > high:

@@ -55,10 +55,12 @@ def test_a_short_fleet_run_writes_the_documented_json_markdown_and_plot(tmp_path
     assert f"forward threads {document['forward_threads']}" in out.with_suffix(".md").read_text()
 
 
-def test_through_ray_is_a_flag_of_the_fleet_mode_and_openpi_stays_the_default():
+def test_through_ray_is_a_flag_of_the_fleet_mode_and_openpi_stays_the_default(capsys):
     parser = argparse.ArgumentParser()
     cli.add_arguments(parser)
-    assert parser.parse_args(["--fleet"]).through == "openpi"
+    assert parser.parse_args(["--fleet"]).through is None  # --through is shared: each mode has its own default
+    assert cli.run(parser.parse_args(["--fleet", "--through", "node"])) == 2
+    assert "--fleet runs --through openpi or ray, got 'node'" in capsys.readouterr().err
     args = parser.parse_args(["--fleet", "--through", "ray", "--replicas", "1,2", "--clients", "1,8"])
     assert cli.mode_name(args) == "fleet" and (args.through, args.replicas, args.clients) == ("ray", (1, 2), (1, 8))
 

@@ -88,7 +88,9 @@ class Ingress:
         params = node_params.validate(raw_params)
         keys = list(api_keys) if api_keys is not None else [k for k in [os.environ.get(api_key_env) or ""] if k]
         check_bind(host, keys or None, False)
-        model = model_factory.build_model(params)  # tokenizer, checks and metadata; its engine never starts
+        # The ingress needs the model only for its tokenizer, checks and metadata; its engine never starts. On the
+        # CPU it takes no GPU memory that Ray reserved for a replica (the ingress reserves none).
+        model = model_factory.build_model(dataclasses.replace(params, device="cpu"))
         policy = OpenPIPolicy(model, params, notice=model_notice(params.model), schema=get_schema(params.openpi_schema),
                               backend=RayBackend(engine))
         limits = ServerLimits.from_params(params)

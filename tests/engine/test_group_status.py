@@ -27,6 +27,7 @@ from trajectory_ensemble_node.errors import (
     GroupCanceledError,
     GroupPreemptedError,
     NotActiveError,
+    RemoteRefusalError,
     TrajectoryEnsembleError,
     error_table,
 )
@@ -96,7 +97,11 @@ def errors_for(code: ErrorCode) -> list[BaseException]:
     code is checked, and the engine only ever ends a group with a named error or an engine failure)."""
     out: list[BaseException] = []
     for cls in _named_errors():
-        if cls.code == code:
+        if cls.code != code:
+            continue
+        if cls is RemoteRefusalError:  # a remote's error frame: its code, class name and message as sent
+            out.append(cls(int(code), "SomeRemoteError", "m"))
+        else:
             out.append(cls("r", "m") if issubclass(cls, GroupAbortedError) else cls("m"))
     return out or [type("Bare", (TrajectoryEnsembleError,), {"code": code})("m")]
 

@@ -104,7 +104,8 @@ def test_colcon_reads_setup_py(tmp_path: Path) -> None:
     assert data_files["share/ament_index/resource_index/packages"] == ["resource/trajectory_ensemble"]
     assert data_files["share/trajectory_ensemble"] == ["package.xml"]
     assert data_files["share/trajectory_ensemble/launch"] == ["launch/serve.launch.py"]
-    assert data_files["share/trajectory_ensemble/config"] == ["config/serve.yaml"]
+    # The node's parameters, and serve-ray's `serve run` config beside them.
+    assert sorted(data_files["share/trajectory_ensemble/config"]) == ["config/serve.yaml", "config/serve_ray.yaml"]
     assert info["packages"] and all(p.startswith("trajectory_ensemble_node") for p in info["packages"])
 
 

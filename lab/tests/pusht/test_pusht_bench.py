@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -133,6 +134,7 @@ def test_through_the_node_plays_the_same_goals_as_in_process(checkpoint, in_proc
                      "--continuity", "guided_mode,temporal_ensemble", "--through", "node", "--policy", str(checkpoint),
                      "--json", str(out)])
     assert status == 0
+    assert os.environ["ROS_DOMAIN_ID"] == str(ros_domain_id)  # the bench's own domain does not leak into the session
     node, (_, local) = json.loads(out.read_text()), in_process
     assert "method temporal_ensemble cannot run: not through the node" in capsys.readouterr().err
     assert set(node["continuity"]) == {"guided_mode"}

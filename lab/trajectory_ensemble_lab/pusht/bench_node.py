@@ -70,14 +70,16 @@ def play(checkpoint: Path, runs: Sequence[tuple[str, str, Method, int, bool]], s
     base = SimSettings(real_time_factor=1.0, fps=float(CONTROL_HZ), image_rate=float(CONTROL_HZ), horizon=CHUNK)
     params = node_params(checkpoint, base, num_inference_steps=steps, candidate_count=count, reducer="mode")
     domain = unused_domain_id()
-    # This process's rclpy reads the domain at init; the node gets the same one through its environment.
+    # This process's rclpy reads the domain at each session's init; the node gets the same one through its
+    # environment. The caller's domain comes back afterwards (a test session, a shell's own setting).
+    saved_domain = os.environ.get("ROS_DOMAIN_ID")
     os.environ["ROS_DOMAIN_ID"] = str(domain)
     log_dir.mkdir(parents=True, exist_ok=True)
     node = NodeProcess(params, ros_env(domain), log_path=log_dir / "node.log")
     log(f"bench --pusht: starting the node on ROS_DOMAIN_ID={domain}; log {log_dir}/node.log")
-    node.start(ready_timeout_s=600.0)
     out: dict[tuple[str, str, int], list[Any]] = {}
     try:
+        node.start(ready_timeout_s=600.0)
         for block, name, method, delay, single in playable:
             settings = dataclasses.replace(base, **goal_settings(method, delay, execute=execute, max_steps=max_steps,
                                                                   single=single))
@@ -97,4 +99,8 @@ def play(checkpoint: Path, runs: Sequence[tuple[str, str, Method, int, bool]], s
             out[(block, name, delay)] = episodes
     finally:
         node.stop()
+        if saved_domain is None:
+            os.environ.pop("ROS_DOMAIN_ID", None)
+        else:
+            os.environ["ROS_DOMAIN_ID"] = saved_domain
     return out

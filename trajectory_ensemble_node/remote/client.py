@@ -14,12 +14,13 @@ time) and :class:`~..errors.RemoteSchemaError` (a server whose handshake does no
 
 from __future__ import annotations
 
+import logging
 import math
 import threading
 from collections.abc import Mapping
 from typing import Any
 
-from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
+from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus, WebSocketException
 from websockets.sync.client import ClientConnection, connect
 
 from ..errors import (
@@ -35,6 +36,8 @@ from ..errors import (
 from ..openpi import wire
 from ..openpi.schemas import get_schema
 from ..serving.params import NodeParams
+
+logger = logging.getLogger(__name__)
 
 REPLY_LIMITS = wire.DecodeLimits(max_map_len=4096, max_array_len=4096, max_str_len=64 * 1024 * 1024,
                                  max_bin_len=256 * 1024 * 1024, max_entries=1 << 20, max_depth=8)
@@ -189,8 +192,10 @@ class Connection:
         self._closed_by_us.set()
         try:
             self.ws.close()
-        except Exception:  # noqa: BLE001 - closing a broken socket is best effort
-            pass
+        except (OSError, WebSocketException):
+            pass  # the socket is already broken: closing it is best effort
+        except Exception:  # noqa: BLE001 - anything else is a bug to see, not a reason to fail the close
+            logger.exception("closing the connection to %s raised", self.url)
 
 
 def open_connection(url: str, *, api_key: str | None, timeout_s: float) -> Connection:

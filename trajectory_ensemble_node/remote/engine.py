@@ -15,6 +15,7 @@ the state (``connected`` / ``reconnecting`` / ``unreachable``), the last round t
 
 from __future__ import annotations
 
+import logging
 import collections
 import http.client
 import os
@@ -49,6 +50,8 @@ from ..serving.params import NodeParams
 from ..serving.startup_checks import load_action_stats, load_uncertainty_threshold
 from .client import Connection, check_metadata, open_connection, samples_per_request
 from .groups import RemotePayload, reduce_samples, request_frame, result_from_reply
+
+logger = logging.getLogger(__name__)
 
 BACKOFF_S = (0.5, 30.0)
 """First and longest wait between probes of a server that does not answer (doubling in between)."""
@@ -280,6 +283,7 @@ class RemoteEngine:
         if canceled is not None:
             result, error = None, canceled
         elif error is not None and not isinstance(error, TrajectoryEnsembleError):
+            logger.error("group %s failed on the remote engine", request.request_id, exc_info=error)
             error = GroupFailedError(request.request_id, f"remote engine: {type(error).__name__}: {error}")
         with self._lock:
             self._running -= 1
@@ -297,7 +301,7 @@ class RemoteEngine:
         try:
             request.on_progress(ProgressEvent(request.request_id, stage, step, request.payload.num_inference_steps))
         except Exception:  # noqa: BLE001 - as the local engine: a callback must not fail the group
-            pass
+            logger.exception("progress callback of group %s raised", request.request_id)
 
     def _budget(self, request: GroupRequest, submitted: float) -> tuple[float, float]:
         """Seconds left for the reply, and the deadline to send (ms, 0 = none)."""

@@ -25,6 +25,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
 from ..errors import DelayTooLongError, ExecutionContextError, NegativeDelayError
@@ -180,6 +181,26 @@ class ExecutionContext:
             raise ExecutionContextError(f"guidance must be one of {GUIDANCE_MODES}, got {self.guidance!r}")
         if _finite_number("max_guidance_weight", self.max_guidance_weight) <= 0:
             raise ExecutionContextError(f"max_guidance_weight must be > 0, got {self.max_guidance_weight!r}")
+
+    def fields(self) -> dict[str, Any]:
+        """The context as plain values, for another process (an OpenPI ``context`` extra, a Serve replica):
+        ``previous`` as a float32 ``np.ndarray`` ``[H_prev, D]``, every other field as it is. :meth:`from_fields`
+        rebuilds it, bit for bit."""
+        return {"previous": self.previous.numpy().astype(np.float32), "previous_stamp": float(self.previous_stamp),
+                "stamp": float(self.stamp), "dt": float(self.dt), "frozen": int(self.frozen), "guidance": self.guidance,
+                "max_guidance_weight": float(self.max_guidance_weight)}
+
+    @classmethod
+    def from_fields(cls, fields: Mapping[str, Any]) -> ExecutionContext:
+        """The context :meth:`fields` describes (``previous`` any float array ``[H_prev, D]``); its own checks name
+        a bad field.
+
+        Raises:
+            ExecutionContextError: and its subclasses, as the constructor.
+        """
+        return cls(torch.from_numpy(np.array(fields["previous"], dtype=np.float32)), fields["previous_stamp"],
+                   fields["dt"], fields["frozen"], fields["stamp"], guidance=fields.get("guidance", "prefix"),
+                   max_guidance_weight=fields.get("max_guidance_weight", DEFAULT_MAX_GUIDANCE_WEIGHT))
 
     @classmethod
     def from_latency(cls, previous: torch.Tensor, previous_stamp: float, dt: float, stamp: float,

@@ -13,7 +13,6 @@ into an :class:`~trajectory_ensemble_node.contract.EnsembleResult` or the same n
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 import numpy as np
@@ -65,9 +64,7 @@ def describe(job: Job) -> dict[str, Any]:
                  "seed_policy": spec.seed_policy, "max_count": spec.max_count},
         "base_seed": int(request.base_seed),
         "deadline_s": request.deadline_s,
-        "context": None if context is None else {
-            **{f.name: getattr(context, f.name) for f in dataclasses.fields(context) if f.name != "previous"},
-            "previous": context.previous.detach().cpu().numpy()},
+        "context": None if context is None else context.fields(),
         "request_id": request.request_id,
     }
 
@@ -81,8 +78,7 @@ def request_from_description(model: Cosmos3ActionModel, params: NodeParams, desc
     """
     spec = CandidateTrajectorySpec(**description["spec"])
     fields = description["context"]
-    context = None if fields is None else ExecutionContext(
-        **{**fields, "previous": torch.from_numpy(np.array(fields["previous"]))})
+    context = None if fields is None else ExecutionContext.from_fields(fields)
     request = group_request(model, params, prompt=description["prompt"], image=np.array(description["image"]),
                             spec=spec, base_seed=description["base_seed"], request_id=description["request_id"],
                             context=context)

@@ -32,8 +32,6 @@ from typing import Any
 
 import numpy as np
 
-import torch
-
 from ..engine.context import DEFAULT_MAX_GUIDANCE_WEIGHT, ExecutionContext
 from ..errors import ExecutionContextError, GoalRequestError, InvalidSpecError
 from ..serving.params import NodeParams
@@ -152,9 +150,10 @@ def parse_context(value: Any) -> ExecutionContext:
         return float(got) if isinstance(got, (int, float, np.integer, np.floating)) and not isinstance(
             got, (bool, np.bool_)) else got
 
-    return ExecutionContext(torch.from_numpy(np.array(previous, dtype=np.float32)), number("previous_stamp"),
-                            number("dt"), int(frozen), number("stamp"), guidance=guidance,
-                            max_guidance_weight=number("max_guidance_weight", DEFAULT_MAX_GUIDANCE_WEIGHT))
+    return ExecutionContext.from_fields({
+        "previous": previous, "previous_stamp": number("previous_stamp"), "dt": number("dt"), "frozen": int(frozen),
+        "stamp": number("stamp"), "guidance": guidance,
+        "max_guidance_weight": number("max_guidance_weight", DEFAULT_MAX_GUIDANCE_WEIGHT)})
 
 
 def parse_extras(obs: Mapping[str, Any]) -> RequestExtras:

@@ -50,10 +50,8 @@ class RemotePayload:
 
 
 def context_extra(context: ExecutionContext) -> dict[str, Any]:
-    """The ``context`` extra of a request continuing ``context`` (see :mod:`..openpi.extras`)."""
-    return {"previous": context.previous.numpy().astype(np.float32), "previous_stamp": float(context.previous_stamp),
-            "stamp": float(context.stamp), "dt": float(context.dt), "frozen": int(context.frozen),
-            "guidance": context.guidance, "max_guidance_weight": float(context.max_guidance_weight)}
+    """The ``context`` extra of a request continuing ``context`` (see :mod:`..openpi.extras`): its fields."""
+    return context.fields()
 
 
 def request_frame(request: GroupRequest, *, image_key: str, prompt_key: str, extras: Sequence[str],

@@ -79,7 +79,7 @@ def error_from_frame(text: str, request_id: str) -> TrajectoryEnsembleError:
             return cls(message)
         except TypeError:  # a class with another constructor: reported by code
             pass
-    return RemoteRefusalError(int(code) if isinstance(code, int) else 31, name, message)
+    return RemoteRefusalError(int(code) if isinstance(code, int) else int(ErrorCode.ENGINE_FAILURE), name, message)
 
 
 def check_metadata(meta: Mapping[str, Any], params: NodeParams, *, batched: bool) -> None:

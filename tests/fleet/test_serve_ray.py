@@ -153,6 +153,22 @@ def _replicas(fleet: Fleet) -> dict[str, dict[str, Any]]:
     return seen
 
 
+def _ongoing() -> dict[str, int]:
+    """Each live replica's ongoing requests, asked of its actor directly. Serve's router sends a call to the replica
+    with the shorter queue, so calls through a handle (``_replicas``) may never reach the busier one while groups are
+    in flight; the count the router itself reads does not depend on where a call is routed."""
+    prefix = f"SERVE_REPLICA::{APP}#EngineReplica#"
+    counts: dict[str, int] = {}
+    for entry in ray.util.list_named_actors(all_namespaces=True):
+        if entry["namespace"] == "serve" and entry["name"].startswith(prefix):
+            try:
+                actor = ray.get_actor(entry["name"], namespace="serve")
+                counts[entry["name"]] = ray.get(actor.get_num_ongoing_requests.remote(), timeout=30)
+            except (ValueError, ray.exceptions.RayError):
+                continue  # gone between the listing and the call
+    return counts
+
+
 def _pace(delay_s: float, replicas: set[str] | None = None) -> set[str]:
     """Set the step delay of every replica (or of ``replicas``); returns the names that acknowledged."""
     engine = serve.get_deployment_handle("EngineReplica", app_name=APP)
@@ -168,17 +184,16 @@ def _pace(delay_s: float, replicas: set[str] | None = None) -> set[str]:
 
 
 def test_a_killed_replica_fails_its_inflight_requests_by_name_and_the_next_are_served(fleet):
-    client = fleet.client()
     names = _pace(1.0)  # 10 s a group: every group is still running when the kill lands
     replies, threads = _infer_all(fleet, 6)
     inflight: dict[str, int] = {}
 
-    def all_in_engines() -> bool:
+    def all_on_replicas() -> bool:
         inflight.clear()
-        inflight.update({name: info["in_engine"] for name, info in _replicas(fleet).items()})
+        inflight.update(_ongoing())
         return sum(inflight.values()) == 6
 
-    wait_until(all_in_engines, 60, "the 6 groups in the replicas' engines")
+    wait_until(all_on_replicas, 60, "the 6 requests on the replicas")
     victim = max(inflight, key=inflight.__getitem__)  # the replica holding the most of them
     ray.kill(ray.get_actor(victim, namespace="serve"), no_restart=True)
     _pace(STEP_DELAY_S, names - {victim})
@@ -186,7 +201,10 @@ def test_a_killed_replica_fails_its_inflight_requests_by_name_and_the_next_are_s
         thread.join(120)
     lost = [r for r in replies if isinstance(r, str)]
     served = [r for r in replies if not isinstance(r, str)]
-    assert len(lost) == inflight[victim] >= 3 and len(served) == 6 - len(lost)
+    # Every request ends, lost by name or served. A request the victim had taken but whose acceptance the ingress's
+    # router had not yet heard when it died is routed again by Serve and served elsewhere (a slower reply, not a loss),
+    # so the victim's count bounds the losses rather than fixing them.
+    assert len(lost) + len(served) == 6 and 1 <= len(lost) <= inflight[victim]
     for text in lost:
         frame = parse_error_frame(text)
         assert (frame["error"], frame["code"], frame["type"]) == ("REPLICA_LOST", int(ErrorCode.REPLICA_LOST),
@@ -203,6 +221,7 @@ def test_a_killed_replica_fails_its_inflight_requests_by_name_and_the_next_are_s
         return _replica_states() == {"RUNNING": 2} and len(names) == 2 and victim not in names
 
     wait_until(replaced, 120, "Serve to replace the replica")
+    client = fleet.client()  # connected now: the server closes a connection idle past openpi_idle_timeout_s
     after = {client.infer({"observation/image": IMAGE, "seed": 200 + i})["metrics"][REPLICA_ACTOR] for i in range(4)}
     assert victim not in after
 
@@ -211,11 +230,11 @@ def test_a_client_that_leaves_mid_request_cancels_its_group_on_the_replica(fleet
     def canceled() -> int:
         return sum(info["outcomes"].get("canceled", 0) for info in _replicas(fleet).values())
 
+    wait_until(lambda: _replica_states() == {"RUNNING": 2} and len(_ongoing()) == 2, 120, "two running replicas")
     before = canceled()
     ws, _ = raw_client(f"ws://127.0.0.1:{fleet.port}", {"Authorization": f"Api-Key {KEY}"})
     ws.send(msgpack_numpy.packb({"observation/image": IMAGE, "num_candidates": 2, "seed": 7}))
-    wait_until(lambda: sum(info["in_engine"] for info in _replicas(fleet).values()) == 1, 60,
-               "the group in a replica's engine")
+    wait_until(lambda: sum(_ongoing().values()) == 1, 60, "the request on a replica")
     ws.close()
     wait_until(lambda: canceled() == before + 1, 60, "the replica to cancel the group")
     assert fleet.ingress.stats.remote().result()["server"]["canceled_on_disconnect"] >= 1

@@ -45,6 +45,8 @@ class EngineReplica:
         self.model.start()
         # One thread encodes the conditioning ahead, in arrival order, while the engine denoises the others.
         self._encoder = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="replica-encode")
+        # Requests canceled while their conditioning was encoded: they end canceled without reaching the engine.
+        self._canceled_before_engine = 0
         self.identity = {REPLICA_PID: os.getpid(), REPLICA_ID: serve.get_replica_context().replica_id.unique_id,
                          REPLICA_ACTOR: ray.get_runtime_context().get_actor_name()}
 
@@ -65,6 +67,9 @@ class EngineReplica:
             handle = self.model.submit_request(request)
         except TrajectoryEnsembleError as error:
             return error_payload(error)
+        except asyncio.CancelledError:
+            self._canceled_before_engine += 1
+            raise
         ended: asyncio.Future[None] = loop.create_future()
 
         def on_end(_: GroupHandle) -> None:
@@ -84,10 +89,12 @@ class EngineReplica:
 
     def identify(self) -> dict[str, Any]:
         """Who this replica is (:data:`.protocol.REPLICA_PID`, ``REPLICA_ID``, ``REPLICA_ACTOR``) and how its groups
-        ended so far (``outcomes``: the engine's ``outcome_counts()``), and ``in_engine``: its groups queued or
-        running now."""
-        return {**self.identity, "outcomes": self.model.outcome_counts(),
-                "in_engine": self.model.num_queued + self.model.num_running}
+        ended so far (``outcomes``: the engine's ``outcome_counts()``, with the requests canceled before their group
+        reached the engine counted ``canceled``), and ``in_engine``: its groups queued or running now."""
+        outcomes = self.model.outcome_counts()
+        if self._canceled_before_engine:
+            outcomes["canceled"] = outcomes.get("canceled", 0) + self._canceled_before_engine
+        return {**self.identity, "outcomes": outcomes, "in_engine": self.model.num_queued + self.model.num_running}
 
     def pace(self, step_delay_s: float) -> dict[str, Any]:
         """TEST ONLY: sleep ``step_delay_s`` before every physical forward from now on (the node's test-run pacing,

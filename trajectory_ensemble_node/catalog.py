@@ -1,7 +1,9 @@
-"""The models a node or the CLI serves by name: ``tiny`` (embedded random), ``toy`` (bundled policy) or a directory.
+"""The models a node or the CLI serves by name: ``tiny`` (embedded random), a bundled policy (``toy``, ``pusht``) or a
+directory.
 
-This is where the toy package meets the Cosmos 3 loader, so that ``models/`` never imports ``toy``: the model
-package loads ``tiny`` and directories, the toy package loads its own weights, and this module picks by name.
+This is where the bundled policies meet the Cosmos 3 loader, so that ``models/`` never imports ``toy``: the model
+package loads ``tiny`` and directories, :mod:`.bundled` says where each bundled policy lies, and this module picks by
+name.
 """
 
 from __future__ import annotations
@@ -11,29 +13,27 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from .bundled import BUNDLED_NAMES, bundled_policy
 from .errors import ModelLoadError
 from .models.cosmos3 import UNTRAINED_NOTICE, build_pipeline, load_directory, resolve_device, resolve_dtype
 
 if TYPE_CHECKING:
     from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import Cosmos3OmniPipeline
 
-EMBEDDED_MODELS = ("tiny", "toy")
-"""Model names that need no path: the random tiny test model and the bundled toy policy."""
+EMBEDDED_MODELS = ("tiny", *BUNDLED_NAMES)
+"""Model names that need no path: the random tiny test model and the bundled policies."""
 
 
 def model_notice(model: str) -> str:
     """The notice :func:`load_pipeline` will return for ``model``, known before loading (for startup logs).
 
     Args:
-        model (`str`): ``"tiny"``, ``"toy"`` or a directory.
+        model (`str`): ``"tiny"``, a bundled policy's name or a directory.
     """
     if model == "tiny":
         return UNTRAINED_NOTICE
-    if model == "toy":
-        from .toy import TOY_NOTICE
-
-        return TOY_NOTICE
-    return f"weights from {model}"
+    policy = bundled_policy(model)
+    return policy.notice if policy is not None else f"weights from {model}"
 
 
 def load_pipeline(
@@ -46,8 +46,9 @@ def load_pipeline(
     """Load the pipeline named by ``model`` and say what it is: the one loader by name, for every face and tool.
 
     Args:
-        model (`str`): ``"tiny"`` (random in-process test model), ``"toy"`` (the bundled toy policy) or the path of a
-            local diffusers-format ``Cosmos3OmniPipeline`` directory (``model_index.json`` at its root).
+        model (`str`): ``"tiny"`` (random in-process test model), ``"toy"`` or ``"pusht"`` (the bundled policies,
+            :mod:`.bundled`) or the path of a local diffusers-format ``Cosmos3OmniPipeline`` directory
+            (``model_index.json`` at its root).
         device (`str` or `torch.device`): ``"auto"`` (cuda when available, else cpu), ``"cpu"``, ``"cuda[:N]"``.
         dtype (`str` or `torch.dtype`): Transformer dtype: ``float32``, ``bfloat16`` or ``float16``.
         allow_pickle (`bool`): Also load ``.bin``/``.pt``/``.pth``/``.ckpt`` weights that have no safetensors twin.
@@ -59,23 +60,24 @@ def load_pipeline(
         diagnostics (:func:`model_notice`).
 
     Raises:
-        ModelLoadError: bad device/dtype, missing directory, not a Cosmos 3 pipeline, or the toy weights are absent.
+        ModelLoadError: bad device/dtype, missing directory, not a Cosmos 3 pipeline, or a bundled policy's weights
+            are absent.
         PickleWeightsError: pickle-only weights and ``allow_pickle`` is False.
     """
     torch_device, torch_dtype = resolve_device(device), resolve_dtype(dtype)
     if model == "tiny":
         return build_pipeline("tiny", seed=int(seed), dtype=torch_dtype, device=torch_device), UNTRAINED_NOTICE
-    if model != "toy":
+    policy = bundled_policy(model)
+    if policy is None:
         return load_directory(Path(model).expanduser(), torch_device, torch_dtype, allow_pickle), model_notice(model)
-    from .toy import TOY_NOTICE, load_toy_pipeline, toy_pipeline_dir
-
-    directory = toy_pipeline_dir()
-    if not (directory / "model_index.json").is_file():
+    if not policy.installed:
         raise ModelLoadError(
-            f"model 'toy': the toy policy weights are not installed ({directory / 'model_index.json'} is "
-            f"missing); use model: tiny, or train them with `trajectory-ensemble train-toy --out {directory}`"
+            f"model {model!r}: the {model} policy weights are not installed ({policy.directory / 'model_index.json'} "
+            f"is missing); use model: tiny, or build them: {policy.rebuild}"
         )
-    return load_toy_pipeline(device=torch_device, dtype=torch_dtype), TOY_NOTICE
+    # Bundled weights are safetensors by construction; the safety checker is off as for the toy (its guardrail model
+    # cannot be downloaded, and a policy's video is never shown to people).
+    return load_directory(policy.directory, torch_device, torch_dtype, False), policy.notice
 
 
 load_model = load_pipeline

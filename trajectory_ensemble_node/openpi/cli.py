@@ -28,7 +28,7 @@ from ..errors import ParameterError, TrajectoryEnsembleError, describe_error
 from ..serving import params as node_params
 from ..serving.params_file import read_params_file
 from ..serving.shutdown import arm_exit_deadline
-from ..serving.startup_checks import toy_settings_mismatch
+from ..serving.startup_checks import bundled_settings_mismatch
 from .policy import OpenPIPolicy
 from .server import ROUTES, OpenPIServer, ServerLimits
 
@@ -122,7 +122,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         check_bind(args.host, api_key, args.allow_remote_without_key)
         params = load_params(args.params_file)
-        mismatch = toy_settings_mismatch(params)
+        mismatch = bundled_settings_mismatch(params)
         if mismatch:
             logger.warning("%s", mismatch)
         policy = OpenPIPolicy.from_params(params)

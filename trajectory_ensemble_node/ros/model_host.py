@@ -52,7 +52,7 @@ from ..serving.continuity import FRESH_REASONS, NO_PREVIOUS, ChunkMemory, Served
 from ..serving.input_limits import InputLimits, check_image_size, check_instruction, min_image_side, token_counter
 from ..serving.observation_buffer import ObservationBuffer
 from ..serving.observations import Observation, state_positions
-from ..serving.startup_checks import alarm_in_force, toy_settings_mismatch
+from ..serving.startup_checks import alarm_in_force, bundled_settings_mismatch
 from .clock import SimulatedTime
 from .conversions import stamp_seconds
 from .goals import GoalPlan, GoalRecord, plan_goal
@@ -91,7 +91,7 @@ class ModelHost:
         self.notice = model_notice(p.model)
 
         def warn_settings() -> None:
-            mismatch = toy_settings_mismatch(p)
+            mismatch = bundled_settings_mismatch(p)
             if mismatch:
                 node.get_logger().warning(f"[{self.notice}] {mismatch}")
 

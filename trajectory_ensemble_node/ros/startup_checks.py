@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from ..serving.startup_checks import (  # noqa: F401 - the old public path
     alarm_in_force,
+    bundled_settings_mismatch,
     count_same_name,
     load_action_stats,
     load_novelty,
@@ -18,6 +19,7 @@ from ..serving.startup_checks import (  # noqa: F401 - the old public path
 
 __all__ = [
     "alarm_in_force",
+    "bundled_settings_mismatch",
     "count_same_name",
     "load_action_stats",
     "load_novelty",

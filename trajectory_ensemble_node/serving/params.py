@@ -54,8 +54,8 @@ class ParamSpec:
 
 
 PARAMETERS: tuple[ParamSpec, ...] = (
-    ParamSpec("model", "toy", "toy (bundled toy policy, the default), tiny (embedded random model) or a local Cosmos 3 "
-              "diffusers directory", "tiny, toy or an existing directory"),
+    ParamSpec("model", "toy", "toy (bundled toy policy, the default), pusht (bundled PushT policy), tiny (embedded "
+              "random model) or a local Cosmos 3 diffusers directory", "tiny, toy, pusht or an existing directory"),
     ParamSpec("device", "auto", "torch device", "auto, cpu, cuda or cuda:N"),
     ParamSpec("dtype", "float32", "transformer compute dtype", ", ".join(DTYPE_NAMES)),
     ParamSpec("seed", 0, "seed of the random weights of model: tiny", ">= 0"),
@@ -81,7 +81,8 @@ PARAMETERS: tuple[ParamSpec, ...] = (
               ", ".join(CFG_MODES)),
     ParamSpec("step_capture", "off", "each denoising step's decoder stack captured once per shape and replayed: "
               "cuda_graph (CUDA only) or compile (torch.compile); off = eager", ", ".join(STEP_CAPTURE_MODES)),
-    ParamSpec("action_stats_file", "", "per-channel action statistics JSON; empty = publish normalized actions"),
+    ParamSpec("action_stats_file", "", "per-channel action statistics JSON; empty = the bundled policy's own (pusht) "
+              "or publish normalized actions"),
     ParamSpec("action_stats_method", "quantile", "normalization of action_stats_file",
               ", ".join(NORMALIZATION_METHODS)),
     ParamSpec("max_observation_age_s", 1.0, "observations older than this are refused as stale", "> 0"),
@@ -324,7 +325,7 @@ def _check_model(p: Mapping[str, Any], problems: _Problems) -> bool:
     need(p["dtype"] in DTYPE_NAMES, f"dtype: {p['dtype']!r} is not one of {list(DTYPE_NAMES)}")
     need(p["device"] == "auto" or p["device"] == "cpu" or p["device"].split(":")[0] == "cuda",
          f"device: {p['device']!r} is not auto, cpu, cuda or cuda:N")
-    need(p["model"] != "", "model: must be tiny, toy or a directory, got ''")
+    need(p["model"] != "", "model: must be tiny, toy, pusht or a directory, got ''")
     need(p["seed"] >= 0, f"seed: must be >= 0, got {p['seed']}")
     domain_ok = p["domain_name"] in _WIDTHS
     need(domain_ok, f"domain_name: {p['domain_name']!r} has no fixed action width; expected one of "

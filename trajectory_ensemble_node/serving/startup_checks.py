@@ -25,6 +25,7 @@ from typing import Any
 
 import yaml
 
+from ..bundled import default_stats, settings_mismatch
 from ..errors import NoveltyScorerError, ParameterError
 from ..normalization import ActionNormalizer
 
@@ -136,36 +137,38 @@ def raw_reducer_without_stats(reducer: str, action_stats_file: str) -> str | Non
             f"action_stats_file, or use a normalized-space reducer")
 
 
-def toy_settings_mismatch(params: Any) -> str | None:
-    """For ``model: toy``, the action settings that differ from the ones it was trained with, in words."""
-    if params.model != "toy":
-        return None
-    from ..toy import ACTION_SETTINGS
+def bundled_settings_mismatch(params: Any) -> str | None:
+    """For a bundled policy (``model: toy`` or ``pusht``), the action settings that differ from the ones it was
+    trained with, in words (:func:`~trajectory_ensemble_node.bundled.settings_mismatch`)."""
+    return settings_mismatch(params)
 
-    differ = {k: (getattr(params, k), v) for k, v in ACTION_SETTINGS.items() if getattr(params, k) != v}
-    if not differ:
-        return None
-    return ("the toy policy was trained with " + ", ".join(f"{k}: {want!r}" for k, (_, want) in differ.items())
-            + "; these parameters say " + ", ".join(f"{k}: {have!r}" for k, (have, _) in differ.items()))
+
+toy_settings_mismatch = bundled_settings_mismatch
+"""The check's name from when ``toy`` was the only bundled policy."""
 
 
 def load_action_stats(params: Any) -> ActionNormalizer | None:
-    """The ``action_stats_file`` normalizer (``None`` when unset); a file keyed by domain is read at this domain.
+    """The ``action_stats_file`` normalizer, or the bundled policy's own statistics when the file is unset
+    (:func:`~trajectory_ensemble_node.bundled.default_stats`), else ``None``; a file keyed by domain is read at this
+    domain.
 
     Raises:
         StatsFileError: the file is unusable.
     """
-    if not params.action_stats_file:
+    path, method = params.action_stats_file, params.action_stats_method
+    if not path:
+        # A bundled policy that acts in physical units carries its statistics and their method.
+        path, method = default_stats(params) or ("", method)
+    if not path:
         return None
     domain = None
     try:
-        with open(params.action_stats_file, encoding="utf-8") as handle:
+        with open(path, encoding="utf-8") as handle:
             if params.domain_name in json.load(handle):
                 domain = params.domain_name
     except (OSError, ValueError):
         pass  # from_json reports the file's problem by name
-    return ActionNormalizer.from_json(params.action_stats_file, params.action_stats_method, params.action_dim,
-                                      domain=domain)
+    return ActionNormalizer.from_json(path, method, params.action_dim, domain=domain)
 
 
 _THRESHOLD_KEYS = ("threshold", "spread_threshold", "novelty_threshold")

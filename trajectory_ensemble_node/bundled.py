@@ -98,7 +98,8 @@ def settings_mismatch(params: Any) -> str | None:
     differ = {k: (getattr(params, k), v) for k, v in policy.settings.items() if getattr(params, k) != v}
     if not differ:
         return None
-    return (f"the {policy.name} policy was trained with " + ", ".join(f"{k}: {want!r}" for k, (_, want) in differ.items())
+    trained = ", ".join(f"{k}: {want!r}" for k, (_, want) in differ.items())
+    return (f"the {policy.name} policy was trained with {trained}"
             + "; these parameters say " + ", ".join(f"{k}: {have!r}" for k, (have, _) in differ.items()))
 
 

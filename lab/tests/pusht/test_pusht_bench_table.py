@@ -1,0 +1,65 @@
+"""Held-out shards of ``bench --pusht`` merged from their episodes, paired comparisons, and the docs table."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from trajectory_ensemble_lab.pusht.bench import summarize
+from trajectory_ensemble_lab.pusht.bench_records import BenchEpisode
+from trajectory_ensemble_lab.pusht.bench_table import main, merge, paired
+
+
+def _shard(first: int, coverage: dict[str, list[float]]) -> dict:
+    pusht = {}
+    for name, values in coverage.items():
+        episodes = [BenchEpisode(first + i, steps=100, max_coverage=c, success=c > 0.95, group_ms=[50.0])
+                    for i, c in enumerate(values)]
+        pusht[name] = summarize(episodes)
+    return {"pusht": pusht, "settings": {"seed": first, "episodes": len(next(iter(coverage.values()))), "count": 8},
+            "latency": {"per_count": {}}, "date": "2026-12-04T00:00:00Z", "commit": "abc"}
+
+
+def test_shards_merge_into_the_figures_of_one_run_over_all_their_starts():
+    a = _shard(200000, {"single": [0.5, 0.97], "mode": [0.96, 0.97]})
+    b = _shard(200002, {"single": [0.2, 0.99], "mode": [0.1, 0.99]})
+    merged = merge([a, b])
+    whole = _shard(200000, {"single": [0.5, 0.97, 0.2, 0.99], "mode": [0.96, 0.97, 0.1, 0.99]})
+    for name in ("single", "mode"):
+        assert merged["pusht"][name] == whole["pusht"][name]
+    assert merged["settings"]["seed"] == 200000 and merged["settings"]["episodes"] == 4
+    assert [s["seed"] for s in merged["settings"]["shards"]] == [200000, 200002]
+
+
+def test_shards_that_share_a_start_or_differ_in_methods_are_refused():
+    a = _shard(200000, {"single": [0.5, 0.97]})
+    with pytest.raises(ValueError, match=r"share starts for 'single': \[200000, 200001\]"):
+        merge([a, a])
+    with pytest.raises(ValueError, match="different methods"):
+        merge([a, _shard(200002, {"mode": [0.1, 0.2]})])
+
+
+def test_the_paired_difference_is_taken_start_by_start():
+    doc = _shard(200000, {"single": [0.5, 0.97, 0.2, 0.99], "mode": [0.96, 0.97, 0.1, 0.99]})
+    p = paired(doc["pusht"]["single"], doc["pusht"]["mode"])
+    assert p["starts"] == 4
+    assert p["coverage_diff_mean"] == pytest.approx((0.46 + 0.0 - 0.1 + 0.0) / 4)
+    assert p["success_diff"] == pytest.approx(0.25) and (p["only_b_succeeded"], p["only_a_succeeded"]) == (1, 0)
+    low, high = p["coverage_diff_ci95"]
+    assert low <= p["coverage_diff_mean"] <= high
+
+
+def test_the_command_writes_the_merged_record_and_the_table(tmp_path, capsys):
+    paths = []
+    for first, cov in ((200000, {"single": [0.5, 0.97], "mean": [0.4, 0.3], "mode": [0.96, 0.97]}),
+                       (200002, {"single": [0.2, 0.99], "mean": [0.1, 0.2], "mode": [0.1, 0.99]})):
+        path = tmp_path / f"{first}.json"
+        path.write_text(json.dumps(_shard(first, cov)))
+        paths.append(str(path))
+    assert main([*paths, "--json", str(tmp_path / "heldout.json")]) == 0
+    record = json.loads((tmp_path / "heldout.json").read_text())
+    assert set(record["paired_vs_single"]) == {"mean", "mode"} and record["pusht"]["mode"]["episodes"] == 4
+    table = (tmp_path / "heldout.md").read_text()
+    assert "| `mode`@8 | 0.755" in table and "| `single` | 0.665" in table and "LeRobot diffusion_pusht" in table
+    assert table == capsys.readouterr().out

@@ -1,0 +1,135 @@
+"""Shards of ``bench --pusht`` merged into one record, the paired comparisons, and the table of docs/pusht.md.
+
+A held-out measurement runs as shards (disjoint seed ranges, one process per core); each shard's JSON keeps its
+episodes (``per_episode``), so the merged figures are recomputed from the episodes with the bench's own
+:func:`~.bench.summarize`, never averaged from shard summaries. Paired comparisons use the starts both methods played:
+the mean difference of max coverage and of success, with a bootstrap 95 % interval over starts.
+
+    python -m trajectory_ensemble_lab.pusht.bench_table A.json B.json --json merged.json --markdown table.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from trajectory_ensemble_node.stats import bootstrap_mean
+
+from .bench import summarize
+from .bench_records import BenchEpisode
+
+PUBLISHED = (
+    ("Diffusion Policy, CNN (image), Chi et al. 2023, Table II", "0.91 / 0.84", "not reported"),
+    ("Diffusion Policy, transformer (image)", "0.78 / 0.66", "not reported"),
+    ("LSTM-GMM (image), same table", "0.69 / 0.54", "not reported"),
+    ("LeRobot diffusion_pusht, 500 episodes", "0.959", "63.8 %"),
+)
+"""Published PushT figures: (source, mean max coverage, success). Diffusion Policy's coverage is best checkpoint / mean
+of the last 10 checkpoints."""
+
+
+def _episodes(rows: Sequence[dict[str, Any]]) -> list[BenchEpisode]:
+    return [BenchEpisode(**row) for row in rows]
+
+
+def merge(documents: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """One ``bench --pusht`` record from shards over disjoint seeds (settings of the first, seeds and dates of all).
+
+    Raises:
+        ValueError: no shard, shards that share a start, or shards that ran different methods.
+    """
+    if not documents:
+        raise ValueError("merge needs at least one bench --pusht record, got none")
+    methods = [sorted(d["pusht"]) for d in documents]
+    if any(m != methods[0] for m in methods):
+        raise ValueError(f"the shards ran different methods: {methods}")
+    out: dict[str, Any] = {"pusht": {}}
+    for name in methods[0]:
+        rows = [row for d in documents for row in d["pusht"][name]["per_episode"]]
+        seeds = [row["env_seed"] for row in rows]
+        if len(set(seeds)) != len(seeds):
+            shared = sorted(s for s in set(seeds) if seeds.count(s) > 1)
+            raise ValueError(f"the shards share starts for {name!r}: {shared}")
+        out["pusht"][name] = summarize(sorted(_episodes(rows), key=lambda e: e.env_seed))
+    if all("continuity" in d for d in documents):
+        out["continuity"] = {}
+        for name, by_delay in documents[0]["continuity"].items():
+            for delay in by_delay:
+                rows = [row for d in documents for row in d["continuity"][name][delay]["per_episode"]]
+                out["continuity"].setdefault(name, {})[delay] = summarize(
+                    sorted(_episodes(rows), key=lambda e: e.env_seed))
+    out["settings"] = {**documents[0]["settings"], "shards": [
+        {"seed": d["settings"]["seed"], "episodes": d["settings"]["episodes"], "date": d.get("date"),
+         "commit": d.get("commit")} for d in documents]}
+    out["settings"]["seed"] = min(d["settings"]["seed"] for d in documents)
+    out["settings"]["episodes"] = sum(d["settings"]["episodes"] for d in documents)
+    out["latency"] = documents[0].get("latency")
+    out["date"], out["commit"] = documents[-1].get("date"), documents[-1].get("commit")
+    return out
+
+
+def paired(figures_a: dict[str, Any], figures_b: dict[str, Any]) -> dict[str, Any]:
+    """``b`` minus ``a`` on the starts both played: coverage and success differences, each with a bootstrap 95 %
+    interval, and the starts only one of them succeeded on."""
+    a = {row["env_seed"]: row for row in figures_a["per_episode"]}
+    b = {row["env_seed"]: row for row in figures_b["per_episode"]}
+    seeds = sorted(set(a) & set(b))
+    if not seeds:
+        raise ValueError("the two methods share no start")
+    coverage = [b[s]["max_coverage"] - a[s]["max_coverage"] for s in seeds]
+    success = [float(b[s]["success"]) - float(a[s]["success"]) for s in seeds]
+    return {"starts": len(seeds), "coverage_diff_mean": float(np.mean(coverage)),
+            "coverage_diff_ci95": list(bootstrap_mean(coverage)), "success_diff": float(np.mean(success)),
+            "success_diff_ci95": list(bootstrap_mean(success)),
+            "only_b_succeeded": sum(d > 0 for d in success), "only_a_succeeded": sum(d < 0 for d in success)}
+
+
+def markdown(document: dict[str, Any], *, baseline: str = "single") -> str:
+    """The reducer table (with each method's paired difference against ``baseline``) and the published rows."""
+    count = document["settings"].get("count", 8)
+    lines = ["| method | mean max coverage (95 %) | success (95 %) | paired vs " + baseline + ": coverage, success |",
+             "|---|---|---|---|"]
+    blocks = document["pusht"]
+    for name, f in blocks.items():
+        low, high = f["coverage_mean_ci95"]
+        s_low, s_high = f["success_rate_ci95"]
+        label = f"`{name}`" + ("" if name == "single" else f"@{count}")
+        versus = ""
+        if baseline in blocks and name != baseline:
+            p = paired(blocks[baseline], f)
+            (c_low, c_high), (d_low, d_high) = p["coverage_diff_ci95"], p["success_diff_ci95"]
+            versus = (f"{p['coverage_diff_mean']:+.3f} ({c_low:+.3f}..{c_high:+.3f}), "
+                      f"{p['success_diff']:+.0%} ({d_low:+.0%}..{d_high:+.0%})")
+        lines.append(f"| {label} | {f['coverage_mean']:.3f} ({low:.3f}..{high:.3f}) | "
+                     f"{f['successes']}/{f['episodes']}, {f['success_rate']:.0%} ({s_low:.0%}..{s_high:.0%}) | "
+                     f"{versus} |")
+    for source, coverage, success in PUBLISHED:
+        lines.append(f"| {source} | {coverage} | {success} | |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m trajectory_ensemble_lab.pusht.bench_table",
+                                     description="merge bench --pusht shards; write the record and the table")
+    parser.add_argument("shards", nargs="+", type=Path, help="bench --pusht --json records over disjoint seeds")
+    parser.add_argument("--json", type=Path, required=True, help="the merged record")
+    parser.add_argument("--markdown", type=Path, default=None, help="the table (default: beside --json, .md)")
+    args = parser.parse_args(argv)
+    document = merge([json.loads(p.read_text(encoding="utf-8")) for p in args.shards])
+    if "single" in document["pusht"]:
+        document["paired_vs_single"] = {name: paired(document["pusht"]["single"], f)
+                                        for name, f in document["pusht"].items() if name != "single"}
+    args.json.write_text(json.dumps(document, indent=1) + "\n", encoding="utf-8")
+    table = markdown(document)
+    (args.markdown or args.json.with_suffix(".md")).write_text(table, encoding="utf-8")
+    print(table, end="")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -190,6 +190,23 @@ def test_an_episode_record_feeds_the_in_process_bench_metrics():
     assert metrics["seam_jump_mean"] == pytest.approx(0.05) and metrics["steps_to_target"] == 2.0
 
 
+def test_the_pusht_panel_switches_are_off_by_default_and_the_toy_report_never_names_them():
+    import json
+
+    from trajectory_ensemble_node.demo.sim_report import report
+
+    # Off, the report keeps the toy's bytes: neither key appears, and a record's candidates never reach the JSON.
+    record = EpisodeRecord(7, "s=4", True, positions=[[0.0, 0.0]])
+    record.candidates[0] = (np.zeros((8, 8, 2), np.float32), np.zeros((8, 2), np.float32))
+    doc = report([record], SimSettings())
+    assert not {"return_candidates", "hold_for_goals"} & set(doc["settings"])
+    assert "candidates" not in doc["episodes"][0] and json.dumps(doc)
+    held = report([], SimSettings(fixed_delay=0, hold_for_goals=True, return_candidates=True))["settings"]
+    assert held["return_candidates"] is True and held["hold_for_goals"] is True
+    with pytest.raises(ValueError, match="hold_for_goals needs a fixed_delay"):
+        SimSettings(hold_for_goals=True)
+
+
 def test_command_line_reads_s_or_sync_and_refuses_anything_else(capsys):
     import argparse
 

@@ -16,11 +16,17 @@ factor 0.1), every chunk taking over exactly 2 control steps after its goal (``-
 an early chunk and stops its clock for a late one, so the run repeats exactly), three held-out scenes executed with
 continuity (``continue_previous``) and the same scenes with naive switching; ``closed_loop.png`` draws both runs'
 paths with the chunk switches, ``closed_loop.json`` holds the episode records and the bench metrics of each run.
+
+Last, the PushT panel (:func:`pusht_panel`, ``--no-pusht`` to skip it): one PushT start played through a node serving
+the bundled PushT policy, with reducer ``mode`` and with ``mean``, drawn as ``pusht.png`` with ``pusht.json``. It is
+the lab's (:data:`PUSHT_PANEL_MODULE`, imported by name) and needs ``gym_pusht`` and the PushT weights; without any
+of them the demo says why in one line and goes on.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import sys
@@ -50,6 +56,9 @@ CLOSED_LOOP_EPISODES = 3
 CLOSED_LOOP_DELAY: int | None = 2
 """Steps from a goal to its chunk taking over in the closed-loop part: the in-process bench's ``d = 2``, and about
 what a group of 8 takes on this CPU at the demo's real-time factor. Fixed, so the picture does not depend on load."""
+PUSHT_PANEL_MODULE = "trajectory_ensemble_lab.pusht.demo_panel"
+"""The lab module that draws the PushT panel (``run(out, model=, device=, log=) -> int``), imported by name as
+``calibrate``'s toy-scene mode is: the product never imports the lab."""
 # The random tiny model on a 10-wide arm layout, chunk 8 so the plot stays readable and the CPU time low.
 TINY_SETTINGS: dict[str, Any] = {"domain_name": "droid_lerobot", "reducer": "mean", "chunk_size": 8,
                                  "num_inference_steps": 10}
@@ -124,6 +133,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"closed loop: every chunk takes over D steps after its goal, for a run that repeats "
                              f"exactly (sim --fixed-delay); 'arrival': when it arrives, which varies with the CPU's "
                              f"load ({CLOSED_LOOP_DELAY})")
+    parser.add_argument("--pusht", action=argparse.BooleanOptionalAction, default=True,
+                        help="the PushT panel: the bundled PushT policy through the node, mode against mean (default "
+                             "on; skipped with a line saying why when the lab, gym-pusht or the weights are missing)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -170,8 +182,13 @@ def run(args: argparse.Namespace) -> int:
     if status == 0 and code != 0:
         print(f"error: the node exited with status {code}; see {args.out}/node.log", file=sys.stderr)
         status = EXIT_NODE_FAILED
-    if status == 0 and model == "toy" and args.closed_loop_episodes > 0:
+    closed = status == 0 and model == "toy" and args.closed_loop_episodes > 0
+    if closed:
         status = closed_loop(args)
+    panel = status == 0 and pusht_skip_reason(args) is None
+    if status == 0:
+        status = pusht_panel(args)
+    if closed or panel:
         print(f"demo: done in {time.monotonic() - started:.1f} s")
     return status
 
@@ -255,3 +272,47 @@ def closed_loop(args: argparse.Namespace) -> int:
               f"collisions {m['collision_rate']:.2f}")
     print(f"demo: wrote {picture} and {args.out / 'closed_loop.json'}")
     return 0
+
+
+def pusht_skip_reason(args: argparse.Namespace) -> str | None:
+    """Why the PushT panel cannot run here, in words (``None``: it can).
+
+    Raises:
+        ModuleNotFoundError: The lab is installed but one of its own imports is missing (a broken install, not an
+            absent lab: hiding it would blame the wrong thing).
+    """
+    from ..bundled import bundled_policy
+
+    if not args.pusht:
+        return "--no-pusht"
+    try:
+        importlib.import_module(PUSHT_PANEL_MODULE)
+    except ModuleNotFoundError as error:
+        if not error.name or not (PUSHT_PANEL_MODULE == error.name or PUSHT_PANEL_MODULE.startswith(error.name + ".")):
+            raise
+        return f"the lab ({PUSHT_PANEL_MODULE}) is not installed (pip install -e lab, as make test does)"
+    try:
+        importlib.import_module("gym_pusht")
+    except ImportError as error:
+        return f"gym_pusht does not import ({error}; make demo installs gym-pusht 0.1.8)"
+    policy = bundled_policy("pusht")
+    if policy is None or not policy.installed:
+        where = "trajectory_ensemble_node/assets/pusht_policy" if policy is None else policy.directory
+        rebuild = "" if policy is None else f"; {policy.rebuild}"
+        return f"the bundled PushT policy is not installed ({where}{rebuild})"
+    return None
+
+
+def pusht_panel(args: argparse.Namespace) -> int:
+    """The PushT panel: the lab's :data:`PUSHT_PANEL_MODULE` on the bundled PushT policy, or one line saying why not.
+
+    Returns:
+        `int`: 0 (also when skipped), or the panel's non-zero exit status.
+    """
+    reason = pusht_skip_reason(args)
+    if reason is not None:
+        print(f"demo: PushT panel skipped: {reason}")
+        return 0
+    device = "cpu" if args.device == "auto" else args.device
+    panel = importlib.import_module(PUSHT_PANEL_MODULE)
+    return int(panel.run(args.out, model="pusht", device=device, log=lambda line: print(f"demo: {line}", flush=True)))

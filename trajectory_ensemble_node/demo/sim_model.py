@@ -262,6 +262,12 @@ class SimSettings:
             that comes later is still computing. Runs then repeat exactly, whatever the CPU's load. Asynchronous goals
             whose ``inference_delay`` is 0 ask for this many frozen actions. ``None``: chunks take over on arrival.
         horizon (`int`): Rows per served chunk (the toy policy's 8; the world's ``horizon``).
+        hold_for_goals (`bool`): With ``fixed_delay``: the clock also stops on the step each goal is due, until it is
+            sent, so that goals go out on exactly their step at any real-time factor and load (without it, a loop that
+            runs late sends a goal a step later), and ``/clock`` goes out before every frame. A high real-time factor
+            then costs the run nothing.
+        return_candidates (`bool`): Goals ask for every candidate, and each episode keeps them with the served chunk
+            (:attr:`EpisodeRecord.candidates`), for a picture of what the reducer chose from.
     """
 
     execute: int | None = EXECUTE
@@ -277,8 +283,12 @@ class SimSettings:
     base_seed: int = 0
     fixed_delay: int | None = None
     horizon: int = task.HORIZON
+    return_candidates: bool = False
+    hold_for_goals: bool = False
 
     def __post_init__(self) -> None:
+        if self.hold_for_goals and self.fixed_delay is None:
+            raise ValueError("hold_for_goals needs a fixed_delay (chunks that take over on arrival are not held for)")
         if self.execute is not None and not 1 <= self.execute <= self.horizon:
             raise ValueError(f"execute must be in [1, {self.horizon}] or sync, got {self.execute!r}")
         for name in ("real_time_factor", "fps", "image_rate"):
@@ -329,7 +339,11 @@ class GoalRecord:
 
 @dataclass
 class EpisodeRecord:
-    """One episode: the path ``[T + 1, 2]``, chunk switches and goals (what ``--json`` writes per episode)."""
+    """One episode: the path ``[T + 1, 2]``, chunk switches and goals (what ``--json`` writes per episode).
+
+    ``candidates`` (filled only with :attr:`SimSettings.return_candidates`): goal index to that goal's candidates
+    ``[N, H, D]`` and its served chunk ``[H, D]``, as the node answered. Arrays, so ``--json`` leaves them out.
+    """
 
     scene_seed: int
     mode: str
@@ -341,6 +355,7 @@ class EpisodeRecord:
     outcome: str = ""
     start_s: float = 0.0
     wall_s: float = 0.0
+    candidates: dict[int, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
 
     def episode(self) -> Episode:
         """The :class:`~..toy.episodes.Episode` of this run, for ``summarize`` (seams as the sim measured them)."""
@@ -358,6 +373,7 @@ class EpisodeRecord:
     def to_json(self) -> dict[str, Any]:
         """JSON-ready form (positions rounded to 1e-6; NaN left for the writer to turn into null)."""
         data = asdict(self)
+        del data["candidates"]
         data["positions"] = np.round(np.asarray(self.positions), 6).tolist()
         data["reached"], data["collided"] = self.outcome == "target", self.outcome == "collision"
         return data

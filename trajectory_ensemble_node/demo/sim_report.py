@@ -23,6 +23,8 @@ from .sim_model import EpisodeRecord, SimSettings, episode_line
 from .sim_robot import SimRobot
 from .sim_world import SimWorld
 
+PANEL_SWITCHES = ("return_candidates", "hold_for_goals")
+""":class:`SimSettings` flags the report names only when true (``make demo``'s PushT panel sets them)."""
 BENCH_RTF = 0.1
 """Real-time factor of ``bench --closed-loop --ros`` and the demo: a toy group of N = 8 takes ~2 s of wall time on one
 CPU core, i.e. ~0.2 s of sim time, 1-2 control steps at 8 fps: the bench's ``d = 2``."""
@@ -144,9 +146,11 @@ def summary(records: Sequence[EpisodeRecord]) -> dict[str, Any]:
 
 def report(records: Sequence[EpisodeRecord], settings: SimSettings) -> dict[str, Any]:
     """The ``sim --json`` document: settings, :func:`summary` and the per-episode records."""
-    # horizon last, after mode, as before SimSettings had the field: the toy's report keeps its bytes.
-    fields = {k: v for k, v in asdict(settings).items() if k != "horizon"}
-    return finite({"settings": {**fields, "mode": settings.mode, "horizon": settings.horizon},
+    # horizon last, after mode, as before SimSettings had the field, and the panel's switches only when set: the
+    # toy's report keeps its bytes.
+    fields = {k: v for k, v in asdict(settings).items() if k not in ("horizon", *PANEL_SWITCHES)}
+    asked = {k: True for k in PANEL_SWITCHES if getattr(settings, k)}
+    return finite({"settings": {**fields, "mode": settings.mode, "horizon": settings.horizon, **asked},
                    "summary": summary(records) if records else {},
                    "episodes": [r.to_json() for r in records]})
 

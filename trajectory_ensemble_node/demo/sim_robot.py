@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from ..replay.bags import stamp_ns
+from ..replay.bags import candidates_array, stamp_ns, trajectory_array
 from .clock_publisher import ClockPublisher
 from .sim_model import (
     CLOCK_PERIOD_S,
@@ -139,6 +139,10 @@ class SimRobot:
         msg.header.stamp = self._ns_to_time(t_ns)
         msg.header.frame_id = self.world.frame_id
         msg.data = np.ascontiguousarray(rgb).tobytes()
+        if self.settings.hold_for_goals:
+            # At a high real-time factor a late loop lets sim time run ahead of the last /clock; the node drops a frame
+            # stamped too far after its own clock, so its clock goes out first.
+            self.clock_out.publish()
         for _ in range(repeats):
             self.image_pub.publish(msg)
         self._last_frame_ns = t_ns
@@ -151,31 +155,35 @@ class SimRobot:
         fresh = reset or not s.continue_previous
         delay = s.inference_delay or ((s.fixed_delay or 0) if s.execute is not None else 0)
         goal = self._Goal(candidate_count=s.candidates, reducer=s.reducer, use_seed=True, seed=seed,
-                          continue_previous=not fresh, reset_context=fresh, inference_delay=delay, guidance=s.guidance)
+                          continue_previous=not fresh, reset_context=fresh, inference_delay=delay, guidance=s.guidance,
+                          return_candidates=s.return_candidates)
         # Served from the frame published last or a newer one: the node waits for it if the goal overtakes it.
         goal.min_observation_stamp = self._ns_to_time(self._last_frame_ns)
         now = self.clock.now_ns()
+        # A clock held on this goal's step (hold_for_goals) is running time, stopped only until the goal is out.
+        running = not self.clock.paused or self.clock.held
         goal_record = GoalRecord(index, seed, bool(goal.reset_context), now / NS_PER_S, time.monotonic(),
-                                 clock_paused=self.clock.paused)
-        if s.fixed_delay is not None and not self.clock.paused:
+                                 clock_paused=not running)
+        if s.fixed_delay is not None and running:
             # The chunk takes over at exactly now + d steps: held if it comes earlier, the world stopped if later.
             self._due_ns[seed] = now + s.fixed_delay * s.dt_ns
             self.clock.stop_at(self._due_ns[seed])
+            self.clock.resume()  # a no-op unless held for this goal
         record.goals.append(goal_record)
         self._goals[seed] = goal_record
         self._in_flight, self._handle = goal_record, None
-        self.action.send_goal_async(goal).add_done_callback(lambda f: self._on_response(goal_record, f))
+        self.action.send_goal_async(goal).add_done_callback(lambda f: self._on_response(record, goal_record, f))
 
-    def _on_response(self, goal: GoalRecord, future: Any) -> None:
+    def _on_response(self, record: EpisodeRecord, goal: GoalRecord, future: Any) -> None:
         handle = future.result()
         if not handle.accepted:
             goal.status = "rejected"
             self._in_flight = None
             return
         self._handle = handle
-        handle.get_result_async().add_done_callback(lambda f: self._on_result(goal, f))
+        handle.get_result_async().add_done_callback(lambda f: self._on_result(record, goal, f))
 
-    def _on_result(self, goal: GoalRecord, future: Any) -> None:
+    def _on_result(self, record: EpisodeRecord, goal: GoalRecord, future: Any) -> None:
         from action_msgs.msg import GoalStatus
 
         now, response = self.clock.now_ns(), future.result()
@@ -192,6 +200,9 @@ class SimRobot:
         goal.frozen_actions, goal.shift, goal.seam_jump_node = int(c.frozen_actions), int(c.shift), float(c.seam_jump)
         if goal.status == "SUCCEEDED" and int(result.trajectory.horizon) > 0:
             goal.stamp_s = stamp_ns(result.trajectory) / NS_PER_S
+            if self.settings.return_candidates:
+                record.candidates[goal.index] = (candidates_array(result.candidates),
+                                                 trajectory_array(result.trajectory))
             self._offer(result.trajectory, now)
         if self._due_ns.pop(goal.seed, None) is not None:  # no chunk to wait for (failed, or not executed)
             self._release_clock()
@@ -295,6 +306,8 @@ class SimRobot:
                     next_frame += frame_ns
                 else:
                     chunk_start = splice(*arrivals.pop(0))
+                    if s.hold_for_goals:  # time stops on the step the next goal is due, until it is sent
+                        self.clock.stop_at(chunk_start + (s.horizon if s.execute is None else s.execute) * s.dt_ns)
             if ended:
                 break
             if (self._in_flight is None and not arrivals and now >= retry_after

@@ -45,11 +45,11 @@ def merge(documents: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """
     if not documents:
         raise ValueError("merge needs at least one bench --pusht record, got none")
-    methods = [sorted(d["pusht"]) for d in documents]
-    if any(m != methods[0] for m in methods):
+    methods = [list(d["pusht"]) for d in documents]
+    if any(sorted(m) != sorted(methods[0]) for m in methods):
         raise ValueError(f"the shards ran different methods: {methods}")
     out: dict[str, Any] = {"pusht": {}}
-    for name in methods[0]:
+    for name in methods[0]:  # in the bench's order
         rows = [row for d in documents for row in d["pusht"][name]["per_episode"]]
         seeds = [row["env_seed"] for row in rows]
         if len(set(seeds)) != len(seeds):

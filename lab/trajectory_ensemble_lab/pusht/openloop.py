@@ -1,0 +1,89 @@
+"""Open-loop error of a PushT checkpoint on expert demonstrations, beside holding the agent still.
+
+    python -m trajectory_ensemble_lab.pusht.openloop --policy DIR --bags out/pusht/demos/bags --heldout-bags VAL \\
+        --episodes 10 --every 4 --json bench/results/pusht_openloop.json
+
+For every ``--every``-th control step of each demonstration the policy (``OpenPIPolicy`` in process, one candidate,
+seed ``1000 + k`` for the k-th request) answers the recorded frame; the error is the mean distance in env pixels
+between its first 8 rows (the executed ones) and the expert's next 8 targets. The baseline holds the agent where it
+is. A policy that fits its data beats the baseline on the training bags; one that does so there but not on the
+validation bags does not generalize.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from trajectory_ensemble_node.provenance import git_commit, utc_now
+
+from .evaluate import EXECUTE, IMAGE_KEY, InProcessPolicy, serve_params
+from .recording import read_demo_bag
+from .train import chunk_at, demo_bags
+
+
+def chunk_errors(policy: Any, bag_paths: Sequence[Path], *, every: int = 4, seed: int = 1000) -> dict[str, Any]:
+    """Errors of ``policy`` (``infer(obs)``) on every ``every``-th step of the demonstrations in ``bag_paths``.
+
+    Returns:
+        `dict`: ``chunks``, ``error_px_median`` / ``_mean`` (policy) and ``hold_still_px_median`` / ``_mean``.
+    """
+    errors, hold, k = [], [], 0
+    for bag in bag_paths:
+        for episode in read_demo_bag(bag):
+            for t in range(0, len(episode.actions), every):
+                reply = policy.infer({IMAGE_KEY: episode.frames[t], "num_candidates": 1, "seed": seed + k})
+                k += 1
+                want = chunk_at(episode.actions, t)[:EXECUTE]
+                got = np.asarray(reply["actions"], dtype=np.float64)[:EXECUTE]
+                errors.append(float(np.linalg.norm(got - want, axis=1).mean()))
+                hold.append(float(np.linalg.norm(episode.agent[t][None] - want, axis=1).mean()))
+    return {"bags": len(bag_paths), "chunks": k, "error_px_median": float(np.median(errors)),
+            "error_px_mean": float(np.mean(errors)), "hold_still_px_median": float(np.median(hold)),
+            "hold_still_px_mean": float(np.mean(hold))}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m trajectory_ensemble_lab.pusht.openloop", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--policy", type=Path, required=True, help="a train-pusht checkpoint (with action_stats.json)")
+    parser.add_argument("--bags", type=Path, required=True, help="training demonstration bags")
+    parser.add_argument("--heldout-bags", type=Path, default=None, help="demonstrations of validation starts")
+    parser.add_argument("--episodes", type=int, default=10, help="bags of each set, in name order (10)")
+    parser.add_argument("--every", type=int, default=4, help="control steps between the frames asked about (4)")
+    parser.add_argument("--steps", type=int, default=10, help="denoising steps (10)")
+    parser.add_argument("--json", type=Path, default=None, help="write the record here")
+    args = parser.parse_args(argv)
+    if args.episodes < 1 or args.every < 1:
+        print(f"error: --episodes and --every must be >= 1, got {args.episodes} and {args.every}", file=sys.stderr)
+        return 2
+    from trajectory_ensemble_node.serving.params import validate
+
+    policy = InProcessPolicy(validate(serve_params(args.policy, num_inference_steps=args.steps, candidate_count=1,
+                                                   reducer="mean")))
+    sets = {"train": args.bags, **({"validation": args.heldout_bags} if args.heldout_bags else {})}
+    record: dict[str, Any] = {"date": utc_now(), "commit": git_commit(), "policy": str(args.policy),
+                              "settings": {"episodes": args.episodes, "every": args.every, "steps": args.steps,
+                                           "rows": EXECUTE, "candidates": 1}}
+    try:
+        for name, root in sets.items():
+            record[name] = chunk_errors(policy, demo_bags(root)[:args.episodes], every=args.every)
+            r = record[name]
+            print(f"{name}: policy {r['error_px_median']:.1f} px (median over {r['chunks']} chunks), holding still "
+                  f"{r['hold_still_px_median']:.1f} px", flush=True)
+    finally:
+        policy.close()
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -137,12 +137,10 @@ def raw_reducer_without_stats(reducer: str, action_stats_file: str) -> str | Non
             f"action_stats_file, or use a normalized-space reducer")
 
 
-def bundled_settings_mismatch(params: Any) -> str | None:
-    """For a bundled policy (``model: toy`` or ``pusht``), the action settings that differ from the ones it was
-    trained with, in words (:func:`~trajectory_ensemble_node.bundled.settings_mismatch`)."""
-    return settings_mismatch(params)
-
-
+bundled_settings_mismatch = settings_mismatch
+"""For a bundled policy (``model: toy`` or ``pusht``), the action settings that differ from the ones it was trained
+with, in words (:func:`~trajectory_ensemble_node.bundled.settings_mismatch`, re-exported where the startup checks
+live)."""
 toy_settings_mismatch = bundled_settings_mismatch
 """The check's name from when ``toy`` was the only bundled policy."""
 

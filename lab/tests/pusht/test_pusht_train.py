@@ -175,3 +175,15 @@ def test_the_saved_pipeline_is_under_10_mb_loads_through_the_catalog_and_serves_
     # Denormalized by the file written beside it, the served chunk is a target in env pixels.
     stats = ActionNormalizer.from_json(out / pusht_train.STATS_FILE, "minmax", 2, domain="pusht")
     assert stats.denormalize(served.action.double()).shape == (16, 2)
+
+
+def test_the_training_format_is_the_bundled_policys_serving_settings():
+    """The lab trains what ``model: pusht`` serves: one set of settings, checked here rather than kept twice."""
+    from trajectory_ensemble_node.bundled import PUSHT_SETTINGS
+
+    from trajectory_ensemble_lab.pusht.train import PUSHT_FORMAT
+
+    trained = {"domain_name": PUSHT_FORMAT.domain_name, "chunk_size": PUSHT_FORMAT.chunk_size,
+               "resolution_tier": PUSHT_FORMAT.resolution_tier, "fps": PUSHT_FORMAT.fps,
+               "guidance_scale": PUSHT_FORMAT.guidance_scale, "instruction": PUSHT_FORMAT.instruction}
+    assert trained == dict(PUSHT_SETTINGS)

@@ -11,8 +11,10 @@ Only the lab imports ``gym_pusht``; the product's wheel never does.
 
 from __future__ import annotations
 
+from trajectory_ensemble_node.bundled import PUSHT_INSTRUCTION
+
 DEMO_SEED_BASE = 0
 VALIDATION_SEED_BASE = 100_000
 HELDOUT_SEED_BASE = 200_000
-INSTRUCTION = "Push the T-shaped block onto the green target."
-"""The instruction every PushT demonstration carries (and a PushT policy is conditioned on)."""
+INSTRUCTION = PUSHT_INSTRUCTION
+"""The instruction every PushT demonstration carries (and a PushT policy is conditioned on): the bundled policy's."""

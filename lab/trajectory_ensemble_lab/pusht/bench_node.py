@@ -21,7 +21,6 @@ out.
 from __future__ import annotations
 
 import dataclasses
-import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -51,12 +50,11 @@ def play(checkpoint: Path, runs: Sequence[tuple[str, str, Method, int, bool]], s
     Raises:
         NodeStartError: the node did not come up (its log says why).
     """
-    from trajectory_ensemble_node.cli.launcher import NodeProcess, ros_env, unused_domain_id
     from trajectory_ensemble_node.demo.sim_model import SimSettings
     from trajectory_ensemble_node.demo.sim_report import simulate
 
     from .bench_records import BenchEpisode
-    from .ros_world import PushTWorld, node_params
+    from .ros_world import PushTWorld, node_in_free_domain, node_params
     from .sim import CONTROL_HZ
     from .train import CHUNK
 
@@ -69,17 +67,10 @@ def play(checkpoint: Path, runs: Sequence[tuple[str, str, Method, int, bool]], s
         playable.append((block, name, method, delay, single))
     base = SimSettings(real_time_factor=1.0, fps=float(CONTROL_HZ), image_rate=float(CONTROL_HZ), horizon=CHUNK)
     params = node_params(checkpoint, base, num_inference_steps=steps, candidate_count=count, reducer="mode")
-    domain = unused_domain_id()
-    # This process's rclpy reads the domain at each session's init; the node gets the same one through its
-    # environment. The caller's domain comes back afterwards (a test session, a shell's own setting).
-    saved_domain = os.environ.get("ROS_DOMAIN_ID")
-    os.environ["ROS_DOMAIN_ID"] = str(domain)
-    log_dir.mkdir(parents=True, exist_ok=True)
-    node = NodeProcess(params, ros_env(domain), log_path=log_dir / "node.log")
-    log(f"bench --pusht: starting the node on ROS_DOMAIN_ID={domain}; log {log_dir}/node.log")
+    log(f"bench --pusht: starting the node; log {log_dir}/node.log")
     out: dict[tuple[str, str, int], list[Any]] = {}
-    try:
-        node.start(ready_timeout_s=600.0)
+    with node_in_free_domain(params, log_dir) as domain:
+        log(f"bench --pusht: the node serves on ROS_DOMAIN_ID={domain}")
         for block, name, method, delay, single in playable:
             settings = dataclasses.replace(base, **goal_settings(method, delay, execute=execute, max_steps=max_steps,
                                                                   single=single))
@@ -97,10 +88,4 @@ def play(checkpoint: Path, runs: Sequence[tuple[str, str, Method, int, bool]], s
                 log(f"seed {trace.env_seed} {name} d={delay} (node): max coverage {episode.max_coverage:.3f} "
                     f"{'success' if episode.success else 'failure'} in {episode.steps} steps")
             out[(block, name, delay)] = episodes
-    finally:
-        node.stop()
-        if saved_domain is None:
-            os.environ.pop("ROS_DOMAIN_ID", None)
-        else:
-            os.environ["ROS_DOMAIN_ID"] = saved_domain
     return out

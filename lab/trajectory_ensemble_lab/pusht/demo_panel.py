@@ -16,7 +16,6 @@ candidate count and the drawn goals' candidates and served chunks).
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -106,20 +105,16 @@ def play(params: dict[str, Any], seed: int, max_steps: int, log_dir: Path,
         NodeStartError: The node did not come up (its log says why).
         NodeUnreachableError, TimeoutError: It did not answer.
     """
-    from trajectory_ensemble_node.cli.launcher import NodeProcess, ros_env, unused_domain_id
     from trajectory_ensemble_node.demo.sim_report import simulate
 
-    from .ros_world import PushTWorld
+    from .ros_world import PushTWorld, node_in_free_domain
 
-    domain = unused_domain_id()
-    # This process's rclpy reads the domain at each session's init; the node gets the same one through its environment.
-    saved_domain = os.environ.get("ROS_DOMAIN_ID")
-    os.environ["ROS_DOMAIN_ID"] = str(domain)
-    log_dir.mkdir(parents=True, exist_ok=True)
-    node = NodeProcess(params, ros_env(domain), log_path=log_dir / "node.log")
+    def stopped(code: int) -> None:
+        if code != 0:
+            log(f"PushT panel: the node exited with status {code}; see {log_dir / 'node.log'}")
+
     played: list[Played] = []
-    try:
-        node.start(ready_timeout_s=600.0)
+    with node_in_free_domain(params, log_dir, on_exit=stopped):
         for method in METHODS:
             world = PushTWorld()
             (record,) = simulate([seed], sim_settings(method, max_steps), world=world, log=lambda _: None)
@@ -128,14 +123,6 @@ def play(params: dict[str, Any], seed: int, max_steps: int, log_dir: Path,
             log(f"PushT {method}: max coverage {max(trace.coverage, default=0.0):.3f}, "
                 f"{'success' if trace.success else 'no success'} in {len(trace.actions)} steps, "
                 f"{len(record.goals)} goals, {record.wall_s:.0f} s")
-    finally:
-        code = node.stop()
-        if code != 0:
-            log(f"PushT panel: the node exited with status {code}; see {log_dir / 'node.log'}")
-        if saved_domain is None:
-            os.environ.pop("ROS_DOMAIN_ID", None)
-        else:
-            os.environ["ROS_DOMAIN_ID"] = saved_domain
     return played
 
 

@@ -19,7 +19,10 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -107,6 +110,36 @@ class PushTWorld:
 
     def passing_side(self, rows: np.ndarray, start: np.ndarray) -> int:
         return 0  # the toy's obstacle sides; PushT has none
+
+
+@contextmanager
+def node_in_free_domain(params: dict[str, Any], log_dir: Path,
+                        on_exit: Callable[[int], None] = lambda code: None) -> Iterator[int]:
+    """A node serving ``params`` in an unused ROS domain, this process switched to it for the block; the caller's
+    ``ROS_DOMAIN_ID`` comes back afterwards (a test session's, a shell's). Yields the domain; the node's log is
+    ``log_dir/node.log`` and ``on_exit`` gets its exit status.
+
+    Raises:
+        NodeStartError: The node did not come up (its log says why).
+    """
+    from trajectory_ensemble_node.cli.launcher import NodeProcess, ros_env, unused_domain_id
+
+    domain = unused_domain_id()
+    # This process's rclpy reads the domain at each session's init; the node gets the same one through its
+    # environment.
+    saved_domain = os.environ.get("ROS_DOMAIN_ID")
+    os.environ["ROS_DOMAIN_ID"] = str(domain)
+    log_dir.mkdir(parents=True, exist_ok=True)
+    node = NodeProcess(params, ros_env(domain), log_path=log_dir / "node.log")
+    try:
+        node.start(ready_timeout_s=600.0)
+        yield domain
+    finally:
+        on_exit(node.stop())
+        if saved_domain is None:
+            os.environ.pop("ROS_DOMAIN_ID", None)
+        else:
+            os.environ["ROS_DOMAIN_ID"] = saved_domain
 
 
 def node_params(checkpoint: Path, settings: Any, **serve: Any) -> dict[str, Any]:

@@ -41,6 +41,8 @@ is re-exports only."""
 LAB_RCLPY_ALLOWED = ("bench.ros_floor", "bench.ros_overhead", "bench.closed_loop_ros", "bench.clock_rate",
                      "grpo.ros", "toy.markers_figure")
 """Where rclpy may be imported in the lab: its measurements and training through the node."""
+PUSHT_STACK = ("gym_pusht", "gymnasium", "pymunk", "pygame")
+"""gym-pusht and what it brings: the lab's and ``make test``'s, never a dependency of the product's wheel."""
 
 ROS_FREE_PACKAGES = ("core", "serving", "engine", "models", "openpi", "remote", "service", "catalog")
 """Packages (as :func:`package_of` names them) whose every module imports with rclpy blocked."""
@@ -182,6 +184,8 @@ def violations(sources: Mapping[str, str]) -> list[str]:
                 found.append(f"{module} imports {target}: outside models/cosmos3, only what models.cosmos3 exports")
             if module.startswith(PACKAGE) and (target == LAB or target.startswith(LAB + ".")):
                 found.append(f"{module} imports {target}: the product never imports the lab")
+            if module.startswith(PACKAGE) and target.split(".")[0] in PUSHT_STACK:
+                found.append(f"{module} imports {target}: PushT's simulator is the lab's, never the product's")
             lab_ros = any(module == f"{LAB}.{m}" or module.startswith(f"{LAB}.{m}.") for m in LAB_RCLPY_ALLOWED)
             if target == "rclpy" and not (_within(module, *RCLPY_ALLOWED) or lab_ros):
                 found.append(f"{module} imports rclpy: only ros/, cli/, replay/, demo/ and the lab's ROS modules may")
@@ -239,7 +243,7 @@ def test_the_static_check_catches_each_kind_of_violation():
         f"{PACKAGE}.ros.node": "from ..models.cosmos3.adapter import X\nfrom ..models.cosmos3 import Y\n",
         f"{PACKAGE}.service": "import rclpy.node\n",
         f"{PACKAGE}.tools": "",
-        f"{PACKAGE}.tools.demo": "from trajectory_ensemble_lab.toy import quality\n",
+        f"{PACKAGE}.tools.demo": "from trajectory_ensemble_lab.toy import quality\ndef f():\n    import gym_pusht\n",
         f"{PACKAGE}.toy.episodes": "from ..models.cosmos3.tiny import CONFIGS\n",
         LAB: "",
         f"{LAB}.toy": "",
@@ -255,6 +259,7 @@ def test_the_static_check_catches_each_kind_of_violation():
     assert f"{PACKAGE}.ros.node imports {PACKAGE}.models.cosmos3: " not in found
     assert f"{PACKAGE}.service imports rclpy" in found
     assert f"{PACKAGE}.tools.demo imports {LAB}.toy.quality: the product never imports the lab" in found
+    assert f"{PACKAGE}.tools.demo imports gym_pusht: PushT's simulator is the lab's" in found
     assert f"{PACKAGE}.toy.episodes imports {PACKAGE}.models.cosmos3.tiny: outside models/cosmos3" in found
     assert f"{LAB}.toy.quality imports {PACKAGE}.models.cosmos3.packing: outside models/cosmos3" in found
     assert f"{LAB}.toy.quality imports rclpy" in found and f"{LAB}.grpo.ros imports" not in found
@@ -387,3 +392,11 @@ def test_the_check_catches_an_rclpy_import():
     # Guards the guard: a module that imports rclpy must fail the check, whether or not rclpy is installed.
     proc = run_check(["trajectory_ensemble_node.errors", "rclpy.node"])
     assert proc.returncode != 0 and "rclpy.node" in proc.stderr
+
+
+def test_the_products_wheel_does_not_depend_on_the_pusht_stack():
+    import tomllib
+
+    project = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]
+    named = [d for d in project["dependencies"] if any(name in d.replace("-", "_") for name in PUSHT_STACK)]
+    assert named == [], f"the product's wheel must not depend on PushT's simulator: {named}"

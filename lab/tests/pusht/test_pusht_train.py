@@ -102,6 +102,18 @@ def test_no_bag_is_refused_by_name(tmp_path, capsys):
         in capsys.readouterr().err
 
 
+def test_the_prefix_options_are_the_toys_and_bounded_by_the_16_row_chunk(capsys):
+    parser = argparse.ArgumentParser()
+    pusht_train.add_arguments(parser)
+    args = parser.parse_args(["--prefix-conditioning", "0.5", "--prefix-max", "4", "--prefix-offset", "0.02"])
+    assert (args.prefix_conditioning, args.prefix_max, args.prefix_offset) == (0.5, 4, 0.02)
+    assert parser.parse_args([]).prefix_max == 8 and parser.parse_args([]).prefix_conditioning == 0.0
+    for bad in (["--prefix-max", "16"], ["--prefix-conditioning", "1.5"], ["--prefix-offset", "-1"]):
+        with pytest.raises(SystemExit):
+            parser.parse_args(bad)
+    assert "--prefix-max: must be in [1, 16), got '16'" in capsys.readouterr().err
+
+
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     """A fresh PushT pipeline, its encoded examples (every 8th step of the committed bag), the loss of one fixed

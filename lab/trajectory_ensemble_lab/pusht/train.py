@@ -39,6 +39,7 @@ from trajectory_ensemble_node.normalization import ActionNormalizer
 from trajectory_ensemble_node.replay import bags
 from ..toy.pipeline import TOY_CONFIG
 from ..training import TrainingError
+from ..training.augment import add_prefix_arguments
 from ..training.dataset import EncodedDataset, ExampleFormat, LabelledState, concat_datasets, encode_states
 from ..training.fit import add_fit_arguments, fit
 from ..training.pipeline import fresh_pipeline
@@ -236,6 +237,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "example on one core); default: toward the latent mean")
     parser.add_argument("--stride", type=int, default=1, help="control steps between training examples")
     add_fit_arguments(parser, steps=20000, batch=32, lr=3e-4, vision_weight=0.1, checkpoint_every=1000)
+    add_prefix_arguments(parser, CHUNK)
 
 
 def write_stats(directory: Path) -> Path:

@@ -46,6 +46,7 @@ from pathlib import Path
 import torch
 
 from trajectory_ensemble_node.toy import task
+from ..training.augment import add_prefix_arguments, nonnegative, share
 from ..training.fit import add_fit_arguments
 from . import dagger
 from .data import build_dataset
@@ -67,25 +68,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--recovery-states", type=int, default=0,
                         help="per seed, states near the target off the expert paths, labelled with the straight "
                              "approach (task.recovery_state); 0 = none")
-    parser.add_argument("--bimodal-share", type=_share, default=None,
+    parser.add_argument("--bimodal-share", type=share, default=None,
                         help="draw this share of each batch's states from those with several expert options (the "
                              "bimodal initial scenes); default: every state equally likely")
-    parser.add_argument("--prefix-conditioning", type=_share, default=0.0,
-                        help="share of examples whose first d actions are given clean through the action mask "
-                             "(how 'mask' context guidance serves a frozen prefix); 0 = none")
-    parser.add_argument("--prefix-max", type=_prefix_length, default=task.HORIZON // 2,
-                        help="largest clean prefix d of a --prefix-conditioning example (d is uniform in 1..this)")
-    parser.add_argument("--prefix-offset", type=_nonnegative, default=0.0,
-                        help="std (normalized units) of the offset a --prefix-conditioning example's clean prefix is "
-                             "moved by, the rest of its chunk joining the prefix and returning to the demonstration "
-                             "(offset_prefix); 0 = prefixes are the demonstration's own")
-    parser.add_argument("--demo-drift", type=_nonnegative, default=0.0,
+    add_prefix_arguments(parser, task.HORIZON)
+    parser.add_argument("--demo-drift", type=nonnegative, default=0.0,
                         help="std (normalized units) of the offset every demonstration drifts to by its chunk's end "
                              "(drift_chunk); 0 = the expert's own paths")
     parser.add_argument("--demo-speed", type=_speed_spread, default=0.0,
                         help="retime a share of the demonstrations by a factor uniform in [1 - V, 1 + V] "
                              "(retime_chunk); 0 = the expert's own speed")
-    parser.add_argument("--demo-speed-share", type=_share, default=0.5,
+    parser.add_argument("--demo-speed-share", type=share, default=0.5,
                         help="share of the examples --demo-speed retimes (the others keep the vision term)")
     parser.add_argument("--demo-speed-prefixed", action="store_true",
                         help="retime only examples with a clean prefix (--prefix-conditioning): the prefix then "
@@ -94,35 +87,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     dagger.add_arguments(parser)
 
 
-def _share(text: str) -> float:
-    """An argparse type: a share in ``[0, 1]``."""
-    value = float(text)
-    if not 0.0 <= value <= 1.0:
-        raise argparse.ArgumentTypeError(f"must be a share in [0, 1], got {text!r}")
-    return value
-
-
-def _nonnegative(text: str) -> float:
-    """An argparse type: a finite number ``>= 0``."""
-    value = float(text)
-    if not (math.isfinite(value) and value >= 0.0):
-        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text!r}")
-    return value
-
-
 def _speed_spread(text: str) -> float:
     """An argparse type: a speed spread in ``[0, 1)``, so every retiming factor is positive."""
     value = float(text)
     if not (math.isfinite(value) and 0.0 <= value < 1.0):
         raise argparse.ArgumentTypeError(f"must be in [0, 1), got {text!r}")
-    return value
-
-
-def _prefix_length(text: str) -> int:
-    """An argparse type: a clean-prefix length that leaves at least one action to denoise."""
-    value = int(text)
-    if not 1 <= value < task.HORIZON:
-        raise argparse.ArgumentTypeError(f"must be in [1, {task.HORIZON}), got {text!r}")
     return value
 
 

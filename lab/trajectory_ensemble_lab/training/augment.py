@@ -12,9 +12,52 @@ on the expert alone can ignore its action latent; see ``docs/closed-loop.md``.
 
 from __future__ import annotations
 
+import argparse
 import math
 
 import torch
+
+
+def share(text: str) -> float:
+    """An argparse type: a share in ``[0, 1]``."""
+    value = float(text)
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"must be a share in [0, 1], got {text!r}")
+    return value
+
+
+def nonnegative(text: str) -> float:
+    """An argparse type: a finite number ``>= 0``."""
+    value = float(text)
+    if not (math.isfinite(value) and value >= 0.0):
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text!r}")
+    return value
+
+
+def add_prefix_arguments(parser: argparse.ArgumentParser, horizon: int) -> None:
+    """Register the clean-prefix options (``--prefix-conditioning``, ``--prefix-max``, ``--prefix-offset``) of a
+    trainer whose chunks have ``horizon`` rows; ``--prefix-max`` defaults to half of them.
+
+    Args:
+        parser (`argparse.ArgumentParser`): The trainer's parser.
+        horizon (`int`): Rows per chunk: a prefix leaves at least one of them to denoise.
+    """
+
+    def prefix_length(text: str) -> int:
+        value = int(text)
+        if not 1 <= value < horizon:
+            raise argparse.ArgumentTypeError(f"must be in [1, {horizon}), got {text!r}")
+        return value
+
+    parser.add_argument("--prefix-conditioning", type=share, default=0.0,
+                        help="share of examples whose first d actions are given clean through the action mask "
+                             "(how 'mask' context guidance serves a frozen prefix); 0 = none")
+    parser.add_argument("--prefix-max", type=prefix_length, default=horizon // 2,
+                        help="largest clean prefix d of a --prefix-conditioning example (d is uniform in 1..this)")
+    parser.add_argument("--prefix-offset", type=nonnegative, default=0.0,
+                        help="std (normalized units) of the offset a --prefix-conditioning example's clean prefix is "
+                             "moved by, the rest of its chunk joining the prefix and returning to the demonstration "
+                             "(offset_prefix); 0 = prefixes are the demonstration's own")
 
 
 def sample_prefixes(count: int, generator: torch.Generator, share: float, largest: int) -> list[int]:

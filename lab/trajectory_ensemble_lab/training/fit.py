@@ -47,8 +47,8 @@ AUGMENTATION_DEFAULTS: dict[str, object] = {
     "demo_speed_share": 0.5,
     "demo_speed_prefixed": False,
 }
-"""What :func:`fit` uses for an augmentation option a run's arguments do not define (``train-pusht`` defines none):
-every one off."""
+"""What :func:`fit` uses for an augmentation option a run's arguments do not define (``train-pusht`` defines only the
+prefix ones): every one off."""
 
 
 def add_fit_arguments(parser: argparse.ArgumentParser, *, steps: int = 3000, batch: int = 8, lr: float = 1e-3,

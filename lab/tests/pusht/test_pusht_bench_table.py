@@ -8,7 +8,7 @@ import pytest
 
 from trajectory_ensemble_lab.pusht.bench import summarize
 from trajectory_ensemble_lab.pusht.bench_records import BenchEpisode
-from trajectory_ensemble_lab.pusht.bench_table import main, merge, paired
+from trajectory_ensemble_lab.pusht.bench_table import agreement, main, merge, paired
 
 
 def _shard(first: int, coverage: dict[str, list[float]]) -> dict:
@@ -63,3 +63,34 @@ def test_the_command_writes_the_merged_record_and_the_table(tmp_path, capsys):
     table = (tmp_path / "heldout.md").read_text()
     assert "| `mode`@8 | 0.755" in table and "| `single` | 0.665" in table and "LeRobot diffusion_pusht" in table
     assert table == capsys.readouterr().out
+
+
+def test_two_faces_that_played_the_same_episodes_agree_and_a_shifted_face_does_not():
+    node = _shard(100000, {"single": [0.5, 0.2, 0.3, 0.1, 0.6, 0.4], "mode": [0.5, 0.2, 0.3, 0.1, 0.6, 0.4]})
+    process = _shard(100000, {"single": [0.5, 0.2, 0.3, 0.1, 0.6, 0.4 + 1e-12], "mode": [0.9, 0.2, 0.3, 0.1, 0.6, 0.4],
+                              "mean": [0.1] * 6})
+    result = agreement(node, process)
+    assert list(result["methods"]) == ["single", "mode"] and result["only_b"] == ["mean"] and not result["only_a"]
+    single, mode = result["methods"]["single"], result["methods"]["mode"]
+    assert (single["same_episodes"], single["starts"]) == (6, 6)  # 1e-12: an ulp of gym-pusht's coverage
+    assert single["intervals_overlap"] and single["paired_holds_zero"]
+    assert mode["same_episodes"] == 5 and mode["paired"]["coverage_diff_mean"] == pytest.approx(0.4 / 6)
+    far = _shard(100000, {"single": [0.9, 0.8, 0.95, 0.85, 0.9, 0.8]})
+    apart = agreement(node, far)["methods"]["single"]
+    assert not apart["intervals_overlap"] and not apart["paired_holds_zero"] and apart["same_episodes"] == 0
+    with pytest.raises(ValueError, match="share no method"):
+        agreement(node, _shard(100000, {"median": [0.1]}))
+
+
+def test_the_agree_command_writes_the_comparison_and_names_its_two_records(tmp_path, capsys):
+    a, b = tmp_path / "node.json", tmp_path / "process.json"
+    a.write_text(json.dumps(_shard(100000, {"mode": [0.5, 0.2]})))
+    b.write_text(json.dumps(_shard(100000, {"mode": [0.5, 0.2]})))
+    assert main(["--agree", str(a), str(b), "--json", str(tmp_path / "agree.json")]) == 0
+    record = json.loads((tmp_path / "agree.json").read_text())
+    assert (record["a"]["file"], record["b"]["file"]) == ("node.json", "process.json")
+    assert record["methods"]["mode"]["same_episodes"] == 2
+    assert "mode: 2/2 same episodes" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        main(["--agree", str(a), "--json", str(tmp_path / "x.json")])
+    assert "exactly two records, got 1" in capsys.readouterr().err

@@ -34,7 +34,8 @@ def test_a_latent_that_holds_the_chunk_is_read_on_starts_the_probe_never_saw():
     weights = torch.randn(16, 32, generator=generator) * 0.3
     parts = [_part(generator, weights) for _ in range(10)]
     latents, chunks, starts = probe_inputs(parts, [100 + i for i in range(10)])
-    assert latents.shape == (400, 16) and chunks.shape == (400, 32) and starts.unique().tolist() == list(range(100, 110))
+    assert latents.shape == (400, 16) and chunks.shape == (400, 32)
+    assert starts.unique().tolist() == list(range(100, 110))
     result = fit_probe(latents, chunks, starts, epochs=200, hidden=64, log=lambda _: None)
     assert (result["starts_train"], result["starts_held_out"]) == (8, 2)  # 100 and 105 held out
     assert (result["examples_train"], result["examples_held_out"]) == (320, 80)

@@ -6,6 +6,13 @@ episodes (``per_episode``), so the merged figures are recomputed from the episod
 the mean difference of max coverage and of success, with a bootstrap 95 % interval over starts.
 
     python -m trajectory_ensemble_lab.pusht.bench_table A.json B.json --json merged.json --markdown table.md
+
+Two faces on the same starts (``bench --pusht --through node`` against ``--through process``) are compared with
+``--agree``: per method, each face's figures, the paired difference, whether the intervals of the two faces overlap
+and whether the paired interval holds zero, and how many episodes are the same episode (steps, success and max
+coverage to 1e-9).
+
+    python -m trajectory_ensemble_lab.pusht.bench_table --agree NODE.json PROCESS.json --json agreement.json
 """
 
 from __future__ import annotations
@@ -89,6 +96,53 @@ def paired(figures_a: dict[str, Any], figures_b: dict[str, Any]) -> dict[str, An
             "only_b_succeeded": sum(d > 0 for d in success), "only_a_succeeded": sum(d < 0 for d in success)}
 
 
+SAME_COVERAGE = 1e-9
+"""Max coverages this close are one episode's: gym-pusht's coverage of one pose can differ by an ulp between envs."""
+
+
+def agreement(document_a: dict[str, Any], document_b: dict[str, Any]) -> dict[str, Any]:
+    """Whether two ``bench --pusht`` records of the same starts (two faces) agree, method by method.
+
+    Returns:
+        `dict`: per method both ran: each record's coverage and success with their intervals, the paired difference
+        (``b`` minus ``a``, :func:`paired`), ``intervals_overlap`` (coverage and success intervals of the two
+        records), ``paired_holds_zero`` and ``same_episodes`` (of ``starts``). Methods only one ran are listed under
+        ``only_a`` / ``only_b``.
+
+    Raises:
+        ValueError: the records share no method, or a method shares no start.
+    """
+    names = [name for name in document_a["pusht"] if name in document_b["pusht"]]
+    if not names:
+        raise ValueError(f"the records share no method: {list(document_a['pusht'])} and {list(document_b['pusht'])}")
+
+    def overlap(low_high_a: Sequence[float], low_high_b: Sequence[float]) -> bool:
+        return low_high_a[0] <= low_high_b[1] and low_high_b[0] <= low_high_a[1]
+
+    out: dict[str, Any] = {"methods": {}, "only_a": [n for n in document_a["pusht"] if n not in names],
+                           "only_b": [n for n in document_b["pusht"] if n not in names]}
+    for name in names:
+        fa, fb = document_a["pusht"][name], document_b["pusht"][name]
+        diff = paired(fa, fb)
+        rows_a = {row["env_seed"]: row for row in fa["per_episode"]}
+        same = sum(1 for row in fb["per_episode"] if row["env_seed"] in rows_a
+                   and (row["steps"], row["success"]) == (rows_a[row["env_seed"]]["steps"],
+                                                         rows_a[row["env_seed"]]["success"])
+                   and abs(row["max_coverage"] - rows_a[row["env_seed"]]["max_coverage"]) <= SAME_COVERAGE)
+        out["methods"][name] = {
+            "a": {k: fa[k] for k in ("episodes", "coverage_mean", "coverage_mean_ci95", "success_rate",
+                                     "success_rate_ci95")},
+            "b": {k: fb[k] for k in ("episodes", "coverage_mean", "coverage_mean_ci95", "success_rate",
+                                     "success_rate_ci95")},
+            "paired": diff,
+            "intervals_overlap": overlap(fa["coverage_mean_ci95"], fb["coverage_mean_ci95"])
+            and overlap(fa["success_rate_ci95"], fb["success_rate_ci95"]),
+            "paired_holds_zero": all(low <= 0.0 <= high for low, high in (diff["coverage_diff_ci95"],
+                                                                          diff["success_diff_ci95"])),
+            "same_episodes": same, "starts": diff["starts"]}
+    return out
+
+
 def markdown(document: dict[str, Any], *, baseline: str = "single") -> str:
     """The reducer table (with each method's paired difference against ``baseline``) and the published rows."""
     count = document["settings"].get("count", 8)
@@ -119,7 +173,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("shards", nargs="+", type=Path, help="bench --pusht --json records over disjoint seeds")
     parser.add_argument("--json", type=Path, required=True, help="the merged record")
     parser.add_argument("--markdown", type=Path, default=None, help="the table (default: beside --json, .md)")
+    parser.add_argument("--agree", action="store_true",
+                        help="compare two records of the same starts (two faces) instead of merging shards")
     args = parser.parse_args(argv)
+    if args.agree:
+        if len(args.shards) != 2:
+            parser.error(f"--agree compares exactly two records, got {len(args.shards)}")
+        a, b = (json.loads(p.read_text(encoding="utf-8")) for p in args.shards)
+        document = {side: {"file": path.name, **record["settings"], "date": record.get("date"),
+                           "commit": record.get("commit")}
+                    for side, path, record in (("a", args.shards[0], a), ("b", args.shards[1], b))}
+        document.update(agreement(a, b))
+        args.json.write_text(json.dumps(document, indent=1) + "\n", encoding="utf-8")
+        for name, row in document["methods"].items():
+            print(f"{name}: {row['same_episodes']}/{row['starts']} same episodes; coverage "
+                  f"{row['a']['coverage_mean']:.3f} vs {row['b']['coverage_mean']:.3f}, paired difference "
+                  f"{row['paired']['coverage_diff_mean']:+.3f}; intervals overlap: {row['intervals_overlap']}, "
+                  f"paired interval holds zero: {row['paired_holds_zero']}")
+        return 0
     document = merge([json.loads(p.read_text(encoding="utf-8")) for p in args.shards])
     if "single" in document["pusht"]:
         document["paired_vs_single"] = {name: paired(document["pusht"]["single"], f)

@@ -62,7 +62,7 @@ def test_the_json_has_every_method_and_delay_with_figures_in_range(in_process):
         assert set(by_delay) == {"0", "2"}
     settings = document["settings"]
     assert settings["through"] == "process" and settings["count"] == 2 and settings["delays"] == [0, 2]
-    assert document["date"] and document["commit"]
+    assert document["date"] and document["commit"] and document["started"] <= document["date"]
     assert set(document["latency"]["per_count"]) == {"1", "2"}
     assert document["latency"]["control_period_ms"] == 100.0
 

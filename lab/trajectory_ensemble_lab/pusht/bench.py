@@ -317,6 +317,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
+    # The code that ran is the code at the start: a long run can outlive commits made beside it.
+    started, commit = utc_now(), git_commit()
     episodes, steps = args.episodes, args.steps or 10
     args.through = args.through or "process"
     if args.through not in THROUGH:
@@ -383,7 +385,7 @@ def _run(args: argparse.Namespace) -> int:
                           "delays": list(delays), "count": count, "execute": EXECUTE, "max_steps": args.max_steps,
                           "steps": steps if args.through == "process" else None, "served": served,
                           "env": "gym_pusht/PushT-v0 (gym-pusht 0.1.8)"}
-    result["date"], result["commit"] = utc_now(), git_commit()
+    result["started"], result["date"], result["commit"] = started, utc_now(), commit
     for name, figures in result["pusht"].items():
         low, high = figures["success_rate_ci95"]
         print(f"{name}@{count}: mean max coverage {figures['coverage_mean']:.3f}, success {figures['successes']}/"

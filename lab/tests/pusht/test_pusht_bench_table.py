@@ -94,3 +94,33 @@ def test_the_agree_command_writes_the_comparison_and_names_its_two_records(tmp_p
     with pytest.raises(SystemExit):
         main(["--agree", str(a), "--json", str(tmp_path / "x.json")])
     assert "exactly two records, got 1" in capsys.readouterr().err
+
+
+def _continuity_shard(first: int, rows: dict[str, dict[str, list[tuple[float, list[float]]]]]) -> dict:
+    """A shard with a ``single`` block and, per continuity method and delay, episodes of (max coverage, seams)."""
+    shard = _shard(first, {"single": [c for c, _ in next(iter(next(iter(rows.values())).values()))]})
+    shard["continuity"] = {name: {d: summarize([BenchEpisode(first + i, steps=100, max_coverage=c, success=c > 0.95,
+                                                             seams=seams, group_ms=[50.0])
+                                                for i, (c, seams) in enumerate(episodes)])
+                                  for d, episodes in by_delay.items()}
+                           for name, by_delay in rows.items()}
+    return shard
+
+
+def test_continuity_shards_merge_into_the_seam_ratio_and_the_paired_difference_against_naive_async(tmp_path, capsys):
+    a = _continuity_shard(100000, {"naive_async": {"2": [(0.2, [80.0, 100.0]), (0.4, [90.0])]},
+                                   "guided_mode": {"2": [(0.3, [8.0, 10.0]), (0.4, [9.0])]}})
+    b = _continuity_shard(100002, {"naive_async": {"2": [(0.1, [90.0])]}, "guided_mode": {"2": [(0.1, [9.0])]}})
+    paths = [tmp_path / "a.json", tmp_path / "b.json"]
+    for path, shard in zip(paths, (a, b)):
+        path.write_text(json.dumps(shard))
+    assert main([str(p) for p in paths] + ["--json", str(tmp_path / "c.json")]) == 0
+    record = json.loads((tmp_path / "c.json").read_text())
+    versus = record["continuity_vs_naive_async"]["guided_mode"]["2"]
+    assert versus["starts"] == 3 and versus["coverage_diff_mean"] == pytest.approx(0.1 / 3)
+    naive, guided = record["continuity"]["naive_async"]["2"], record["continuity"]["guided_mode"]["2"]
+    assert versus["seam_ratio"] == pytest.approx(naive["seam_jump_mean"] / guided["seam_jump_mean"])
+    assert versus["seam_ratio"] == pytest.approx(10.0)  # every guided seam is a tenth of naive_async's
+    table = (tmp_path / "c.md").read_text()
+    assert "| `guided_mode` | 2 | 0.267" in table and "| 10.0x |" in table
+    assert "seam ratio" in capsys.readouterr().out

@@ -3,7 +3,9 @@
 A held-out measurement runs as shards (disjoint seed ranges, one process per core); each shard's JSON keeps its
 episodes (``per_episode``), so the merged figures are recomputed from the episodes with the bench's own
 :func:`~.bench.summarize`, never averaged from shard summaries. Paired comparisons use the starts both methods played:
-the mean difference of max coverage and of success, with a bootstrap 95 % interval over starts.
+the mean difference of max coverage and of success, with a bootstrap 95 % interval over starts. Shards with a
+``continuity`` block also give each continuity method against ``naive_async`` at the same delay: the paired coverage
+difference and the seam ratio (``naive_async``'s mean seam jump over the method's).
 
     python -m trajectory_ensemble_lab.pusht.bench_table A.json B.json --json merged.json --markdown table.md
 
@@ -167,6 +169,30 @@ def markdown(document: dict[str, Any], *, baseline: str = "single") -> str:
     return "\n".join(lines) + "\n"
 
 
+def continuity_markdown(document: dict[str, Any], *, baseline: str = "naive_async") -> str:
+    """The continuity table: per method and delay, coverage, success and the seam, with the paired coverage
+    difference against ``baseline`` at the same delay and the seam ratio ``baseline / method``."""
+    lines = [f"| method | d | mean max coverage (95 %) | success (95 %) | seam jump, mean px | paired vs {baseline}: "
+             "coverage | seam ratio |", "|---|---|---|---|---|---|---|"]
+    blocks = document.get("continuity", {})
+    for name, by_delay in blocks.items():
+        for delay, f in by_delay.items():
+            low, high = f["coverage_mean_ci95"]
+            s_low, s_high = f["success_rate_ci95"]
+            versus = ratio = ""
+            base = blocks.get(baseline, {}).get(delay)
+            if base is not None and name != baseline:
+                p = paired(base, f)
+                c_low, c_high = p["coverage_diff_ci95"]
+                versus = f"{p['coverage_diff_mean']:+.3f} ({c_low:+.3f}..{c_high:+.3f})"
+                if f["seam_jump_mean"] > 0:
+                    ratio = f"{base['seam_jump_mean'] / f['seam_jump_mean']:.1f}x"
+            lines.append(f"| `{name}` | {delay} | {f['coverage_mean']:.3f} ({low:.3f}..{high:.3f}) | "
+                         f"{f['successes']}/{f['episodes']}, {f['success_rate']:.0%} ({s_low:.0%}..{s_high:.0%}) | "
+                         f"{f['seam_jump_mean']:.1f} | {versus} | {ratio} |")
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m trajectory_ensemble_lab.pusht.bench_table",
                                      description="merge bench --pusht shards; write the record and the table")
@@ -195,8 +221,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     if "single" in document["pusht"]:
         document["paired_vs_single"] = {name: paired(document["pusht"]["single"], f)
                                         for name, f in document["pusht"].items() if name != "single"}
+    base = document.get("continuity", {}).get("naive_async", {})
+    document["continuity_vs_naive_async"] = {
+        name: {d: {**paired(base[d], f), "seam_ratio": base[d]["seam_jump_mean"] / f["seam_jump_mean"]
+                   if f["seam_jump_mean"] > 0 else None}
+               for d, f in by_delay.items() if d in base}
+        for name, by_delay in document.get("continuity", {}).items() if name != "naive_async"}
+    if not document["continuity_vs_naive_async"]:
+        del document["continuity_vs_naive_async"]
     args.json.write_text(json.dumps(document, indent=1) + "\n", encoding="utf-8")
     table = markdown(document)
+    if document.get("continuity"):
+        table += "\n" + continuity_markdown(document)
     (args.markdown or args.json.with_suffix(".md")).write_text(table, encoding="utf-8")
     print(table, end="")
     return 0

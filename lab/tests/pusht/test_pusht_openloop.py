@@ -30,3 +30,11 @@ def test_the_record_counts_every_asked_frame_and_the_baseline_is_the_experts_own
 def test_bad_counts_are_refused(checkpoint, capsys):
     assert main(["--policy", str(checkpoint), "--bags", str(TEST_BAG), "--every", "0"]) == 2
     assert "--every must be >= 1" in capsys.readouterr().err
+
+
+def test_a_folder_without_bags_and_a_checkpoint_without_statistics_are_named_before_anything_loads(checkpoint, tmp_path,
+                                                                                                  capsys):
+    assert main(["--policy", str(checkpoint), "--bags", str(TEST_BAG), "--heldout-bags", str(tmp_path)]) == 2
+    assert f"error: no demonstration bag (a folder with metadata.yaml) at {str(tmp_path)!r}" in capsys.readouterr().err
+    assert main(["--policy", str(tmp_path), "--bags", str(TEST_BAG)]) == 2
+    assert "no action_stats.json" in capsys.readouterr().err

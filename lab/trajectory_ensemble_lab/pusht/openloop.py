@@ -23,8 +23,10 @@ import numpy as np
 
 from trajectory_ensemble_node.provenance import git_commit, utc_now
 
+from ..training import TrainingError
 from .evaluate import EXECUTE, IMAGE_KEY, InProcessPolicy, serve_params
 from .recording import read_demo_bag
+from .sim import PushTError
 from .train import chunk_at, demo_bags
 
 
@@ -65,15 +67,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     from trajectory_ensemble_node.serving.params import validate
 
-    policy = InProcessPolicy(validate(serve_params(args.policy, num_inference_steps=args.steps, candidate_count=1,
-                                                   reducer="mean")))
-    sets = {"train": args.bags, **({"validation": args.heldout_bags} if args.heldout_bags else {})}
+    roots = {"train": args.bags, **({"validation": args.heldout_bags} if args.heldout_bags else {})}
+    try:  # every input is checked before the policy loads, so a wrong folder is named at once
+        sets = {name: demo_bags(root)[:args.episodes] for name, root in roots.items()}
+        params = serve_params(args.policy, num_inference_steps=args.steps, candidate_count=1, reducer="mean")
+    except (TrainingError, PushTError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    policy = InProcessPolicy(validate(params))
     record: dict[str, Any] = {"date": utc_now(), "commit": git_commit(), "policy": str(args.policy),
                               "settings": {"episodes": args.episodes, "every": args.every, "steps": args.steps,
                                            "rows": EXECUTE, "candidates": 1}}
     try:
-        for name, root in sets.items():
-            record[name] = chunk_errors(policy, demo_bags(root)[:args.episodes], every=args.every)
+        for name, bag_paths in sets.items():
+            record[name] = chunk_errors(policy, bag_paths, every=args.every)
             r = record[name]
             print(f"{name}: policy {r['error_px_median']:.1f} px (median over {r['chunks']} chunks), holding still "
                   f"{r['hold_still_px_median']:.1f} px", flush=True)

@@ -29,7 +29,7 @@ def test_the_record_counts_every_asked_frame_and_the_baseline_is_the_experts_own
 
 def test_bad_counts_are_refused(checkpoint, capsys):
     assert main(["--policy", str(checkpoint), "--bags", str(TEST_BAG), "--every", "0"]) == 2
-    assert "--every must be >= 1" in capsys.readouterr().err
+    assert "--candidates must be >= 1, got 10, 0 and 1" in capsys.readouterr().err
 
 
 def test_a_folder_without_bags_and_a_checkpoint_without_statistics_are_named_before_anything_loads(checkpoint, tmp_path,
@@ -38,3 +38,12 @@ def test_a_folder_without_bags_and_a_checkpoint_without_statistics_are_named_bef
     assert f"error: no demonstration bag (a folder with metadata.yaml) at {str(tmp_path)!r}" in capsys.readouterr().err
     assert main(["--policy", str(tmp_path), "--bags", str(TEST_BAG)]) == 2
     assert "no action_stats.json" in capsys.readouterr().err
+
+
+def test_with_several_candidates_the_chunk_is_their_mean_and_the_record_says_so(checkpoint, tmp_path):
+    out = tmp_path / "openloop.json"
+    assert main(["--policy", str(checkpoint), "--bags", str(TEST_BAG), "--episodes", "1", "--every", "80",
+                 "--steps", "2", "--candidates", "3", "--json", str(out)]) == 0
+    record = json.loads(out.read_text())
+    assert (record["settings"]["candidates"], record["settings"]["reducer"]) == (3, "mean")
+    assert main(["--policy", str(checkpoint), "--bags", str(TEST_BAG), "--candidates", "0"]) == 2

@@ -4,9 +4,9 @@
         --episodes 10 --every 4 --json bench/results/pusht_openloop.json
 
 For every ``--every``-th control step of each demonstration the policy (``OpenPIPolicy`` in process, one candidate,
-seed ``1000 + k`` for the k-th request) answers the recorded frame; the error is the mean distance in env pixels
-between its first 8 rows (the executed ones) and the expert's next 8 targets. The baseline holds the agent where it
-is. A policy that fits its data beats the baseline on the training bags; one that does so there but not on the
+or with ``--candidates N`` the mean of N; seed ``1000 + k`` for the k-th request) answers the recorded frame; the
+error is the mean distance in env pixels between its first 8 rows (the executed ones) and the expert's next 8
+targets. The baseline holds the agent where it is. A policy that fits its data beats the baseline on the training bags; one that does so there but not on the
 validation bags does not generalize.
 """
 
@@ -30,8 +30,12 @@ from .sim import PushTError
 from .train import chunk_at, demo_bags
 
 
-def chunk_errors(policy: Any, bag_paths: Sequence[Path], *, every: int = 4, seed: int = 1000) -> dict[str, Any]:
+def chunk_errors(policy: Any, bag_paths: Sequence[Path], *, every: int = 4, seed: int = 1000,
+                 candidates: int = 1) -> dict[str, Any]:
     """Errors of ``policy`` (``infer(obs)``) on every ``every``-th step of the demonstrations in ``bag_paths``.
+
+    With ``candidates`` N > 1 each request draws N candidates and the server's reducer (``mean`` here) answers: a
+    sampled candidate carries the spread of the policy's distribution, its mean only where the distribution is.
 
     Returns:
         `dict`: ``chunks``, ``error_px_median`` / ``_mean`` (policy) and ``hold_still_px_median`` / ``_mean``.
@@ -40,7 +44,8 @@ def chunk_errors(policy: Any, bag_paths: Sequence[Path], *, every: int = 4, seed
     for bag in bag_paths:
         for episode in read_demo_bag(bag):
             for t in range(0, len(episode.actions), every):
-                reply = policy.infer({IMAGE_KEY: episode.frames[t], "num_candidates": 1, "seed": seed + k})
+                reply = policy.infer({IMAGE_KEY: episode.frames[t], "num_candidates": candidates,
+                                      "seed": seed + k})
                 k += 1
                 want = chunk_at(episode.actions, t)[:EXECUTE]
                 got = np.asarray(reply["actions"], dtype=np.float64)[:EXECUTE]
@@ -60,27 +65,32 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--episodes", type=int, default=10, help="bags of each set, in name order (10)")
     parser.add_argument("--every", type=int, default=4, help="control steps between the frames asked about (4)")
     parser.add_argument("--steps", type=int, default=10, help="denoising steps (10)")
+    parser.add_argument("--candidates", type=int, default=1,
+                        help="candidates per request; above 1 the chunk is their mean (1: one sampled candidate)")
     parser.add_argument("--json", type=Path, default=None, help="write the record here")
     args = parser.parse_args(argv)
-    if args.episodes < 1 or args.every < 1:
-        print(f"error: --episodes and --every must be >= 1, got {args.episodes} and {args.every}", file=sys.stderr)
+    if args.episodes < 1 or args.every < 1 or args.candidates < 1:
+        print(f"error: --episodes, --every and --candidates must be >= 1, got {args.episodes}, {args.every} and "
+              f"{args.candidates}", file=sys.stderr)
         return 2
     from trajectory_ensemble_node.serving.params import validate
 
     roots = {"train": args.bags, **({"validation": args.heldout_bags} if args.heldout_bags else {})}
     try:  # every input is checked before the policy loads, so a wrong folder is named at once
         sets = {name: demo_bags(root)[:args.episodes] for name, root in roots.items()}
-        params = serve_params(args.policy, num_inference_steps=args.steps, candidate_count=1, reducer="mean")
+        params = serve_params(args.policy, num_inference_steps=args.steps, candidate_count=args.candidates,
+                              reducer="mean")
     except (TrainingError, PushTError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     policy = InProcessPolicy(validate(params))
     record: dict[str, Any] = {"date": utc_now(), "commit": git_commit(), "policy": str(args.policy),
                               "settings": {"episodes": args.episodes, "every": args.every, "steps": args.steps,
-                                           "rows": EXECUTE, "candidates": 1}}
+                                           "rows": EXECUTE, "candidates": args.candidates,
+                                           "reducer": "none" if args.candidates == 1 else "mean"}}
     try:
         for name, bag_paths in sets.items():
-            record[name] = chunk_errors(policy, bag_paths, every=args.every)
+            record[name] = chunk_errors(policy, bag_paths, every=args.every, candidates=args.candidates)
             r = record[name]
             print(f"{name}: policy {r['error_px_median']:.1f} px (median over {r['chunks']} chunks), holding still "
                   f"{r['hold_still_px_median']:.1f} px", flush=True)

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from trajectory_ensemble_lab.pusht.probe import (
-    agent_inputs,
+    bag_inputs,
     bag_start,
     chunk_error_px,
     fit_probe,
@@ -42,6 +42,19 @@ def test_a_latent_that_holds_the_chunk_is_read_on_starts_the_probe_never_saw():
     assert result["probe_held_out_px_median"] < 0.5 * result["constant_held_out_px_median"]
 
 
+def test_frames_are_read_by_a_cnn_that_learns_where_a_bright_square_is():
+    generator = torch.Generator().manual_seed(2)
+    frames = torch.full((240, 3, 16, 16), -0.5)
+    where = torch.randint(0, 12, (240, 2), generator=generator)
+    for i, (row, col) in enumerate(where.tolist()):
+        frames[i, :, row:row + 4, col:col + 4] = 0.5
+    chunks = (where.float() / 6.0 - 1.0).repeat(1, 16)  # every row is the square's corner
+    starts = torch.arange(240) // 8
+    result = fit_probe(frames, chunks, starts, epochs=60, hidden=64, log=lambda _: None)
+    assert result["starts_held_out"] == 6
+    assert result["probe_held_out_px_median"] < 0.5 * result["constant_held_out_px_median"]
+
+
 def test_the_error_is_the_mean_pixel_distance_over_the_executed_rows():
     expert = torch.zeros(1, 32)
     predicted = torch.zeros(1, 32)
@@ -68,13 +81,16 @@ def test_the_committed_bag_is_one_start_so_the_command_names_the_split_it_cannot
     assert not (tmp_path / "probe.json").exists()
 
 
-def test_agent_positions_follow_the_examples_and_holding_still_is_the_agents_own_distance():
+def test_agent_positions_and_frames_follow_the_examples_and_holding_still_is_the_agents_own_distance():
     episodes = read_demo_bag(TEST_BAG)
-    agents = agent_inputs([TEST_BAG], stride=40)
+    agents, frames = bag_inputs([TEST_BAG], stride=40, frame_size=24)
     steps = [t for e in episodes for t in range(0, len(e.actions), 40)]
-    assert agents.shape == (len(steps), 2)
+    assert agents.shape == (len(steps), 2) and frames.shape == (len(steps), 3, 24, 24)
     first = episodes[0]
     assert agents[1].tolist() == pytest.approx((first.agent[40] / 256.0 - 1.0).tolist())
+    # Each 24x24 pixel is the mean of a 4x4 block of the 96x96 frame, centred on 0.
+    block = first.frames[40][:4, :4].reshape(-1, 3).mean(axis=0) / 255.0 - 0.5
+    assert frames[1, :, 0, 0].float().tolist() == pytest.approx(block.tolist(), abs=2e-3)
     # An expert chunk 5 px to the right of the agent on every row: holding still is 5 px off.
     chunks = (agents + torch.tensor([5 / 256.0, 0.0])).repeat(1, 16)
     assert hold_still_px(agents, chunks).tolist() == pytest.approx([5.0] * len(steps), abs=1e-4)

@@ -7,14 +7,17 @@ The served transformer sees the frame only as its VAE latent (``[16, 1, 6, 6]`` 
 probe fits a small MLP from that latent, exactly as ``train-pusht`` encodes it (the same cache), to the expert's
 16-row chunk, on the demonstrations of four starts in five (both expert seeds of each), and measures it on the
 fifth (starts it never saw). A second probe also reads the agent's position, the state input Diffusion Policy gives
-its policy beside the image. Errors are in the units of :mod:`.openloop` (mean distance in env pixels over the 8
+its policy beside the image. A third reads the frame itself (resized to 48×48) through a small CNN trained with it,
+as Diffusion Policy trains its image encoder: what an encoder fitted to this data, not a frozen VAE, can read from
+the same frames. Errors are in the units of :mod:`.openloop` (mean distance in env pixels over the 8
 executed rows), beside holding the agent still and the constant chunk (the training mean), so they read side by side
 with the policy's:
 
 - a probe far better than the policy says the latent holds what the policy has not learned to read (the
   transformer underfits);
 - a probe no better than holding still on unseen starts says the frame encoding, at this much data, is the limit;
-- the agent probe's gain over the latent one is what a state input would be worth.
+- the agent probe's gain over the latent one is what a state input would be worth;
+- the CNN probe's gain over the latent one is what a trained frame encoding would be worth.
 
 A probe regresses the conditional mean, which a multimodal expert's sample is farther from than a mean is.
 """
@@ -90,8 +93,9 @@ def fit_probe(latents: torch.Tensor, chunks: torch.Tensor, groups: torch.Tensor,
     """Fit the MLP probe on the starts that are not a multiple of ``held_out_every``; measure it on the rest.
 
     Args:
-        latents (`torch.Tensor` of shape `[E, D]`), chunks (`torch.Tensor` of shape `[E, K]`), groups
-            (`torch.LongTensor` of shape `[E]`): :func:`probe_inputs`.
+        latents (`torch.Tensor` of shape `[E, D]` or `[E, 3, s, s]`), chunks (`torch.Tensor` of shape `[E, K]`),
+            groups (`torch.LongTensor` of shape `[E]`): :func:`probe_inputs`; frames (:func:`bag_inputs`) instead of
+            features are read by a small CNN trained with the probe.
         held_out_every (`int`): Every ``held_out_every``-th start is held out.
         epochs (`int`), hidden (`int`), seed (`int`): The MLP's passes, width and initialization seed.
 
@@ -107,19 +111,21 @@ def fit_probe(latents: torch.Tensor, chunks: torch.Tensor, groups: torch.Tensor,
         raise TrainingError(f"held_out_every={held_out_every!r} leaves no start on one side of the split of "
                             f"{int(groups.unique().numel())} starts")
     generator = torch.Generator().manual_seed(seed)
-    mean, std = latents[~held].mean(0), latents[~held].std(0) + 1e-6
-    x = (latents - mean) / std
+    if latents.dim() == 2:  # features: standardized per dimension on the training starts
+        mean, std = latents[~held].mean(0), latents[~held].std(0) + 1e-6
+        x = (latents - mean) / std
+    else:  # frames in [0, 1]: centred, read by a small CNN trained with the probe
+        x = latents
     train = torch.nonzero(~held).squeeze(1)
-    torch.manual_seed(seed)
-    net = torch.nn.Sequential(torch.nn.Linear(x.shape[1], hidden), torch.nn.GELU(), torch.nn.Linear(hidden, hidden),
-                              torch.nn.GELU(), torch.nn.Linear(hidden, chunks.shape[1]))
+    torch.manual_seed(seed)  # nn.Linear and nn.Conv2d draw their initial weights from the global generator
+    net = _network(x.shape[1:], hidden, chunks.shape[1])
     optimizer = torch.optim.AdamW(net.parameters(), lr=1e-3, weight_decay=1e-4)
     started = time.perf_counter()
     for epoch in range(epochs):
         order = train[torch.randperm(len(train), generator=generator)]
         for begin in range(0, len(order), 256):
             batch = order[begin:begin + 256]
-            loss = torch.nn.functional.mse_loss(net(x[batch]), chunks[batch])
+            loss = torch.nn.functional.mse_loss(net(x[batch].float()), chunks[batch])
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
@@ -130,21 +136,53 @@ def fit_probe(latents: torch.Tensor, chunks: torch.Tensor, groups: torch.Tensor,
                                   "starts_train": int(groups[~held].unique().numel()),
                                   "starts_held_out": int(groups[held].unique().numel())}
         for name, errors in (("constant_held_out", chunk_error_px(constant.expand(int(held.sum()), -1), chunks[held])),
-                             ("probe_train", chunk_error_px(net(x[~held]), chunks[~held])),
-                             ("probe_held_out", chunk_error_px(net(x[held]), chunks[held]))):
+                             ("probe_train", chunk_error_px(_predict(net, x[~held]), chunks[~held])),
+                             ("probe_held_out", chunk_error_px(_predict(net, x[held]), chunks[held]))):
             result[f"{name}_px_median"] = float(errors.median())
             result[f"{name}_px_mean"] = float(errors.mean())
     return result
 
 
-def agent_inputs(bag_paths: Sequence[Path], stride: int) -> torch.Tensor:
-    """The agent's position at every example of ``bag_paths`` (the order :func:`probe_inputs` reads them), in the
-    model's normalized units ``[E, 2]``."""
+def _network(shape: torch.Size, hidden: int, outputs: int) -> torch.nn.Module:
+    """Two hidden layers over features ``[D]``; over frames ``[3, s, s]`` three stride-2 convolutions first."""
+    if len(shape) == 1:
+        return torch.nn.Sequential(torch.nn.Linear(shape[0], hidden), torch.nn.GELU(), torch.nn.Linear(hidden, hidden),
+                                   torch.nn.GELU(), torch.nn.Linear(hidden, outputs))
+    side = shape[-1]
+    for _ in range(3):
+        side = (side + 1) // 2
+    return torch.nn.Sequential(
+        torch.nn.Conv2d(shape[0], 32, 5, stride=2, padding=2), torch.nn.GELU(),
+        torch.nn.Conv2d(32, 64, 3, stride=2, padding=1), torch.nn.GELU(),
+        torch.nn.Conv2d(64, 64, 3, stride=2, padding=1), torch.nn.GELU(), torch.nn.Flatten(),
+        torch.nn.Linear(64 * side * side, hidden), torch.nn.GELU(), torch.nn.Linear(hidden, outputs))
+
+
+def _predict(net: torch.nn.Module, x: torch.Tensor, batch: int = 1024) -> torch.Tensor:
+    return torch.cat([net(x[i:i + batch].float()) for i in range(0, len(x), batch)])
+
+
+def bag_inputs(bag_paths: Sequence[Path], stride: int, frame_size: int = 48) -> tuple[torch.Tensor, torch.Tensor]:
+    """The agent's position and the frame at every example of ``bag_paths`` (the order :func:`probe_inputs` reads
+    them).
+
+    Returns:
+        `tuple`: positions `[E, 2]` in the model's normalized units, and frames `[E, 3, frame_size, frame_size]`
+        (area-resized, centred on 0, float16 to keep a full set in memory).
+    """
     from .recording import read_demo_bag
 
-    positions = [episode.agent[t] for bag in bag_paths for episode in read_demo_bag(bag)
-                 for t in range(0, len(episode.actions), stride)]
-    return torch.as_tensor(np.asarray(positions), dtype=torch.float32) / PIXELS_PER_UNIT - 1.0
+    positions, frames = [], []
+    for bag in bag_paths:
+        for episode in read_demo_bag(bag):
+            steps = list(range(0, len(episode.actions), stride))
+            positions.extend(episode.agent[t] for t in steps)
+            pixels = torch.as_tensor(np.asarray([episode.frames[t] for t in steps]), dtype=torch.float32)
+            pixels = pixels.permute(0, 3, 1, 2) / 255.0 - 0.5
+            frames.append(torch.nn.functional.interpolate(pixels, size=(frame_size, frame_size),
+                                                          mode="area").to(torch.float16))
+    agents = torch.as_tensor(np.asarray(positions), dtype=torch.float32) / PIXELS_PER_UNIT - 1.0
+    return agents, torch.cat(frames)
 
 
 def hold_still_px(agents: torch.Tensor, chunks: torch.Tensor) -> torch.Tensor:
@@ -161,6 +199,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--stride", type=int, default=2, help="control steps between examples (2)")
     parser.add_argument("--epochs", type=int, default=15, help="probe passes over its training starts (15)")
     parser.add_argument("--held-out-every", type=int, default=5, help="every k-th start is held out (5)")
+    parser.add_argument("--frame-size", type=int, default=48,
+                        help="side the frames are resized to for the CNN probe (48; the env renders 96)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (1)")
     parser.add_argument("--json", type=Path, default=None, help="write the result here")
     args = parser.parse_args(argv)
@@ -175,14 +215,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                  for bag in bag_paths]
         starts = [bag_start(listed_episodes([bag]), bag) for bag in bag_paths]
         latents, chunks, groups = probe_inputs(parts, starts)
-        agents = agent_inputs(bag_paths, args.stride)
+        agents, frames = bag_inputs(bag_paths, args.stride, args.frame_size)
         if len(agents) != len(latents):
             raise TrainingError(f"the bags give {len(agents)} agent positions for {len(latents)} encoded examples: "
                                 f"is {str(args.work_dir)!r} the cache of these bags at stride {args.stride}?")
         result = {"latent": fit_probe(latents, chunks, groups, held_out_every=args.held_out_every,
                                       epochs=args.epochs, log=log),
                   "latent_and_agent": fit_probe(torch.cat([latents, agents], dim=1), chunks, groups,
-                                                held_out_every=args.held_out_every, epochs=args.epochs, log=log)}
+                                                held_out_every=args.held_out_every, epochs=args.epochs, log=log),
+                  "frame_cnn": fit_probe(frames, chunks, groups, held_out_every=args.held_out_every,
+                                         epochs=args.epochs, log=log)}
     except TrainingError as exc:
         print(f"probe: {exc}", file=sys.stderr)
         return 2
@@ -192,7 +234,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     result["hold_still_held_out_px_mean"] = float(still.mean())
     document = {"date": utc_now(), "commit": git_commit(), "policy": str(args.policy),
                 "settings": {"stride": args.stride, "epochs": args.epochs, "held_out_every": args.held_out_every,
-                             "rows": EXECUTE, "hidden": 512, "seed": 0},
+                             "rows": EXECUTE, "hidden": 512, "seed": 0, "frame_size": args.frame_size},
                 "probe": result}
     text = json.dumps(document, indent=2)
     print(text)

@@ -199,7 +199,8 @@ FAVOURED_NICE = -10
 def favour(pid: int) -> bool:
     """Run every thread of ``pid`` at ``FAVOURED_NICE``; False where this user may not raise a priority.
 
-    The 100 ms health bound is about the server: with a core of its own it answers within it whatever a bomb holds.
+    The health bound (100 ms beyond what a normal frame of the bombs' size stalls it) is about the server: with a core
+    of its own it answers within it whatever a bomb holds.
     On a host loaded on purpose (both cores busy beside the suite), the server and the poller otherwise wait their turn
     behind the load for longer than that (249 ms seen at load 4, with the bombs refused in 63-327 ms), which measures
     the host. Linux keeps a nice value per thread, so each existing thread is set; later ones inherit it.
@@ -216,17 +217,23 @@ def test_msgpack_bombs_are_refused_by_name_while_health_answers_and_memory_stays
     with server_process(tmp_path, {}) as server:
         ws, _ = connect(server.port)
         assert ask(ws, {"observation/image": IMAGE, "num_candidates": 1})["actions"].shape == (8, 2)
-        # A normal frame of the bombs' size (a 15 MB prompt, refused by its own limit) warms the allocator, so what
-        # is measured next is what the bombs' content costs beyond their size.
-        sent = time.time()
-        assert ask(ws, {"observation/image": IMAGE, "prompt": "x" * BOMB_BYTES})["error"] == "INSTRUCTION_TOO_LONG"
-        normal_ms = (time.time() - sent) * 1000
-        baseline = psutil.Process(server.proc.pid).memory_info().rss
         bombs = {"maps": _maps_bomb(), "deep": _deep_bomb(), "wide": _wide_bomb()}
         poller = HealthPoller(server.port, server.proc.pid)
         favoured = favour(server.proc.pid) and favour(poller.proc.pid)
         wait_until(lambda: len(poller.latencies) >= 20, what="health checks before the bombs")
         quiet = max(seconds for _, seconds in poller.latencies)
+        # A normal frame of the bombs' size (a 15 MB prompt, refused by its own limit) warms the allocator and
+        # measures what receiving 15 MB costs the server's loop on this host (130-260 ms seen on an idle host), so
+        # what is asserted next is what the bombs' content costs beyond their size.
+        before = len(poller.latencies)
+        sent = time.time()
+        assert ask(ws, {"observation/image": IMAGE, "prompt": "x" * BOMB_BYTES})["error"] == "INSTRUCTION_TOO_LONG"
+        normal_ms = (time.time() - sent) * 1000
+        wait_until(lambda: len(poller.latencies) >= before + 5, what="health checks after the normal frame")
+        normal_worst = max(seconds for _, seconds in poller.latencies[before:])
+        baseline = psutil.Process(server.proc.pid).memory_info().rss
+        poller.peak_rss = 0  # the bombs' peak, not the normal frame's
+        after_normal = len(poller.latencies)
         refusals, spans = {}, {}
         for name, bomb in bombs.items():
             before = len(poller.latencies)
@@ -241,15 +248,16 @@ def test_msgpack_bombs_are_refused_by_name_while_health_answers_and_memory_stays
         assert "15000000 items in one array" in refusals["maps"]["message"]
         assert "deeper than" in refusals["deep"]["message"]
         assert "map entries and array items in all" in refusals["wide"]["message"]
-        worst = max(seconds for _, seconds in poller.latencies)
+        worst = max(seconds for _, seconds in poller.latencies[after_normal:])
         grown = (poller.peak_rss - baseline) / 2**20
         print(f"healthz: {len(poller.latencies)} checks, worst {worst * 1000:.1f} ms (before the bombs "
               f"{quiet * 1000:.1f} ms); bombs answered in "
               f"{ {name: round((end - start) * 1000) for name, (start, end) in spans.items()} } ms (a normal frame of "
-              f"that size: {normal_ms:.0f} ms); RSS "
+              f"that size: {normal_ms:.0f} ms, /healthz worst {normal_worst * 1000:.1f} ms meanwhile); RSS "
               f"{baseline / 2**20:.0f} MiB, peak +{grown:.1f} MiB; server and poller at nice "
               f"{FAVOURED_NICE if favoured else 'unchanged (not permitted)'}")
-        assert worst < 0.100, f"/healthz took {worst * 1000:.0f} ms during the bombs"
+        assert worst < normal_worst + 0.100, (f"/healthz took {worst * 1000:.0f} ms during the bombs, "
+                                              f"{normal_worst * 1000:.0f} ms during a normal frame of their size")
         assert grown < 50, f"the server's RSS grew by {grown:.0f} MiB"
         # The same connection serves on.
         assert ask(ws, {"observation/image": IMAGE, "num_candidates": 1})["actions"].shape == (8, 2)

@@ -58,8 +58,8 @@ def test_the_json_has_every_method_and_delay_with_figures_in_range(in_process):
         assert [e["env_seed"] for e in figures["per_episode"]] == [VALIDATION_SEED_BASE, VALIDATION_SEED_BASE + 1]
         assert all(e["steps"] == 20 or e["success"] for e in figures["per_episode"]), name
         assert figures["seam_jump_mean"] >= 0.0
-    for by_delay in document["continuity"].values():
-        assert set(by_delay) == {"0", "2"}
+    assert {name: set(by_delay) for name, by_delay in document["continuity"].items()} == {
+        "sync": {"0", "2"}, "naive_async": {"0", "2"}, "guided_mode": {"2"}}  # d = 0 cannot be asked of guidance
     settings = document["settings"]
     assert settings["through"] == "process" and settings["count"] == 2 and settings["delays"] == [0, 2]
     assert document["date"] and document["commit"] and document["started"] <= document["date"]
@@ -87,6 +87,28 @@ def test_continued_methods_freeze_their_first_rows(in_process):
         assert len(g["seams"]) == len(n["seams"]) >= 1
 
 
+def test_concurrent_episodes_are_the_serial_episodes(checkpoint, in_process, tmp_path, capsys):
+    # Three episodes at once, co-batched in one engine (and a method the server refuses among them): each episode
+    # reads only its own frames and seeds, so every method plays what the serial run played, in seed order.
+    out = tmp_path / "concurrent.json"
+    status = _bench([*COMMON, "--methods", "single,mode,mean,pose_gripper", "--delays", "0,2",
+                     "--continuity", "sync,naive_async,guided_mode", "--concurrent", "3", "--policy", str(checkpoint),
+                     "--json", str(out)])
+    assert status == 0
+    together, (_, serial) = json.loads(out.read_text()), in_process
+    assert together["settings"]["concurrent"] == 3 and serial["settings"]["concurrent"] == 1
+    assert set(together["pusht"]) == {"single", "mode", "mean"}
+    assert capsys.readouterr().err.count("method pose_gripper cannot run") == 1
+    for name in ("single", "mode", "mean"):
+        assert ([e["actions"] for e in together["pusht"][name]["per_episode"]]
+                == [e["actions"] for e in serial["pusht"][name]["per_episode"]]), name
+    for name, by_delay in serial["continuity"].items():
+        for delay, figures in by_delay.items():
+            mine = together["continuity"][name][delay]["per_episode"]
+            assert [e["actions"] for e in mine] == [e["actions"] for e in figures["per_episode"]], (name, delay)
+            assert [e["seams"] for e in mine] == [e["seams"] for e in figures["per_episode"]], (name, delay)
+
+
 def test_a_method_the_server_refuses_is_named_and_left_out(checkpoint, tmp_path, capsys):
     out = tmp_path / "refused.json"
     status = _bench([*COMMON, "--episodes", "1", "--methods", "pose_gripper,single", "--policy", str(checkpoint),
@@ -96,9 +118,21 @@ def test_a_method_the_server_refuses_is_named_and_left_out(checkpoint, tmp_path,
     assert "method pose_gripper cannot run: REDUCER_INVALID_FOR_ACTION_SPACE (13)" in capsys.readouterr().err
 
 
+def test_guidance_at_no_delay_is_named_and_left_out(checkpoint, tmp_path, capsys):
+    # inference_delay 0 means the server's wall-time latency estimate: no request freezes exactly 0 rows.
+    out = tmp_path / "d0.json"
+    status = _bench([*COMMON, "--episodes", "1", "--methods", "single", "--continuity", "naive_async,guided_mode,bid",
+                     "--delays", "0", "--policy", str(checkpoint), "--json", str(out)])
+    assert status == 0
+    assert set(json.loads(out.read_text())["continuity"]) == {"naive_async"}
+    err = capsys.readouterr().err
+    assert "method guided_mode cannot run: not at d = 0" in err and "method bid cannot run: not at d = 0" in err
+
+
 @pytest.mark.parametrize(("flags", "says"), [
     (["--methods", "modal"], "'modal'"),
     (["--continuity", "guided_mode", "--delays", "8"], "--delays in 0..7"),
+    (["--concurrent", "0", "--policy", "unused"], "--concurrent must be >= 1"),
     ([], "--policy DIR"),
 ])
 def test_a_refused_setting_exits_2_and_says_why(flags, says, capsys):

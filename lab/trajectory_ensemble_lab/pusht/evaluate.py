@@ -25,9 +25,11 @@ leaves its split is refused, so the held-out starts are measured only when asked
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -96,6 +98,9 @@ class InProcessPolicy:
     """The server's own :class:`~trajectory_ensemble_node.openpi.policy.OpenPIPolicy`, called as ``_serve`` calls it
     (prepare, build, submit, reply) with no socket: the same checks, continuity sessions and seeds.
 
+    Safe to call from several threads at once, as the server's clients do: builds take turns, as on the server's one
+    build thread, and the engine co-batches the groups in flight.
+
     Args:
         params (`NodeParams`): The parameters ``serve-openpi`` would read (:func:`serve_params`).
     """
@@ -108,15 +113,16 @@ class InProcessPolicy:
         self.policy.start()
         self.caller = Caller.anonymous(0)
         self.metadata = self.policy.metadata()
-        self._requests = 0
+        self._requests = itertools.count(1)
+        self._building = threading.Lock()
 
     def infer(self, obs: dict[str, Any]) -> dict[str, Any]:
         if obs.get("endpoint") == "reset":
             return self.policy.reset(obs, caller=self.caller)
-        self._requests += 1
-        job = self.policy.prepare(obs, request_id=f"pusht-eval-{self._requests}", caller=self.caller,
+        job = self.policy.prepare(obs, request_id=f"pusht-eval-{next(self._requests)}", caller=self.caller,
                                   arrival=time.monotonic())
-        self.policy.build(job)
+        with self._building:  # the tokenizer and the VAE run on one thread at a time, as on the server
+            self.policy.build(job)
         return self.policy.reply(job, self.policy.submit(job).result())
 
     def close(self) -> None:
@@ -124,9 +130,10 @@ class InProcessPolicy:
 
 
 def serve_params(checkpoint: Path, *, num_inference_steps: int = 10, candidate_count: int = 8,
-                 reducer: str = "mode") -> dict[str, Any]:
+                 reducer: str = "mode", groups_at_once: int = 1) -> dict[str, Any]:
     """The node parameters that serve a PushT checkpoint (a ``train-pusht`` output: pipeline and
     ``action_stats.json``) in env pixels, as ``train-pusht`` calls it: ``pusht``, chunk 16, tier 256, 10 fps, no CFG.
+    ``groups_at_once`` groups of ``candidate_count`` fit one forward (the node's default batch, 16, at least).
 
     Raises:
         PushTError: ``checkpoint`` has no ``action_stats.json``.
@@ -143,7 +150,7 @@ def serve_params(checkpoint: Path, *, num_inference_steps: int = 10, candidate_c
             "action_stats_file": str(stats.resolve()), "action_stats_method": "minmax",
             "num_inference_steps": num_inference_steps, "candidate_count": candidate_count,
             "max_candidates": max(candidate_count, 8), "reducer": reducer, "continuity_reducer": reducer,
-            "openpi_schema": "toy"}
+            "max_batch_candidates": max(16, candidate_count * groups_at_once), "openpi_schema": "toy"}
 
 
 def request_seed(base_seed: int, request: int) -> int:

@@ -145,19 +145,38 @@ def agreement(document_a: dict[str, Any], document_b: dict[str, Any]) -> dict[st
     return out
 
 
+def reducers_versus(document: dict[str, Any], baseline: str = "single") -> dict[str, dict[str, Any]]:
+    """Each reducer method against ``baseline`` on the starts both played (:func:`paired`); empty without it."""
+    blocks = document["pusht"]
+    if baseline not in blocks:
+        return {}
+    return {name: paired(blocks[baseline], f) for name, f in blocks.items() if name != baseline}
+
+
+def continuity_versus(document: dict[str, Any], baseline: str = "naive_async") -> dict[str, dict[str, Any]]:
+    """Each continuity method against ``baseline`` at the delays both ran: :func:`paired` and ``seam_ratio``
+    (``baseline``'s mean seam jump over the method's; ``None`` for a method without a seam)."""
+    blocks = document.get("continuity", {})
+    base = blocks.get(baseline, {})
+    return {name: {d: {**paired(base[d], f), "seam_ratio": base[d]["seam_jump_mean"] / f["seam_jump_mean"]
+                       if f["seam_jump_mean"] > 0 else None}
+                   for d, f in by_delay.items() if d in base}
+            for name, by_delay in blocks.items() if name != baseline}
+
+
 def markdown(document: dict[str, Any], *, baseline: str = "single") -> str:
     """The reducer table (with each method's paired difference against ``baseline``) and the published rows."""
     count = document["settings"].get("count", 8)
     lines = ["| method | mean max coverage (95 %) | success (95 %) | paired vs " + baseline + ": coverage, success |",
              "|---|---|---|---|"]
-    blocks = document["pusht"]
-    for name, f in blocks.items():
+    against = reducers_versus(document, baseline)
+    for name, f in document["pusht"].items():
         low, high = f["coverage_mean_ci95"]
         s_low, s_high = f["success_rate_ci95"]
         label = f"`{name}`" + ("" if name == "single" else f"@{count}")
         versus = ""
-        if baseline in blocks and name != baseline:
-            p = paired(blocks[baseline], f)
+        if name in against:
+            p = against[name]
             (c_low, c_high), (d_low, d_high) = p["coverage_diff_ci95"], p["success_diff_ci95"]
             versus = (f"{p['coverage_diff_mean']:+.3f} ({c_low:+.3f}..{c_high:+.3f}), "
                       f"{p['success_diff']:+.0%} ({d_low:+.0%}..{d_high:+.0%})")
@@ -171,22 +190,21 @@ def markdown(document: dict[str, Any], *, baseline: str = "single") -> str:
 
 def continuity_markdown(document: dict[str, Any], *, baseline: str = "naive_async") -> str:
     """The continuity table: per method and delay, coverage, success and the seam, with the paired coverage
-    difference against ``baseline`` at the same delay and the seam ratio ``baseline / method``."""
+    difference against ``baseline`` at the same delay and the seam ratio (:func:`continuity_versus`)."""
     lines = [f"| method | d | mean max coverage (95 %) | success (95 %) | seam jump, mean px | paired vs {baseline}: "
              "coverage | seam ratio |", "|---|---|---|---|---|---|---|"]
-    blocks = document.get("continuity", {})
-    for name, by_delay in blocks.items():
+    against = continuity_versus(document, baseline)
+    for name, by_delay in document.get("continuity", {}).items():
         for delay, f in by_delay.items():
             low, high = f["coverage_mean_ci95"]
             s_low, s_high = f["success_rate_ci95"]
             versus = ratio = ""
-            base = blocks.get(baseline, {}).get(delay)
-            if base is not None and name != baseline:
-                p = paired(base, f)
+            p = against.get(name, {}).get(delay)
+            if p is not None:
                 c_low, c_high = p["coverage_diff_ci95"]
                 versus = f"{p['coverage_diff_mean']:+.3f} ({c_low:+.3f}..{c_high:+.3f})"
-                if f["seam_jump_mean"] > 0:
-                    ratio = f"{base['seam_jump_mean'] / f['seam_jump_mean']:.1f}x"
+                if p["seam_ratio"] is not None:
+                    ratio = f"{p['seam_ratio']:.1f}x"
             lines.append(f"| `{name}` | {delay} | {f['coverage_mean']:.3f} ({low:.3f}..{high:.3f}) | "
                          f"{f['successes']}/{f['episodes']}, {f['success_rate']:.0%} ({s_low:.0%}..{s_high:.0%}) | "
                          f"{f['seam_jump_mean']:.1f} | {versus} | {ratio} |")
@@ -219,16 +237,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     document = merge([json.loads(p.read_text(encoding="utf-8")) for p in args.shards])
     if "single" in document["pusht"]:
-        document["paired_vs_single"] = {name: paired(document["pusht"]["single"], f)
-                                        for name, f in document["pusht"].items() if name != "single"}
-    base = document.get("continuity", {}).get("naive_async", {})
-    document["continuity_vs_naive_async"] = {
-        name: {d: {**paired(base[d], f), "seam_ratio": base[d]["seam_jump_mean"] / f["seam_jump_mean"]
-                   if f["seam_jump_mean"] > 0 else None}
-               for d, f in by_delay.items() if d in base}
-        for name, by_delay in document.get("continuity", {}).items() if name != "naive_async"}
-    if not document["continuity_vs_naive_async"]:
-        del document["continuity_vs_naive_async"]
+        document["paired_vs_single"] = reducers_versus(document)
+    continuity = continuity_versus(document)
+    if continuity:
+        document["continuity_vs_naive_async"] = continuity
     args.json.write_text(json.dumps(document, indent=1) + "\n", encoding="utf-8")
     table = markdown(document)
     if document.get("continuity"):

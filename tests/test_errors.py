@@ -66,3 +66,18 @@ def test_goal_errors_live_in_errors_py_and_tool_errors_in_their_tools():
     assert not tool_errors & named, "a tool error is defined twice"
     lab = PACKAGE_ROOT.parent / "lab" / "trajectory_ensemble_lab"
     assert {name for _, name in _error_classes_outside_errors_py(lab, named)} >= {"GrpoError", "RosGrpoError"}
+
+
+def test_a_reported_error_is_rebuilt_as_its_class_with_the_senders_message():
+    # A remote engine's frame and a replica's payload carry type(error).__name__, its code and str(error).
+    sent = errors.GroupCanceledError("g-1", "client went away")
+    back = errors.rebuild_error(type(sent).__name__, str(sent), code=int(sent.code), request_id="g-1")
+    assert type(back) is errors.GroupCanceledError and str(back) == "client went away" and back.request_id == "g-1"
+    assert back.reason == errors.AbortReason.CANCELED
+    aborted = errors.rebuild_error("GroupAbortedError", "the model raised", code=int(ErrorCode.ENGINE_FAILURE))
+    assert type(aborted) is errors.GroupAbortedError and aborted.request_id == "" and str(aborted) == "the model raised"
+    # An unknown name, a name that is no error class, or a known name with another code is not rebuilt.
+    assert errors.rebuild_error("SomeOtherError", "m", code=17) is None
+    assert errors.rebuild_error("ErrorCode", "m", code=int(ErrorCode.ENGINE_FAILURE)) is None
+    assert errors.rebuild_error("describe_error", "m", code=int(ErrorCode.ENGINE_FAILURE)) is None
+    assert errors.rebuild_error("GroupCanceledError", "m", code=int(ErrorCode.ENGINE_FAILURE)) is None

@@ -464,3 +464,29 @@ class ReplicaLostError(GroupFailedError):
     and the next requests are served without restarting the server."""
 
     code = ErrorCode.REPLICA_LOST
+
+
+def rebuild_error(name: str, message: str, *, code: int, request_id: str = "") -> TrajectoryEnsembleError | None:
+    """The named error another process reported (a remote engine's error frame, a replica's payload), as the same
+    class with the same message; ``None`` when this module has no error of that name and code.
+
+    The error is built without its class's constructor, so its message is the sender's ``str(error)`` verbatim (a
+    constructor may compose one) and a relay sends the frame it received.
+
+    Args:
+        name (`str`): The class name the sender gave (``type(error).__name__``).
+        message (`str`): ``str(error)`` on the sender's side.
+        code (`int`): The numeric code the sender gave; a class of that name with another code is not the same error.
+        request_id (`str`): The group it ended, for the group errors (:class:`GroupAbortedError`), which carry one.
+
+    Returns:
+        `TrajectoryEnsembleError` or `None`: the rebuilt error, for the caller to raise.
+    """
+    cls = globals().get(name)
+    if not (isinstance(cls, type) and issubclass(cls, TrajectoryEnsembleError)) or int(cls.code) != code:
+        return None
+    error = cls.__new__(cls)
+    Exception.__init__(error, message)
+    if isinstance(error, GroupAbortedError):
+        error.request_id = request_id
+    return error

@@ -18,11 +18,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from .. import errors
 from ..contract import CandidateTrajectorySpec, EnsembleResult
 from ..engine import GroupRequest
 from ..engine.context import ExecutionContext
-from ..errors import ErrorCode, TrajectoryEnsembleError
+from ..errors import ErrorCode, TrajectoryEnsembleError, rebuild_error
 from ..models.cosmos3 import Cosmos3ActionModel
 from ..openpi.policy import Job, group_request
 from ..serving.params import NodeParams
@@ -137,11 +136,7 @@ def error_from_payload(payload: dict[str, Any], request_id: str = "") -> BaseExc
     frame is the one ``serve-openpi`` sends); an unnamed failure is a plain ``RuntimeError`` (the wire's
     ``InternalError`` frame)."""
     info = payload["error"]
-    cls = getattr(errors, str(info.get("type")), None)
-    if not (isinstance(cls, type) and issubclass(cls, TrajectoryEnsembleError)):
-        return RuntimeError("the replica failed")
-    error = cls.__new__(cls)
-    Exception.__init__(error, str(info.get("message", "")))
-    if isinstance(error, errors.GroupAbortedError):
-        error.request_id = request_id
-    return error
+    code = info.get("code")
+    error = rebuild_error(str(info.get("type")), str(info.get("message", "")), code=code,
+                          request_id=request_id) if isinstance(code, int) else None
+    return error if error is not None else RuntimeError("the replica failed")

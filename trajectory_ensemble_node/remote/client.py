@@ -25,13 +25,13 @@ from websockets.sync.client import ClientConnection, connect
 
 from ..errors import (
     ErrorCode,
-    GroupAbortedError,
     RemoteDisconnectedError,
     RemoteRefusalError,
     RemoteSchemaError,
     RemoteTimeoutError,
     RemoteUnreachableError,
     TrajectoryEnsembleError,
+    rebuild_error,
 )
 from ..openpi import wire
 from ..openpi.schemas import get_schema
@@ -49,16 +49,6 @@ BATCH_EXTRAS = ("num_candidates", "reducer", "return_candidates")
 """Extras a server that draws a whole group per request must take."""
 
 
-def _named_classes() -> dict[str, type[TrajectoryEnsembleError]]:
-    found: dict[str, type[TrajectoryEnsembleError]] = {}
-    stack: list[type[TrajectoryEnsembleError]] = [TrajectoryEnsembleError]
-    while stack:
-        cls = stack.pop()
-        found.setdefault(cls.__name__, cls)
-        stack.extend(cls.__subclasses__())
-    return found
-
-
 def error_from_frame(text: str, request_id: str) -> TrajectoryEnsembleError:
     """The named error a server's text frame reports, as the same class and code where this package has it.
 
@@ -71,14 +61,10 @@ def error_from_frame(text: str, request_id: str) -> TrajectoryEnsembleError:
     except ValueError:
         return RemoteRefusalError(int(ErrorCode.ENGINE_FAILURE), "UnknownFrame", text[:200])
     name, code, message = str(frame["type"]), frame["code"], str(frame["message"])
-    cls = _named_classes().get(name)
-    if cls is not None and int(cls.code) == code:
-        try:
-            if issubclass(cls, GroupAbortedError):
-                return cls(request_id, message)
-            return cls(message)
-        except TypeError:  # a class with another constructor: reported by code
-            pass
+    if isinstance(code, int):
+        error = rebuild_error(name, message, code=code, request_id=request_id)
+        if error is not None:
+            return error
     return RemoteRefusalError(int(code) if isinstance(code, int) else int(ErrorCode.ENGINE_FAILURE), name, message)
 
 

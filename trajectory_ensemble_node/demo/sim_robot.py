@@ -83,6 +83,7 @@ class SimRobot:
         self._arrivals: list[tuple[int, Any, GoalRecord]] = []
         self._seen: set[tuple[int, int]] = set()
         self._in_flight: GoalRecord | None = None
+        self._taking_frame: GoalRecord | None = None  # time stands still until the node has taken its frame
         self._handle: Any = None
         self._positions_at: dict[int, np.ndarray] = {}
 
@@ -166,19 +167,31 @@ class SimRobot:
                                  clock_paused=not running)
         if s.fixed_delay is not None and running:
             # The chunk takes over at exactly now + d steps: held if it comes earlier, the world stopped if later.
+            # Time also stands still until the node has taken this goal's frame (its first feedback comes after):
+            # on a loaded host the next step's frame would otherwise overtake the goal, and the chunk's stamp, so
+            # the episode, would follow the host's speed instead of the seed.
             self._due_ns[seed] = now + s.fixed_delay * s.dt_ns
+            self.clock.pause()
             self.clock.stop_at(self._due_ns[seed])
-            self.clock.resume()  # a no-op unless held for this goal
+            self._taking_frame = goal_record
         record.goals.append(goal_record)
         self._goals[seed] = goal_record
         self._in_flight, self._handle = goal_record, None
-        self.action.send_goal_async(goal).add_done_callback(lambda f: self._on_response(record, goal_record, f))
+        self.action.send_goal_async(goal, feedback_callback=lambda _: self._frame_taken(goal_record)) \
+            .add_done_callback(lambda f: self._on_response(record, goal_record, f))
+
+    def _frame_taken(self, goal: GoalRecord) -> None:
+        # The node has built the goal's group (feedback), or the goal ended: the world runs on toward its chunk.
+        if self._taking_frame is goal:
+            self._taking_frame = None
+            self.clock.resume()
 
     def _on_response(self, record: EpisodeRecord, goal: GoalRecord, future: Any) -> None:
         handle = future.result()
         if not handle.accepted:
             goal.status = "rejected"
             self._in_flight = None
+            self._frame_taken(goal)
             return
         self._handle = handle
         handle.get_result_async().add_done_callback(lambda f: self._on_result(record, goal, f))
@@ -186,6 +199,7 @@ class SimRobot:
     def _on_result(self, record: EpisodeRecord, goal: GoalRecord, future: Any) -> None:
         from action_msgs.msg import GoalStatus
 
+        self._frame_taken(goal)
         now, response = self.clock.now_ns(), future.result()
         names = {v: k[len("STATUS_"):] for k, v in vars(GoalStatus).items() if k.startswith("STATUS_")}
         result = response.result
@@ -218,6 +232,7 @@ class SimRobot:
         if key in self._seen or goal is None or key[0] < self._min_stamp_ns:
             return
         self._seen.add(key)
+        self._frame_taken(goal)
         due = self._due_ns.pop(goal.seed, None)
         if due is not None:
             arrival_ns = max(arrival_ns, due)
@@ -249,7 +264,7 @@ class SimRobot:
         world = self.world
         record = EpisodeRecord(world.episode_id(scene), s.mode, s.continue_previous, start_s=origin / NS_PER_S)
         self._goals, self._arrivals, self._seen, self._positions_at = {}, [], set(), {}
-        self._due_ns = {}
+        self._due_ns, self._taking_frame = {}, None
         self._min_stamp_ns = origin
         position = world.reset(scene)
         seed0 = world.first_seed(s.base_seed, scene)

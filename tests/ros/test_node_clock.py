@@ -43,6 +43,8 @@ def served(tmp_path_factory, ros_domain_id):
         out.clock.jump(100 * NS_PER_S)
         out.clock.resume()
         out.start(1000.0)
+        # Until the node hears /clock its time reads 0: a frame it got then would be 100 s old once the clock came.
+        client.wait(lambda: "the clock jumped forward" in node.log(), 30.0, "the node to hear /clock")
         yield node, client
 
 

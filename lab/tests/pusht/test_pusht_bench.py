@@ -97,6 +97,7 @@ def test_concurrent_episodes_are_the_serial_episodes(checkpoint, in_process, tmp
     assert status == 0
     together, (_, serial) = json.loads(out.read_text()), in_process
     assert together["settings"]["concurrent"] == 3 and serial["settings"]["concurrent"] == 1
+    assert together["latency"]["concurrent"] == 3 and serial["latency"]["concurrent"] == 1
     assert set(together["pusht"]) == {"single", "mode", "mean"}
     assert capsys.readouterr().err.count("method pose_gripper cannot run") == 1
     for name in ("single", "mode", "mean"):

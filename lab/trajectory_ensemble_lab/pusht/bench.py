@@ -308,12 +308,12 @@ def collect(episodes: dict[tuple[str, str, int], list[BenchEpisode]], *, continu
     return out
 
 
-def latency(per_count_ms: dict[int, list[float]]) -> dict[str, Any]:
+def latency(per_count_ms: dict[int, list[float]], concurrent: int = 1) -> dict[str, Any]:
     """Median and p95 wall time of a chunk per candidate count (a request, or a goal through the node), beside the
-    control period."""
+    control period; ``concurrent`` episodes shared the engine (above 1 it is no robot's per-chunk latency)."""
     per_count = {str(n): {"median_ms": float(np.median(v)), "p95_ms": float(np.percentile(v, 95)),
                           "requests": len(v)} for n, v in sorted(per_count_ms.items()) if v}
-    return {"per_count": per_count, "control_period_ms": CONTROL_PERIOD_MS}
+    return {"per_count": per_count, "control_period_ms": CONTROL_PERIOD_MS, "concurrent": concurrent}
 
 
 def _names(text: str, choices: Sequence[str], flag: str) -> tuple[str, ...]:
@@ -429,7 +429,7 @@ def _run(args: argparse.Namespace) -> int:
             served = {k: policy.metadata.get(k) for k in ("model", "weights", "weights_version", "action_shape")}
         finally:
             policy.close()
-        result["latency"] = latency(draw.latency_ms)
+        result["latency"] = latency(draw.latency_ms, args.concurrent)
     result["settings"] = {"through": args.through, "policy": str(args.policy) if args.policy else None,
                           "url": args.url if args.through == "openpi" else None, "seed": first,
                           "episodes": episodes, "methods": list(methods), "continuity": list(continuity),

@@ -73,8 +73,8 @@ def merge(documents: Sequence[dict[str, Any]]) -> dict[str, Any]:
                 out["continuity"].setdefault(name, {})[delay] = summarize(
                     sorted(_episodes(rows), key=lambda e: e.env_seed))
     out["settings"] = {**documents[0]["settings"], "shards": [
-        {"seed": d["settings"]["seed"], "episodes": d["settings"]["episodes"], "date": d.get("date"),
-         "commit": d.get("commit")} for d in documents]}
+        {"seed": d["settings"]["seed"], "episodes": d["settings"]["episodes"], "started": d.get("started"),
+         "date": d.get("date"), "commit": d.get("commit")} for d in documents]}
     out["settings"]["seed"] = min(d["settings"]["seed"] for d in documents)
     out["settings"]["episodes"] = sum(d["settings"]["episodes"] for d in documents)
     out["latency"] = documents[0].get("latency")

@@ -248,13 +248,9 @@ def bench(draw: Drawer, seeds: Sequence[int], *, methods: Sequence[str], continu
         log(f"seed {seed} {name} d={delay}: max coverage {episode.max_coverage:.3f} "
             f"{'success' if episode.success else 'failure'} in {episode.steps} steps")
 
-    if concurrent == 1:
-        for job in jobs:
-            play(job)
-    else:
-        with concurrent_futures.ThreadPoolExecutor(concurrent, thread_name_prefix="pusht-episode") as pool:
-            for done in [pool.submit(play, job) for job in jobs]:
-                done.result()
+    with concurrent_futures.ThreadPoolExecutor(concurrent, thread_name_prefix="pusht-episode") as pool:
+        for done in [pool.submit(play, job) for job in jobs]:
+            done.result()
     episodes: dict[tuple[str, str, int], list[BenchEpisode]] = {}
     for seed, (block, name, _, delay, _) in jobs:  # in seed order, whatever order they finished in
         if (block, name) not in dropped and (seed, block, name, delay) in played:

@@ -21,4 +21,6 @@ COMMANDS: dict[str, tuple[str, str]] = {
                     "PushT expert demonstrations on gym-pusht as rosbag2, with their seeds and multimodality"),
     "pusht-eval": ("trajectory_ensemble_lab.pusht.evaluate",
                    "closed-loop PushT episodes through the OpenPI wire (openpi-client) or its policy in process"),
+    "pusht-oracle": ("trajectory_ensemble_lab.pusht.oracle_cli",
+                     "the PushT state oracle (lab only): train it, and measure the product's reducers on it"),
 }

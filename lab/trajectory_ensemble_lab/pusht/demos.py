@@ -2,7 +2,9 @@
 
 Each start (gym-pusht reset seed) is played by every expert seed asked for (two by default). A demonstration is a
 successful episode (the env's ``is_success``: coverage > 0.95) with its reset seed and expert seed; failures are
-counted, never kept. The multimodality figure is the share of starts whose two expert seeds took different
+counted, never kept. With :class:`DartNoise` (DART, Laskey et al. 2017) an episode sends the expert's target plus
+correlated Gaussian noise, so it visits states a clean demonstration never does, and keeps the expert's clean target
+of every step as its label (:attr:`Episode.labels`). The multimodality figure is the share of starts whose two expert seeds took different
 :class:`~.expert.ExpertRoute` *and* traced different paths: the executed agent paths of their first
 :data:`PATH_COMPARE_STEPS` steps lie at least :data:`PATH_APART` pixels apart (symmetric Hausdorff distance), so a
 label that changed while the agent went the same way does not count.
@@ -10,6 +12,7 @@ label that changed while the agent went the same way does not count.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -28,6 +31,35 @@ PATH_APART = 4 * AGENT_RADIUS
 """Two paths are different when one passes at least this far (60 px, four agent radii) from the other."""
 
 
+@dataclass(frozen=True)
+class DartNoise:
+    """Action noise injected while demonstrating (DART): the env is sent ``clip(expert target + n_t, 0, 512)``.
+
+    ``n_t`` is a stationary AR(1) process per axis, ``n_t = rho n_{t-1} + sqrt(1 - rho^2) sigma e_t``, so the
+    agent strays for several steps (the policy's own errors are correlated within a chunk) rather than jittering.
+
+    Args:
+        sigma (`float`): Stationary standard deviation of the noise per axis, env pixels (> 0).
+        rho (`float`): Step-to-step correlation, in [0, 1).
+    """
+
+    sigma: float
+    rho: float = 0.7
+
+    def __post_init__(self) -> None:
+        if not (self.sigma > 0 and 0 <= self.rho < 1):
+            raise PushTError(f"DartNoise needs sigma > 0 and rho in [0, 1), got sigma={self.sigma!r}, "
+                             f"rho={self.rho!r}")
+
+    def generator(self, env_seed: int, expert_seed: int) -> np.random.Generator:
+        """The noise's own generator for one episode (apart from the expert's, which stays as without noise)."""
+        return np.random.default_rng([DART_STREAM, expert_seed, env_seed])
+
+
+DART_STREAM = 7103
+"""First word of the noise generator's seed, so that it never equals the expert's ``[expert_seed, env_seed]``."""
+
+
 @dataclass
 class Episode:
     """One expert episode.
@@ -44,6 +76,12 @@ class Episode:
         agent_path (`np.ndarray` of shape `(K + 1, 2)`): The agent's position at reset and after each step.
         frames (`np.ndarray` of shape `(K + 1, 96, 96, 3)`, uint8, *optional*): The env's pixel observations.
         seconds (`float`): Wall time of the episode.
+        plans (`int`): How many times the expert planned.
+        states (`np.ndarray` of shape `(K + 1, 5)`, *optional*): Agent ``x, y`` and T ``x, y, angle`` at reset and
+            after each step (env pixels, radians).
+        labels (`np.ndarray` of shape `(K, 2)`, float32, *optional*): The expert's clean target at each step; equal
+            to ``actions`` unless the episode ran with :class:`DartNoise` (then ``actions`` holds what was sent).
+        dart_sigma (`float`): The noise's sigma in pixels, 0 for a clean demonstration.
     """
 
     env_seed: int
@@ -58,6 +96,9 @@ class Episode:
     frames: np.ndarray | None = None
     seconds: float = 0.0
     plans: int = field(default=0)
+    states: np.ndarray | None = None
+    labels: np.ndarray | None = None
+    dart_sigma: float = 0.0
 
     @property
     def steps(self) -> int:
@@ -69,11 +110,12 @@ class Episode:
         return {"env_seed": self.env_seed, "expert_seed": self.expert_seed, "success": self.success,
                 "steps": self.steps, "coverage": round(self.coverage, 4), "max_coverage": round(self.max_coverage, 4),
                 "route": self.route.as_dict() if self.route else None,
-                "routes_open": [r.as_dict() for r in self.routes_open], "seconds": round(self.seconds, 2)}
+                "routes_open": [r.as_dict() for r in self.routes_open], "seconds": round(self.seconds, 2),
+                "dart_sigma": self.dart_sigma}
 
 
 def run_episode(env_seed: int, expert_seed: int, max_steps: int = MAX_STEPS, frames: bool = False,
-                env: Any = None) -> Episode:
+                env: Any = None, dart: DartNoise | None = None) -> Episode:
     """Play start ``env_seed`` with the expert seeded ``expert_seed``.
 
     Args:
@@ -82,6 +124,7 @@ def run_episode(env_seed: int, expert_seed: int, max_steps: int = MAX_STEPS, fra
         max_steps (`int`): Stop after this many steps (the env's own limit is 300; tests cap it lower).
         frames (`bool`): Record the env's 96x96 pixel observations (about 4 ms a step).
         env (*optional*): A ``make_env(pixels=frames)`` env to reuse.
+        dart (`DartNoise`, *optional*): Send noisy targets and keep the clean ones as :attr:`Episode.labels`.
 
     Raises:
         PushTError: ``max_steps`` < 1 or a seed < 0.
@@ -93,24 +136,36 @@ def run_episode(env_seed: int, expert_seed: int, max_steps: int = MAX_STEPS, fra
     env = env if env is not None else make_env(pixels=frames)
     obs, info = env.reset(seed=env_seed)
     expert = PushTExpert([expert_seed, env_seed], max_steps=min(max_steps, MAX_STEPS))
-    actions, path = [], [read_state(env).agent]
+    state = read_state(env)
+    actions, labels, states = [], [], [np.concatenate([state.agent, state.block])]
+    noise_rng = dart.generator(env_seed, expert_seed) if dart is not None else None
+    noise = np.zeros(2)
     shown = [obs["pixels"]] if frames else []
     cover = best = 0.0
     success = False
     for _ in range(max_steps):
-        action = expert.act(read_state(env))
+        label = expert.act(state)
+        action = label
+        if dart is not None and noise_rng is not None:
+            noise = dart.rho * noise + math.sqrt(1.0 - dart.rho ** 2) * dart.sigma * noise_rng.standard_normal(2)
+            action = np.clip(label + noise, 0.0, 512.0).astype(np.float32)
         obs, _, terminated, truncated, info = env.step(action)
         actions.append(action)
-        path.append(read_state(env).agent)
+        labels.append(label)
+        state = read_state(env)
+        states.append(np.concatenate([state.agent, state.block]))
         if frames:
             shown.append(obs["pixels"])
         cover, success = float(info["coverage"]), bool(info["is_success"])
         best = max(best, cover)
         if terminated or truncated:
             break
+    states_arr = np.array(states)
     return Episode(env_seed, expert_seed, expert.route, list(expert.routes_open), success, cover, best,
-                   np.array(actions, dtype=np.float32).reshape(-1, 2), np.array(path),
-                   np.stack(shown) if frames else None, time.perf_counter() - started, expert.plans)
+                   np.array(actions, dtype=np.float32).reshape(-1, 2), states_arr[:, :2].copy(),
+                   np.stack(shown) if frames else None, time.perf_counter() - started, expert.plans,
+                   states_arr, np.array(labels, dtype=np.float32).reshape(-1, 2),
+                   dart.sigma if dart is not None else 0.0)
 
 
 def path_distance(a: np.ndarray, b: np.ndarray, steps: int = PATH_COMPARE_STEPS) -> float:
@@ -149,7 +204,9 @@ def multimodality(episodes: Sequence[Episode]) -> dict[str, Any]:
 
 
 def generate(seed: int, episodes: int, expert_seeds: Sequence[int] = (0, 1), max_steps: int = MAX_STEPS,
-             frames: bool = True, on_episode: Callable[[Episode], None] | None = None) -> list[Episode]:
+             frames: bool = True, on_episode: Callable[[Episode], None] | None = None,
+             dart: DartNoise | None = None, dart_seeds: Sequence[int] = (),
+             skip: Callable[[int, int], bool] | None = None) -> list[Episode]:
     """Play starts ``seed .. seed + episodes - 1``, each with every expert seed; return every episode played.
 
     Args:
@@ -160,6 +217,10 @@ def generate(seed: int, episodes: int, expert_seeds: Sequence[int] = (0, 1), max
         frames (`bool`): Record the pixel observations (needed for bags).
         on_episode (`Callable[[Episode], None]`, *optional*): Called after each episode (logging, writing a bag);
             the caller keeps or drops it, :func:`kept` says which.
+        dart (`DartNoise`, *optional*): The noise the expert seeds in ``dart_seeds`` play with.
+        dart_seeds (`Sequence[int]`): Expert seeds (also listed in ``expert_seeds``) that demonstrate with ``dart``.
+        skip (`Callable[[int, int], bool]`, *optional*): ``skip(env_seed, expert_seed)`` true leaves that episode
+            out (a resumed run skips what it wrote before).
 
     Raises:
         PushTError: ``episodes`` < 1, ``seed`` < 0 or no expert seed.
@@ -167,11 +228,17 @@ def generate(seed: int, episodes: int, expert_seeds: Sequence[int] = (0, 1), max
     if episodes < 1 or seed < 0 or not expert_seeds:
         raise PushTError(f"generate needs episodes >= 1, seed >= 0 and an expert seed, got episodes={episodes}, "
                          f"seed={seed}, expert_seeds={list(expert_seeds)}")
+    if (dart is None) != (not dart_seeds) or not set(dart_seeds) <= set(expert_seeds):
+        raise PushTError(f"DART needs both the noise and its expert seeds, among the expert seeds; got "
+                         f"dart={dart!r}, dart_seeds={list(dart_seeds)}, expert_seeds={list(expert_seeds)}")
     env = make_env(pixels=frames)
     played = []
     for env_seed in range(seed, seed + episodes):
         for expert_seed in expert_seeds:
-            ep = run_episode(env_seed, int(expert_seed), max_steps, frames, env)
+            if skip is not None and skip(env_seed, int(expert_seed)):
+                continue
+            noisy = dart if expert_seed in dart_seeds else None
+            ep = run_episode(env_seed, int(expert_seed), max_steps, frames, env, noisy)
             played.append(ep)
             if on_episode is not None:
                 on_episode(ep)

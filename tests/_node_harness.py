@@ -125,7 +125,7 @@ def image_msg(stamp_sec: float, *, seed: int = 0, height: int = 48, width: int =
     """A ``sensor_msgs/Image`` of random pixels (or the given bytes), stamped ``stamp_sec`` seconds (to the ns)."""
     from sensor_msgs.msg import Image
 
-    from trajectory_ensemble_node.ros.observations import BYTES_PER_PIXEL
+    from trajectory_ensemble_node.serving.frames import BYTES_PER_PIXEL
 
     channels = BYTES_PER_PIXEL.get(encoding, 3)
     if step is None:
@@ -598,7 +598,7 @@ def serve_node(tmp: Path, domain_id: int, overrides: Mapping[str, Any],
         domain_id (`int`): The session's ROS_DOMAIN_ID.
         overrides (`Mapping[str, Any]`): Parameters on top of :data:`BASE_PARAMS`.
         image_topics (`Iterable[str]`): Topics the client publishes images on.
-        step_delay_s (`float`): Sleep before every physical forward (test-only pacing, see ``ros/faults.py``), so
+        step_delay_s (`float`): Sleep before every physical forward (test-only pacing, see ``serving/faults.py``), so
             a cancel, preemption or shutdown lands mid-group however fast the machine is.
     """
     from trajectory_ensemble_node.cli.launcher import ros_env

@@ -29,10 +29,10 @@ LAB = "trajectory_ensemble_lab"
 LAB_ROOT = REPO_ROOT / "lab" / LAB
 
 CORE_MODULES = ("__init__", "_rotations", "contract", "error_codes", "errors", "metrics", "normalization", "novelty",
-                "reducers", "safety", "seeding", "stats", "uncertainty")
+                "quoting", "reducers", "safety", "seeding", "stats", "uncertainty")
 """Top-level modules that form the ROS-free core; every other top-level module or folder is a package of its own."""
 
-MODEL_NEVER_IMPORTS = ("toy", "ros", "openpi", "serving", "tools", "cli", "replay", "calibration", "demo")
+MODEL_NEVER_IMPORTS = ("toy", "ros", "openpi", "serving", "cli", "replay", "calibration", "demo")
 """What models/ stays below: the task it was trained on, the faces, the serving layer and the offline tools."""
 RCLPY_ALLOWED = ("ros", "cli", "replay", "demo")
 """Where rclpy may be imported in the product (relative to the package): the node, the operator commands, the bag
@@ -211,17 +211,17 @@ def test_the_cycle_check_finds_a_planted_file_cycle():
     # a package __init__ re-exporting its submodule is not a cycle.
     fake = {
         PACKAGE: "",
-        f"{PACKAGE}.tools": "from .a import x\n",
-        f"{PACKAGE}.tools.a": "from . import b\n",
-        f"{PACKAGE}.tools.b": "def f():\n    from trajectory_ensemble_node.tools import c\n",
-        f"{PACKAGE}.tools.c": "from .a import y\n",
+        f"{PACKAGE}.replay": "from .a import x\n",
+        f"{PACKAGE}.replay.a": "from . import b\n",
+        f"{PACKAGE}.replay.b": "def f():\n    from trajectory_ensemble_node.replay import c\n",
+        f"{PACKAGE}.replay.c": "from .a import y\n",
         f"{PACKAGE}.reducers": "from . import continuity\n",
         f"{PACKAGE}.continuity": "def g():\n    from .reducers import mean\n",
         f"{PACKAGE}.engine": "from .run import GroupRun\n",
         f"{PACKAGE}.engine.run": "",
     }
     cycles = file_cycles(import_graph(fake))
-    assert [f"{PACKAGE}.tools.a", f"{PACKAGE}.tools.b", f"{PACKAGE}.tools.c"] in cycles
+    assert [f"{PACKAGE}.replay.a", f"{PACKAGE}.replay.b", f"{PACKAGE}.replay.c"] in cycles
     assert [f"{PACKAGE}.continuity", f"{PACKAGE}.reducers"] in cycles
     assert len(cycles) == 2
     assert any(line.startswith("file cycle: ") for line in violations(fake))
@@ -242,8 +242,8 @@ def test_the_static_check_catches_each_kind_of_violation():
         f"{PACKAGE}.ros": "",
         f"{PACKAGE}.ros.node": "from ..models.cosmos3.adapter import X\nfrom ..models.cosmos3 import Y\n",
         f"{PACKAGE}.service": "import rclpy.node\n",
-        f"{PACKAGE}.tools": "",
-        f"{PACKAGE}.tools.demo": "from trajectory_ensemble_lab.toy import quality\ndef f():\n    import gym_pusht\n",
+        f"{PACKAGE}.demo": "",
+        f"{PACKAGE}.demo.demo": "from trajectory_ensemble_lab.toy import quality\ndef f():\n    import gym_pusht\n",
         f"{PACKAGE}.toy.episodes": "from ..models.cosmos3.tiny import CONFIGS\n",
         LAB: "",
         f"{LAB}.toy": "",
@@ -258,8 +258,8 @@ def test_the_static_check_catches_each_kind_of_violation():
     assert f"{PACKAGE}.ros.node imports {PACKAGE}.models.cosmos3.adapter: outside models/cosmos3" in found
     assert f"{PACKAGE}.ros.node imports {PACKAGE}.models.cosmos3: " not in found
     assert f"{PACKAGE}.service imports rclpy" in found
-    assert f"{PACKAGE}.tools.demo imports {LAB}.toy.quality: the product never imports the lab" in found
-    assert f"{PACKAGE}.tools.demo imports gym_pusht: PushT's simulator is the lab's" in found
+    assert f"{PACKAGE}.demo.demo imports {LAB}.toy.quality: the product never imports the lab" in found
+    assert f"{PACKAGE}.demo.demo imports gym_pusht: PushT's simulator is the lab's" in found
     assert f"{PACKAGE}.toy.episodes imports {PACKAGE}.models.cosmos3.tiny: outside models/cosmos3" in found
     assert f"{LAB}.toy.quality imports {PACKAGE}.models.cosmos3.packing: outside models/cosmos3" in found
     assert f"{LAB}.toy.quality imports rclpy" in found and f"{LAB}.grpo.ros imports" not in found
@@ -325,6 +325,73 @@ def test_the_simple_namespace_scan_finds_planted_uses():
         f"{PACKAGE}.openpi.extras:1 uses SimpleNamespace",
         f"{PACKAGE}.openpi.extras:2 uses SimpleNamespace",
         f"{PACKAGE}.openpi.schemas:2 uses SimpleNamespace",
+    ]
+
+
+# --- no re-export-only modules ------------------------------------------------------------------------------------
+
+
+def reexport_only_modules(sources: Mapping[str, str]) -> list[str]:
+    """Every module (package ``__init__`` files aside) whose body, past its docstring, is only imports, ``__all__``
+    and aliases of imported names: a shim that hides where its names live. When code moves, its callers move with it."""
+    found = []
+    for module, source in sorted(sources.items()):
+        if module == PACKAGE or module.rsplit(".", 1)[-1] == "__init__" or module in _PACKAGES_OF(sources):
+            continue
+        body = ast.parse(source).body
+        if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+            body = body[1:]
+        imported: set[str] = set()
+        only = bool(body)
+        for node in body:
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                imported |= {(a.asname or a.name).split(".")[0] for a in node.names}
+            elif isinstance(node, ast.Assign) and all(isinstance(x, ast.Name) for x in node.targets) and (
+                any(x.id == "__all__" for x in node.targets)
+                or (isinstance(node.value, ast.Name) and node.value.id in imported)
+            ):
+                continue
+            elif isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
+                continue  # an attribute docstring
+            elif _is_main_guard(node):
+                continue  # ``python -m old.path`` running the new home's main
+            else:
+                only = False
+                break
+        if only:
+            found.append(f"{module} only re-exports")
+    return found
+
+
+def _is_main_guard(node: ast.stmt) -> bool:
+    return (isinstance(node, ast.If) and isinstance(node.test, ast.Compare)
+            and isinstance(node.test.left, ast.Name) and node.test.left.id == "__name__")
+
+
+def _PACKAGES_OF(sources: Mapping[str, str]) -> set[str]:
+    # A module that other modules sit under is a package's __init__ (package_sources names it by the package).
+    return {m.rsplit(".", 1)[0] for m in sources if "." in m}
+
+
+def test_no_module_of_the_package_only_re_exports():
+    assert reexport_only_modules(package_sources()) == []
+
+
+def test_the_re_export_scan_finds_planted_shims():
+    fake = {
+        PACKAGE: "",
+        f"{PACKAGE}.serving": "from .params import PARAMETERS\n__all__ = ['PARAMETERS']\n",
+        f"{PACKAGE}.serving.params": "PARAMETERS = ()\n",
+        f"{PACKAGE}.ros": "",
+        f"{PACKAGE}.ros.params": '"""Old path."""\nfrom ..serving.params import PARAMETERS  # noqa\n__all__ = ["PARAMETERS"]\n',
+        f"{PACKAGE}.ros.host": "from .node import Host\nServing = Host\n\"\"\"Old name.\"\"\"\n",
+        f"{PACKAGE}.ros.node": "from ..serving.params import PARAMETERS\nclass Host:\n    pass\n",
+        f"{PACKAGE}.ros.empty": '"""Nothing here."""\n',
+        f"{PACKAGE}.ros.bags": "from ..replay.bags import main\nif __name__ == '__main__':\n    main()\n",
+    }
+    assert reexport_only_modules(fake) == [
+        f"{PACKAGE}.ros.bags only re-exports", f"{PACKAGE}.ros.host only re-exports",
+        f"{PACKAGE}.ros.params only re-exports",
     ]
 
 

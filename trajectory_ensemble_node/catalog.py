@@ -79,6 +79,3 @@ def load_pipeline(
     # cannot be downloaded, and a policy's video is never shown to people).
     return load_directory(policy.directory, torch_device, torch_dtype, False), policy.notice
 
-
-load_model = load_pipeline
-"""The loader's old name (it returns a pipeline, not the served model); kept for its public path."""

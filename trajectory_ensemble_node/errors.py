@@ -235,7 +235,7 @@ class FrameError(TrajectoryEnsembleError, ValueError):
 
 
 class UnsupportedEncodingError(FrameError):
-    """The image encoding is not one of the supported encodings (``ros.observations.SUPPORTED_ENCODINGS``)."""
+    """The image encoding is not one of the supported encodings (``serving.frames.SUPPORTED_ENCODINGS``)."""
 
     cause = "encoding"
 

@@ -3,7 +3,7 @@
 - Any positive deadline is a deadline: ``deadline_ms: 1e-9`` (1e-12 s) used to round to 0, which means none, and was
   served with every step. Here it is refused with ``DEADLINE_UNMEETABLE`` (82), on a cold engine and on a warm one.
 - ``DEADLINE_UNMEETABLE`` is decided before any model work, from the measured costs: the adapter's ``encode`` and
-  ``prepare`` are counted on the real adapter (shadowed on the instance, as ``ros/faults.py`` does), and a refused
+  ``prepare`` are counted on the real adapter (shadowed on the instance, as ``serving/faults.py`` does), and a refused
   group never reaches either, whether it is refused at submission or at admission after waiting in the queue.
 """
 

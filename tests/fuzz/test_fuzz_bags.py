@@ -4,7 +4,7 @@ Every bag is written with the ``rosbags`` writer (``bags.BagRecorder``, mcap or 
 states, an instruction and a reference trajectory. Then either some messages' CDR bytes are damaged as they are
 written (cut short, extended, bit-flipped, replaced by random bytes or by another type's message), or the finished
 folder is (``metadata.yaml`` garbled or mutated field by field, the storage file truncated, overwritten in places or
-removed). The bag is then read as ``replay`` reads it: the up-front check (``tools/bag_check.py``: ``bag_info``,
+removed). The bag is then read as ``replay`` reads it: the up-front check (``replay/bag_check.py``: ``bag_info``,
 ``resolve_inputs``, every message of the topics read), then the goal times, the scene seeds, and each message
 deserialized, stamped and, for frames, converted. The outcome is that whole reading, with every message counted, or a
 named error (``BagError`` and its ``CorruptMessageError``: exit 2 in both CLIs); never another exception.

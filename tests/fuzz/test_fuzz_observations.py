@@ -1,4 +1,4 @@
-"""Fuzz the node's image and state decoding (``ros/observations.py``), with duck-typed messages.
+"""Fuzz the node's image and state decoding (``serving/frames.py``, ``serving/observation_buffer.py``), with duck-typed messages.
 
 The functions under test read ``sensor_msgs/Image`` and ``sensor_msgs/JointState`` field by field and never import
 rclpy, so the messages here are ``SimpleNamespace`` objects with the same field names, holding what rclpy can hand
@@ -23,7 +23,8 @@ from hypothesis import event, example, given
 from hypothesis import strategies as st
 
 from trajectory_ensemble_node.errors import ErrorCode, FrameError
-from trajectory_ensemble_node.ros.observations import SUPPORTED_ENCODINGS, ObservationBuffer, image_to_rgb
+from trajectory_ensemble_node.serving.frames import SUPPORTED_ENCODINGS, image_to_rgb
+from trajectory_ensemble_node.serving.observation_buffer import ObservationBuffer
 
 pytestmark = pytest.mark.timeout(TIMEOUT_S)
 

@@ -1,4 +1,4 @@
-"""Fuzz the node's params file: ``ros/params_file.py:read_params_file`` then ``ros/params.py:validate``.
+"""Fuzz the node's params file: ``serving/params_file.py:read_params_file`` then ``serving/params.py:validate``.
 
 ``serve-openpi --params-file`` and ``calibrate --bag --params-file`` read the YAML the node does, without rclpy. Two
 generators: parameter trees dumped as YAML (wrong types, unknown and non-string keys, NaN and Inf, integers far past
@@ -23,8 +23,8 @@ from hypothesis import event, example, given
 from hypothesis import strategies as st
 
 from trajectory_ensemble_node.errors import ErrorCode
-from trajectory_ensemble_node.ros.params import PARAMETER_NAMES, PARAMETERS, NodeParams, validate
-from trajectory_ensemble_node.ros.params_file import read_params_file
+from trajectory_ensemble_node.serving.params import PARAMETER_NAMES, PARAMETERS, NodeParams, validate
+from trajectory_ensemble_node.serving.params_file import read_params_file
 
 pytestmark = pytest.mark.timeout(TIMEOUT_S)
 

@@ -22,7 +22,7 @@ from hypothesis.extra import numpy as hnp
 from trajectory_ensemble_node.errors import ErrorCode
 from trajectory_ensemble_node.openpi.extras import EXTRA_KEYS
 from trajectory_ensemble_node.openpi.schemas import SCHEMAS, ParsedObservation, get_schema
-from trajectory_ensemble_node.ros.input_limits import InputLimits
+from trajectory_ensemble_node.serving.input_limits import InputLimits
 
 pytestmark = pytest.mark.timeout(TIMEOUT_S)
 

@@ -25,7 +25,7 @@ from hypothesis.extra import numpy as hnp
 from trajectory_ensemble_node.errors import ErrorCode, TrajectoryEnsembleError
 from trajectory_ensemble_node.openpi import OpenPIPolicy, OpenPIServer, ServerLimits, ServerThread, parse_error_frame
 from trajectory_ensemble_node.openpi import wire
-from trajectory_ensemble_node.ros.params import validate
+from trajectory_ensemble_node.serving.params import validate
 from trajectory_ensemble_node.toy import heldout_scenes, render
 
 websockets_sync = pytest.importorskip("websockets.sync.client")

@@ -1,7 +1,7 @@
 """``trajectory-ensemble serve-openpi`` as a process: start-up refusals, SIGINT/SIGTERM with requests in flight, and
 200 connect, request and disconnect cycles without a leak.
 
-The server runs with ``TRAJECTORY_ENSEMBLE_TESTING=1`` and a test-only step delay (``ros/faults.py``), so a signal or
+The server runs with ``TRAJECTORY_ENSEMBLE_TESTING=1`` and a test-only step delay (``serving/faults.py``), so a signal or
 a disconnect lands while a group is denoising however fast the machine is. Its state is read from ``GET /stats``.
 """
 

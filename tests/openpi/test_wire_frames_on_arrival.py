@@ -2,7 +2,7 @@
 
 Before, a frame under 16 pixels on a side, or 2x256, passed the schema and failed in the pipeline's resize as
 ``ENGINE_FAILURE`` (31, "internal error"), and a ragged ``observation/joint_position`` list failed in numpy, also as
-31. Now the node's rule (``ros/input_limits.py``) refuses them in the schema parse: ``INVALID_FRAME`` (23) for an image
+31. Now the node's rule (``serving/input_limits.py``) refuses them in the schema parse: ``INVALID_FRAME`` (23) for an image
 the model cannot encode, ``OBSERVATION_SCHEMA`` (25) for a ragged, non-numeric or non-finite state; nothing reaches
 the engine, and the same connection serves the next request. Plain websockets and msgpack, as a hostile client.
 """

@@ -55,10 +55,8 @@ def test_the_wheel_holds_the_product_and_no_lab_module(wheel: Path) -> None:
     names = zipfile.ZipFile(wheel).namelist()
     modules = {n[:-3].replace("/", ".") for n in names if n.endswith(".py")}
     assert not [m for m in modules if m.startswith("trajectory_ensemble_lab") or ".bench" in m or "lab" in m.split(".")]
-    for required in ("ros.node", "engine.scheduler", "models.cosmos3.model", "tools.demo", "tools.replay",
-                     "tools.send_goal", "tools.calibrate", "tools.sim", "toy.task", "service",
-                     # issue 46: tools/ by concern (the tools.* paths above are their re-exports); the cli module
-                     # became the cli package, whose console-script names its __init__ re-exports
+    for required in ("ros.node", "engine.scheduler", "models.cosmos3.model", "toy.task", "service",
+                     # the cli package, whose console-script names its __init__ re-exports
                      "cli.__init__", "cli.__main__", "cli.dispatch", "cli.send_goal", "cli.messages", "replay.replay", "replay.bags",
                      "calibration.calibrate", "calibration.bag_calibration", "demo.demo", "demo.sim"):
         assert f"trajectory_ensemble_node.{required}" in modules, required

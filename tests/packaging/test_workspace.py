@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
-from trajectory_ensemble_node.ros.params import PARAMETERS
+from trajectory_ensemble_node.serving.params import PARAMETERS
 
 try:
     import tomllib

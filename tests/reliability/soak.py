@@ -8,7 +8,7 @@ Runs, each bounded in goals and in seconds, on loopback only:
 - clients killed (SIGKILL) mid-goal;
 - a frame flood (good, malformed and oversized frames at full speed);
 - hostile ``update_weights`` paths;
-- each engine fault of ``ros/faults.py`` (``fault_injection``, test-only);
+- each engine fault of ``serving/faults.py`` (``fault_injection``, test-only);
 - a 1 MB instruction, and SIGTERM during a goal (seconds until the process is gone).
 
 Writes the figures to ``bench/results/soak.json`` and a short ``docs/reliability.md``. Exit status 1 when a check

@@ -1,4 +1,4 @@
-"""ros/continuity.py, the closed-loop goal fields in ros/goals.py, ros/results.py, and the new parameters.
+"""serving/continuity.py, the closed-loop goal fields in ros/goals.py, ros/results.py, and the new parameters.
 
 Pure: no node, no DDS (the node-level behaviour is tests/ros/test_node_continuity.py and test_node_trust.py).
 """
@@ -22,7 +22,8 @@ from trajectory_ensemble_node.errors import (  # noqa: E402
     NegativeDelayError,
     ParameterError,
 )
-from trajectory_ensemble_node.ros import continuity, goals, params, results  # noqa: E402
+from trajectory_ensemble_node.ros import goals, results  # noqa: E402
+from trajectory_ensemble_node.serving import continuity, params  # noqa: E402
 from trajectory_ensemble_node.serving.faults import FaultInjector  # noqa: E402
 
 H, D, DT = 8, 2, 0.125

@@ -60,7 +60,7 @@ def test_metrics_become_key_values_with_units_kept_in_the_names():
 
 
 def test_nanoseconds_become_a_time_exactly_and_seconds_round_to_the_nanosecond():
-    from trajectory_ensemble_node.ros.observations import stamp_ns
+    from trajectory_ensemble_node.serving.observations import stamp_ns
 
     big = 1_767_225_601 * 1_000_000_000 + 123_456_789  # past float64's nanosecond precision in seconds
     time_msg = conversions.ns_to_time(big)

@@ -1,4 +1,4 @@
-"""ros/faults.py: the test-only fault injector fires once, then the adapter is back to normal."""
+"""serving/faults.py: the test-only fault injector fires once, then the adapter is back to normal."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Frames and joint states checked where they arrive (issue 45, row 7): one rule in ``ros/input_limits.py``.
+"""Frames and joint states checked where they arrive (issue 45, row 7): one rule in ``serving/input_limits.py``.
 
 A frame under the model's minimum side (16 pixels for Cosmos 3: the pipeline rounds each side down to a multiple of
 its VAE's factor, so a smaller one became 0 and the group failed as ``ENGINE_FAILURE``) is dropped on arrival,
@@ -17,9 +17,11 @@ pytest.importorskip("trajectory_ensemble_msgs")
 from _node_harness import NS, Stamps, published_through, serve_node, stamp_sec, succeeded  # noqa: E402
 from sensor_msgs.msg import Image, JointState  # noqa: E402
 
-from trajectory_ensemble_node.errors import ErrorCode, FrameDimensionsError, ObservationArrayError  # noqa: E402
+from trajectory_ensemble_node.errors import (  # noqa: E402
+    ErrorCode, FrameDimensionsError, NoObservationError, ObservationArrayError,
+)
 from trajectory_ensemble_node.models.cosmos3 import build_pipeline  # noqa: E402
-from trajectory_ensemble_node.ros import observations  # noqa: E402
+from trajectory_ensemble_node.serving.observation_buffer import ObservationBuffer  # noqa: E402
 from trajectory_ensemble_node.serving.input_limits import (  # noqa: E402
     MIN_IMAGE_SIDE,
     check_image_dimensions,
@@ -94,7 +96,7 @@ def test_a_joint_state_with_arrays_of_different_lengths_is_ragged():
 
 
 def test_a_tiny_frame_after_a_good_one_is_dropped_counted_and_the_good_one_serves():
-    buffer = observations.ObservationBuffer(["/cam"], min_image_side=16)
+    buffer = ObservationBuffer(["/cam"], min_image_side=16)
     assert buffer.offer_image("/cam", rgb_image(16, 16, sec=1)) is None
     for height, width in ((1, 1), (15, 15), (2, 256)):
         rejection = buffer.offer_image("/cam", rgb_image(height, width, sec=2))
@@ -105,15 +107,15 @@ def test_a_tiny_frame_after_a_good_one_is_dropped_counted_and_the_good_one_serve
 
 
 def test_the_first_frame_being_tiny_names_it_in_the_goals_error():
-    buffer = observations.ObservationBuffer(["/cam"], min_image_side=16)
+    buffer = ObservationBuffer(["/cam"], min_image_side=16)
     buffer.offer_image("/cam", rgb_image(1, 1, sec=1))
-    with pytest.raises(observations.NoObservationError, match=r"no usable image on /cam; 1 frame\(s\) refused") as info:
+    with pytest.raises(NoObservationError, match=r"no usable image on /cam; 1 frame\(s\) refused") as info:
         buffer.latest(60.0)
     assert "1x1" in str(info.value) and info.value.code == ErrorCode.NO_OBSERVATION
 
 
 def test_a_ragged_joint_state_is_dropped_and_the_last_good_one_kept():
-    buffer = observations.ObservationBuffer(["/cam"], "/state", min_image_side=16)
+    buffer = ObservationBuffer(["/cam"], "/state", min_image_side=16)
     buffer.offer_image("/cam", rgb_image(16, 16, sec=1))
     assert buffer.offer_state(JointState(name=["a", "b"], position=[0.1, 0.2])) is None
     rejection = buffer.offer_state(JointState(name=["a", "b", "c"], position=[0.5, 0.6]))
@@ -124,10 +126,10 @@ def test_a_ragged_joint_state_is_dropped_and_the_last_good_one_kept():
 
 
 def test_a_ragged_first_joint_state_is_the_reason_a_goal_gets():
-    buffer = observations.ObservationBuffer(["/cam"], "/state")
+    buffer = ObservationBuffer(["/cam"], "/state")
     buffer.offer_image("/cam", rgb_image(2, 2, sec=1))
     buffer.offer_state(JointState(name=["a"], position=[0.1, 0.2]))
-    with pytest.raises(observations.NoObservationError, match="no usable joint state on /state; 1 frame") as info:
+    with pytest.raises(NoObservationError, match="no usable joint state on /state; 1 frame") as info:
         buffer.latest(60.0, require_state=True)
     assert "name 1, position 2" in str(info.value)
 

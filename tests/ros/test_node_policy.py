@@ -72,7 +72,7 @@ def test_a_bad_reducer_for_the_width_gets_the_same_text_from_a_goal_a_parameter_
     from trajectory_ensemble_node.contract import CandidateTrajectorySpec
     from trajectory_ensemble_node.errors import ParameterError, ReducerLayoutError
     from trajectory_ensemble_node.models.cosmos3 import Cosmos3ActionModel
-    from trajectory_ensemble_node.ros import params
+    from trajectory_ensemble_node.serving import params
 
     client.publish_image(stamps())
     from_goal = client.run_goal(candidate_count=2, reducer="pose_gripper").result.error_message

@@ -11,7 +11,9 @@ import pytest
 
 from trajectory_ensemble_node.errors import ErrorCode, ImageTooLargeError, InstructionTooLongError
 from trajectory_ensemble_node.serving.input_limits import InputLimits, check_image_size, check_instruction
-from trajectory_ensemble_node.ros.observations import JointStateSample, NonFiniteStateError, check_state
+from trajectory_ensemble_node.errors import NonFiniteStateError
+from trajectory_ensemble_node.serving.input_limits import check_state
+from trajectory_ensemble_node.serving.observations import JointStateSample
 from trajectory_ensemble_node.serving.startup_checks import (
     params_files_from_args,
     raw_reducer_without_stats,

@@ -2,7 +2,7 @@
 
 Before: the replay gate met a message it could not deserialize mid-run, printed a ``rosbags`` ``SerdeError``
 traceback and exited 1, which its docs define as "a goal failed or a limit was exceeded". Now every message the run
-reads is deserialized up front (``tools/bag_check.py``), before the node is contacted: exit 2, the topic and the
+reads is deserialized up front (``replay/bag_check.py``), before the node is contacted: exit 2, the topic and the
 message's index named, no traceback, no goal sent. ``calibrate --bag`` checks its bags the same way.
 
 The bags are real rosbag2 folders written with the ``rosbags`` writer (``bags.BagRecorder``); one image's CDR bytes

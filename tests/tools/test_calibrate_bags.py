@@ -16,7 +16,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from trajectory_ensemble_node.ros.startup_checks import load_uncertainty_threshold
+from trajectory_ensemble_node.serving.startup_checks import load_uncertainty_threshold
 from trajectory_ensemble_node.testing import ReplayNode
 from trajectory_ensemble_node.replay import bags
 

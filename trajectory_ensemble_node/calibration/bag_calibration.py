@@ -17,7 +17,7 @@ from the node itself:
    (scores above the threshold) carries a Wilson 95 % interval (:func:`~trajectory_ensemble_node.stats.wilson`).
 
 Output: the JSON that the node's ``uncertainty_calibration_file`` loads (``uncertainty.threshold``, see
-``ros/startup_checks.load_uncertainty_threshold``), plus a markdown summary beside it. The node is the one answering
+``serving/startup_checks.load_uncertainty_threshold``), plus a markdown summary beside it. The node is the one answering
 on ``--node-namespace``, or, with ``--start-node``, one started for the run (``--params-file``, else the toy policy's
 settings) on a ROS domain nobody else uses, and stopped afterwards.
 """

@@ -231,11 +231,11 @@ def embed_frames(params: Any, images: Sequence[np.ndarray], grid: int | None = N
     """
     from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import CosmosActionCondition
 
-    from ..catalog import load_model
+    from ..catalog import load_pipeline
     from ..models.cosmos3 import DEFAULT_EMBEDDING_GRID, EMBEDDING_NAME, Cosmos3ActionModel, embedding_dim
 
     grid = grid or DEFAULT_EMBEDDING_GRID
-    pipe, _ = load_model(params.model, params.device, params.dtype, allow_pickle=params.allow_pickle_weights,
+    pipe, _ = load_pipeline(params.model, params.device, params.dtype, allow_pickle=params.allow_pickle_weights,
                          seed=params.seed)
     model = Cosmos3ActionModel(pipe)
     rows = []

@@ -8,7 +8,6 @@ real ROS 2 tools (``ros2 bag info/play``, Foxglove) can read it.
 
 It lives in ``cli/`` beside :mod:`.ros_client` because both the operator commands and ``replay/`` use it, and
 ``replay/`` already builds on ``cli/`` (its client session and parameter client), never the other way round.
-:mod:`trajectory_ensemble_node.replay.bags` re-exports every name here, as ``tools.bags`` did.
 """
 
 from __future__ import annotations
@@ -131,7 +130,7 @@ def stamp_ns(msg: Any) -> int:
 def image_rgb(msg: Any) -> np.ndarray:
     """RGB ``uint8`` ``[H, W, 3]`` of a ``sensor_msgs/Image`` in any encoding the node accepts (for plots).
 
-    Decoded by the node's own :func:`~trajectory_ensemble_node.ros.observations.image_to_rgb`, so a plot shows
+    Decoded by the node's own :func:`~trajectory_ensemble_node.serving.frames.image_to_rgb`, so a plot shows
     exactly the frame the node would have served.
 
     Raises:

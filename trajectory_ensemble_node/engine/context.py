@@ -14,7 +14,7 @@ chunk has no action at that time. Guidance and continuity-aware selection both u
 
 Continuity has four homes, one per layer; the others are :mod:`trajectory_ensemble_node.reducers.continuity`
 (continuity-aware selection); :mod:`trajectory_ensemble_node.models.cosmos3.guidance` (guided denoising in the
-adapter); :mod:`trajectory_ensemble_node.ros.continuity` (the node's memory of its last chunk, the rules to continue
+adapter); :mod:`trajectory_ensemble_node.serving.continuity` (the face's memory of its last chunk, the rules to continue
 it).
 """
 

@@ -55,7 +55,8 @@ from ..serving.observations import Observation, state_positions
 from ..serving.startup_checks import alarm_in_force, bundled_settings_mismatch
 from .clock import SimulatedTime
 from .conversions import stamp_seconds
-from .goals import GoalPlan, GoalRecord, plan_goal
+from ..serving.planning import GoalPlan
+from .goals import GoalRecord, plan_goal
 from .publishing import OutputTopics
 from .uncertainty_window import UncertaintyWindow
 
@@ -386,6 +387,3 @@ class ModelHost:
         if device.startswith("cuda") and torch.cuda.is_available():
             torch.cuda.empty_cache()
 
-
-Serving = ModelHost
-"""The old name of :class:`ModelHost` (``serving`` now names the ROS-free layer every face shares)."""

@@ -1,52 +1,17 @@
 """The node's side of the parameter table: declaring every parameter on an rclpy node.
 
-The table and its checks are ROS-free and shared by every face (:mod:`trajectory_ensemble_node.serving.params`); this
-path keeps re-exporting them. :func:`declare` declares them on a node with descriptors (``ros2 param describe`` shows
-the description and constraints) and validates what it read.
+The table and its checks are ROS-free and shared by every face (:mod:`trajectory_ensemble_node.serving.params`).
+:func:`declare` declares them on a node with descriptors (``ros2 param describe`` shows the description and
+constraints) and validates what it read.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from ..errors import ParameterError  # noqa: F401 - importable from here too, as before
-from ..serving.params import (  # noqa: F401 - the old public path
-    DTYPE_NAMES,
-    FAULTS,
-    GOAL_POLICIES,
-    INT64_RANGE,
-    PARAMETER_NAMES,
-    PARAMETERS,
-    POSITION_LIMIT_POLICIES,
-    TESTING_ENV,
-    NodeParams,
-    ParamSpec,
-    check_fault_injection,
-    coerce,
-    parse_fault,
-    preview,
-    validate,
-)
+from ..serving.params import PARAMETERS, NodeParams, validate
 
-__all__ = [
-    "DTYPE_NAMES",
-    "FAULTS",
-    "GOAL_POLICIES",
-    "INT64_RANGE",
-    "PARAMETER_NAMES",
-    "PARAMETERS",
-    "ParameterError",
-    "POSITION_LIMIT_POLICIES",
-    "TESTING_ENV",
-    "NodeParams",
-    "ParamSpec",
-    "check_fault_injection",
-    "coerce",
-    "declare",
-    "parse_fault",
-    "preview",
-    "validate",
-]
+__all__ = ["declare"]
 
 # ROS parameters that are not ours but may legitimately be overridden on any node.
 _FOREIGN_PREFIXES = ("use_sim_time", "qos_overrides.", "start_type_description_service", "start_parameter_services")

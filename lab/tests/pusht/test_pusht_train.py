@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from trajectory_ensemble_node.catalog import load_model
+from trajectory_ensemble_node.catalog import load_pipeline
 from trajectory_ensemble_node.contract import CandidateTrajectorySpec
 from trajectory_ensemble_node.models.cosmos3 import Cosmos3ActionModel, install_fanout
 from trajectory_ensemble_node.normalization import ActionNormalizer
@@ -71,7 +71,7 @@ def test_the_bag_source_gives_each_control_step_its_frame_and_the_recorded_next_
 def test_the_action_stats_file_is_a_fixed_minmax_over_0_512_the_node_reads(tmp_path):
     path = pusht_train.write_stats(tmp_path)
     data = json.loads(path.read_text())
-    # The node enters the domain's entry when the file has one (ros/startup_checks.py).
+    # The node enters the domain's entry when the file has one (serving/startup_checks.py).
     normalizer = ActionNormalizer.from_json(path, "minmax", 2, domain="pusht" if "pusht" in data else None)
     raw = torch.tensor([[0.0, 512.0], [256.0, 128.0]], dtype=torch.float64)
     assert torch.allclose(normalizer.normalize(raw), torch.tensor([[-1.0, 1.0], [0.0, -0.5]], dtype=torch.float64))
@@ -174,7 +174,7 @@ def test_the_saved_pipeline_is_under_10_mb_loads_through_the_catalog_and_serves_
     assert result["saved_bytes"] < 10_000_000
     weights = sorted(p.name for p in out.rglob("*.safetensors"))
     assert weights and not list(out.rglob("*.bin")) and not list(out.rglob("*.pt"))
-    pipe, notice = load_model(str(out), "cpu", "float32")
+    pipe, notice = load_pipeline(str(out), "cpu", "float32")
     assert notice == f"weights from {out}"
     model = Cosmos3ActionModel(pipe)
     frame = read_demo_bag(TEST_BAG)[0].frames[5]

@@ -1,6 +1,6 @@
 """PushT demonstrations as rosbag2, in the toy demonstration bag's layout, and read back.
 
-The layout is ``trajectory-ensemble bags make-demo-bag --reference``'s (``trajectory_ensemble_node/tools/bags.py``),
+The layout is ``trajectory-ensemble bags make-demo-bag --reference``'s (``trajectory_ensemble_node/replay/bags.py``),
 so ``replay --reference-topic /reference/actions``, ``calibrate --bag`` and novelty calibration take these bags as
 they take the toy's:
 

@@ -16,7 +16,7 @@ scheduler step, per candidate and elementwise, so each candidate keeps its own s
 
 Continuity has four homes, one per layer; the others are :mod:`trajectory_ensemble_node.engine.context` (the value
 type and the alignment math); :mod:`trajectory_ensemble_node.reducers.continuity` (continuity-aware selection);
-:mod:`trajectory_ensemble_node.ros.continuity` (the node's memory of its last chunk, the rules to continue it).
+:mod:`trajectory_ensemble_node.serving.continuity` (the face's memory of its last chunk, the rules to continue it).
 """
 
 from __future__ import annotations

@@ -21,6 +21,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
                     "PushT expert demonstrations on gym-pusht as rosbag2, with their seeds and multimodality"),
     "pusht-eval": ("trajectory_ensemble_lab.pusht.evaluate",
                    "closed-loop PushT episodes through the OpenPI wire (openpi-client) or its policy in process"),
+    "code-sizes": ("trajectory_ensemble_lab.code_sizes",
+                   "the product's Python lines and files per folder at two commits (bench/results/code-sizes.md)"),
     "pusht-oracle": ("trajectory_ensemble_lab.pusht.oracle_cli",
                      "the PushT state oracle (lab only): train it, and measure the product's reducers on it"),
 }

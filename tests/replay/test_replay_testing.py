@@ -19,7 +19,7 @@ pytestmark = [pytest.mark.ros, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "replay-tests.md"
-EXAMPLE_MARK = "<!-- the example test: tests/tools/test_replay_testing.py runs it as written -->"
+EXAMPLE_MARK = "<!-- the example test: tests/replay/test_replay_testing.py runs it as written -->"
 
 INNER = '''
 import os

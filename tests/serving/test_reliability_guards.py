@@ -9,10 +9,8 @@ import types
 import numpy as np
 import pytest
 
-from trajectory_ensemble_node.errors import ErrorCode, ImageTooLargeError, InstructionTooLongError
-from trajectory_ensemble_node.serving.input_limits import InputLimits, check_image_size, check_instruction
-from trajectory_ensemble_node.errors import NonFiniteStateError
-from trajectory_ensemble_node.serving.input_limits import check_state
+from trajectory_ensemble_node.errors import ErrorCode, ImageTooLargeError, InstructionTooLongError, NonFiniteStateError
+from trajectory_ensemble_node.serving.input_limits import InputLimits, check_image_size, check_instruction, check_state
 from trajectory_ensemble_node.serving.observations import JointStateSample
 from trajectory_ensemble_node.serving.startup_checks import (
     params_files_from_args,

@@ -123,6 +123,19 @@ def test_candidate_count_above_max_and_unknown_reducer_are_refused_before_any_mo
     assert too_many.feedback == [] and unknown.feedback == []
 
 
+def test_an_8_mib_goal_string_is_quoted_briefly_in_the_result_and_the_log(client, served):
+    # Issue 61, row 3: an 8 MiB reducer got code 12 with an 8.4 MB error_message and an 8.4 MB log line.
+    node = served[0]
+    fresh_observation(client)
+    for field, code in (("reducer", ErrorCode.UNKNOWN_REDUCER), ("guidance", ErrorCode.INVALID_CONTEXT)):
+        logged = node.log_path.stat().st_size
+        refused = client.run_goal(**{field: "r" * (8 * 1024 * 1024)})
+        assert_aborted(refused, code, f"unknown {field} str of 8388608 characters, starting 'rrrr")
+        assert len(refused.result.error_message.encode()) < 4096
+        client.wait(lambda: f"aborted ({code.name})" in node.log()[logged:], 30, "the goal's log line")
+        assert node.log_path.stat().st_size - logged < 4096, f"{field}: the log grew by more than 4 KiB"
+
+
 @pytest.mark.parametrize(
     ("fault", "code"),
     [("engine_exception", ErrorCode.ENGINE_FAILURE), ("out_of_memory", ErrorCode.OUT_OF_MEMORY),

@@ -25,6 +25,7 @@ import signal
 import sys
 
 from ..errors import ParameterError, TrajectoryEnsembleError, describe_error
+from ..quoting import BoundedFormatter, quote_value
 from ..serving import params as node_params
 from ..serving.params_file import read_params_file
 from ..serving.shutdown import arm_exit_deadline
@@ -71,7 +72,8 @@ def check_bind(host: str, api_key: str | list[str] | None, allow_remote_without_
     """
     if api_key or is_loopback(host) or allow_remote_without_key:
         return
-    raise ParameterError(f"invalid parameters:\n  --host {host!r} accepts connections from other machines but no key "
+    raise ParameterError(f"invalid parameters:\n  --host {quote_value(host)} accepts connections from other machines "
+                         "but no key "
                          f"is set; give --api-key (or ${API_KEY_ENV}), bind 127.0.0.1, or pass "
                          "--allow-remote-without-key")
 
@@ -115,8 +117,9 @@ def run(args: argparse.Namespace) -> int:
     Returns:
         `int`: 0 after a signal, 2 when the parameters, the bind or the model are invalid (the error is printed).
     """
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-                        stream=sys.stderr)
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(BoundedFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=logging.INFO, handlers=[handler])
     keys = [k for k in (args.api_key or [os.environ.get(API_KEY_ENV) or ""]) if k]
     api_key = keys or None
     try:

@@ -34,6 +34,7 @@ import numpy as np
 
 from ..engine.context import DEFAULT_MAX_GUIDANCE_WEIGHT, ExecutionContext
 from ..errors import ExecutionContextError, GoalRequestError, InvalidSpecError
+from ..quoting import quote_value
 from ..serving.params import NodeParams
 from ..serving.planning import GoalPlan, PlanRequest, plan_goal
 
@@ -87,14 +88,14 @@ class RequestExtras:
 def _int(obs: Mapping[str, Any], key: str, error: type[Exception], default: int = 0) -> int:
     value = obs.get(key, default)
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
-        raise error(f"{key} must be an integer, got {type(value).__name__} {value!r}")
+        raise error(f"{key} must be an integer, got {quote_value(value, typed=True)}")
     return int(value)
 
 
 def _bool(obs: Mapping[str, Any], key: str, error: type[Exception]) -> bool:
     value = obs.get(key, False)
     if not isinstance(value, (bool, np.bool_)):
-        raise error(f"{key} must be true or false, got {type(value).__name__} {value!r}")
+        raise error(f"{key} must be true or false, got {quote_value(value, typed=True)}")
     return bool(value)
 
 
@@ -103,9 +104,9 @@ def _number(obs: Mapping[str, Any], key: str) -> float | None:
     if value is None:
         return None
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
-        raise GoalRequestError(f"{key} must be a number, got {type(value).__name__} {value!r}")
+        raise GoalRequestError(f"{key} must be a number, got {quote_value(value, typed=True)}")
     if not np.isfinite(float(value)):
-        raise GoalRequestError(f"{key} must be finite, got {value!r}")
+        raise GoalRequestError(f"{key} must be finite, got {quote_value(value)}")
     return float(value)
 
 
@@ -114,7 +115,7 @@ def _text(obs: Mapping[str, Any], key: str, error: type[Exception], default: str
     if value is None or value is default:
         return value
     if not isinstance(value, str):
-        raise error(f"{key} must be a string, got {type(value).__name__} {value!r}")
+        raise error(f"{key} must be a string, got {quote_value(value, typed=True)}")
     return value
 
 
@@ -130,7 +131,7 @@ def parse_context(value: Any) -> ExecutionContext:
     unknown = sorted(set(value) - set(CONTEXT_KEYS), key=str)
     missing = [key for key in CONTEXT_KEYS[:5] if key not in value]
     if unknown or missing:
-        raise ExecutionContextError(f"context keys: unknown {unknown}, missing {missing}; expected "
+        raise ExecutionContextError(f"context keys: unknown {quote_value(unknown)}, missing {missing}; expected "
                                     f"{list(CONTEXT_KEYS)}")
     previous = value["previous"]
     if not isinstance(previous, np.ndarray) or previous.dtype.kind != "f" or previous.ndim != 2:
@@ -139,7 +140,7 @@ def parse_context(value: Any) -> ExecutionContext:
         raise ExecutionContextError(f"context previous must be a 2-D float array [H_prev, D], got {kind}")
     frozen = value["frozen"]
     if isinstance(frozen, (bool, np.bool_)) or not isinstance(frozen, (int, np.integer)):
-        raise ExecutionContextError(f"context frozen must be an integer, got {type(frozen).__name__} {frozen!r}")
+        raise ExecutionContextError(f"context frozen must be an integer, got {quote_value(frozen, typed=True)}")
     guidance = value.get("guidance", "prefix")
     if not isinstance(guidance, str):
         raise ExecutionContextError(f"context guidance must be a string, got {type(guidance).__name__}")
@@ -167,18 +168,18 @@ def parse_extras(obs: Mapping[str, Any]) -> RequestExtras:
     """
     endpoint = _text(obs, "endpoint", GoalRequestError, "infer")
     if endpoint not in ENDPOINTS:
-        raise GoalRequestError(f"endpoint must be one of {list(ENDPOINTS)}, got {endpoint!r}")
+        raise GoalRequestError(f"endpoint must be one of {list(ENDPOINTS)}, got {quote_value(endpoint)}")
     session_id = _text(obs, "session_id", GoalRequestError, None) or None  # "" = no session named
     if session_id is not None and len(session_id) > MAX_SESSION_ID_CHARS:
         raise GoalRequestError(f"session_id must have at most {MAX_SESSION_ID_CHARS} characters, got "
-                               f"{len(session_id)} ({session_id[:40]!r})")
+                               f"{quote_value(session_id)}")
     scope = _text(obs, "session_scope", GoalRequestError, "connection")
     if scope not in SESSION_SCOPES:
-        raise GoalRequestError(f"session_scope must be one of {list(SESSION_SCOPES)}, got {scope!r}")
+        raise GoalRequestError(f"session_scope must be one of {list(SESSION_SCOPES)}, got {quote_value(scope)}")
     seed = None if obs.get("seed") is None else _int(obs, "seed", InvalidSpecError)
     deadline_ms = _number(obs, "deadline_ms") or 0.0
     if deadline_ms < 0:
-        raise GoalRequestError(f"deadline_ms must be >= 0 (0 = none), got {deadline_ms!r}")
+        raise GoalRequestError(f"deadline_ms must be >= 0 (0 = none), got {quote_value(deadline_ms)}")
     continue_previous = _bool(obs, "continue_previous", GoalRequestError)
     context = None if obs.get("context") is None else parse_context(obs["context"])
     if context is not None and continue_previous:

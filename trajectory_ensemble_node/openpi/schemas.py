@@ -37,6 +37,7 @@ from ..errors import (
     ParameterError,
     UnknownObservationKeyError,
 )
+from ..quoting import quote_value
 from ..serving.frames import tile_views
 from ..serving.input_limits import InputLimits, check_image_dimensions, check_image_fields, state_values
 
@@ -150,14 +151,15 @@ class ObservationSchema:
             if "expects" in str(error):
                 raise
             # Every schema error lists the keys expected.
-            raise type(error)(f"{error}; schema {self.name!r} expects {self.expected()}") from None
+            raise type(error)(f"{error}; schema {quote_value(self.name)} expects {self.expected()}") from None
 
     def _parse(self, obs: Mapping[str, Any], extras: Iterable[str], limits: InputLimits) -> ParsedObservation:
         layout = self._layout(obs)
         unknown = sorted(set(obs) - set(self.keys()) - set(extras))
         if unknown:
             raise UnknownObservationKeyError(
-                f"unknown key(s) {unknown}: schema {self.name!r} expects {self.expected()}, plus the extras "
+                f"unknown key(s) {quote_value(unknown)}: schema {quote_value(self.name)} expects "
+                f"{self.expected()}, plus the extras "
                 f"{sorted(extras)}")
         views = [self._image(key, obs[key], limits) for key in layout.keys]
         if len(views) > 1 and len({v.shape for v in views}) > 1:
@@ -168,8 +170,8 @@ class ObservationSchema:
         if prompt is None:
             prompt = ""
         if not isinstance(prompt, str):
-            raise ObservationArrayError(f"{self.prompt_key} must be a string, got {type(prompt).__name__} "
-                                        f"{_preview(prompt)}")
+            raise ObservationArrayError(f"{self.prompt_key} must be a string, got "
+                                        f"{quote_value(prompt, typed=True)}")
         return ParsedObservation(np.ascontiguousarray(layout.compose(views)), prompt, state, layout.name)
 
     def _layout(self, obs: Mapping[str, Any]) -> ImageLayout:
@@ -180,15 +182,16 @@ class ObservationSchema:
         if not present or any(k not in obs for k in present[0].keys):
             wanted = present[0].keys if present else self.layouts[0].keys
             missing = [k for k in wanted if k not in obs]
-            raise MissingObservationKeyError(f"missing {missing}: schema {self.name!r} expects {self.expected()}; "
-                                             f"the request has {sorted(obs)}")
+            raise MissingObservationKeyError(f"missing {missing}: schema {quote_value(self.name)} expects "
+                                             f"{self.expected()}; "
+                                             f"the request has {quote_value(sorted(obs))}")
         return present[0]
 
     @staticmethod
     def _image(key: str, value: Any, limits: InputLimits) -> np.ndarray:
         if not isinstance(value, np.ndarray):
-            raise ObservationArrayError(f"{key} must be an {IMAGE} numpy array, got {type(value).__name__} "
-                                        f"{_preview(value)}")
+            raise ObservationArrayError(f"{key} must be an {IMAGE} numpy array, got "
+                                        f"{quote_value(value, typed=True)}")
         if value.dtype != np.uint8:
             raise ObservationArrayError(f"{key} must be uint8 ({IMAGE}), got dtype {value.dtype} "
                                         f"shape {list(value.shape)}")
@@ -202,18 +205,13 @@ class ObservationSchema:
     @staticmethod
     def _state(spec: StateKey, value: Any) -> np.ndarray:
         if not isinstance(value, (list, tuple, float, int, np.generic, np.ndarray)):
-            raise ObservationArrayError(f"{spec.key} must be {spec.describe()}, got {type(value).__name__} "
-                                        f"{_preview(value)}")
+            raise ObservationArrayError(f"{spec.key} must be {spec.describe()}, got "
+                                        f"{quote_value(value, typed=True)}")
         # The node's rule for state values: numbers only, not ragged, finite (ObservationArrayError, 25).
         state = state_values(value, what=spec.key)
         if tuple(state.shape) not in spec.shapes:
             raise ObservationArrayError(f"{spec.key} must have shape {spec.describe()}, got {list(state.shape)}")
         return state
-
-
-def _preview(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def compose_droid(views: Sequence[np.ndarray]) -> np.ndarray:
@@ -257,5 +255,6 @@ def get_schema(name: str) -> ObservationSchema:
         ParameterError: no such schema.
     """
     if name not in SCHEMAS:
-        raise ParameterError(f"invalid parameters:\n  openpi_schema: {name!r} is not one of {sorted(SCHEMAS)}")
+        raise ParameterError(f"invalid parameters:\n  openpi_schema: {quote_value(name)} is not one of "
+                             f"{sorted(SCHEMAS)}")
     return SCHEMAS[name]

@@ -65,6 +65,7 @@ from ..errors import (
     TrajectoryEnsembleError,
     describe_error,
 )
+from ..quoting import bound_text, quote_value
 from ..serving.params import NodeParams
 from . import wire
 from .connections import ConnectionTable, KeyRing
@@ -233,7 +234,7 @@ class OpenPIServer:
             return connection.respond(http.HTTPStatus.OK, "OK\n")
         if path not in (*ROUTES, STATS_ROUTE):
             return connection.respond(http.HTTPStatus.NOT_FOUND,
-                                      f"no route {path!r}; the OpenPI wire is served at {list(ROUTES)}\n")
+                                      f"no route {quote_value(path)}; the OpenPI wire is served at {list(ROUTES)}\n")
         if self._stopping:
             self.counts["refused_shutdown"] += 1
             return connection.respond(http.HTTPStatus.SERVICE_UNAVAILABLE,
@@ -258,7 +259,7 @@ class OpenPIServer:
                                               is_closed=lambda ws: ws.state is State.CLOSED)
         except CapacityError as refusal:
             self.counts["refused_capacity"] += 1
-            logger.warning("openpi: refused a connection from %s: %s", peer, refusal)
+            logger.warning("openpi: refused a connection from %s: %s", peer, bound_text(str(refusal)))
             return connection.respond(http.HTTPStatus.SERVICE_UNAVAILABLE, _refusal(refusal))
         for reclaim in reclaims:
             self.counts["closed_reclaimed"] += 1
@@ -357,7 +358,7 @@ class OpenPIServer:
             return wire.pack(reply)
         except TrajectoryEnsembleError as error:
             self.counts["error_frames"] += 1
-            logger.info("openpi: %s refused: %s: %s", request_id, type(error).__name__, error)
+            logger.info("openpi: %s refused: %s: %s", request_id, type(error).__name__, bound_text(str(error)))
             return wire.error_frame(error)
         except Exception as error:
             self.counts["error_frames"] += 1
@@ -450,7 +451,8 @@ class ServerThread:
         """Start serving; returns once the port accepts connections."""
         self._thread.start()
         if not self._ready.wait(timeout) or self._error is not None:
-            raise RuntimeError(f"the OpenPI server did not start: {self._error!r}")
+            raise RuntimeError(f"the OpenPI server did not start: {type(self._error).__name__}: "
+                               f"{bound_text(str(self._error))}")
         return self
 
     @property

@@ -31,6 +31,7 @@ from ..engine.validity import to_model_space
 from ..errors import GoalRequestError
 from ..metrics import GroupCounters
 from ..normalization import ActionNormalizer
+from ..quoting import quote_value
 from ..serving.continuity import ChunkMemory, ContinuityDecision, ServedChunk
 from ..serving.planning import GoalPlan
 
@@ -93,7 +94,8 @@ def session_key(caller: Caller, session_id: str | None, scope: str) -> SessionKe
         raise GoalRequestError("session_scope 'key' needs a session_id: a connection's own session is never shared")
     if not caller.keyed:
         raise GoalRequestError(f"session_scope 'key' needs a server key (--api-key): without one every client is "
-                               f"anonymous, so session {session_id!r} can only be private to this connection")
+                               f"anonymous, so session {quote_value(session_id)} can only be private to this "
+                               "connection")
     return SessionKey(caller.owner, None, session_id)
 
 

@@ -30,6 +30,7 @@ import msgpack
 import numpy as np
 
 from ..errors import ErrorCode, InvalidMessageError, TrajectoryEnsembleError
+from ..quoting import QUOTE_CHARS, bound_text, quote_value
 
 _ARRAY = "__ndarray__"
 _SCALAR = "__npgeneric__"
@@ -67,9 +68,11 @@ def _dtype(value: Any) -> np.dtype:
     try:
         dtype = np.dtype(value.decode() if isinstance(value, bytes) else value)
     except (TypeError, ValueError):
-        raise InvalidMessageError(f"array dtype {value!r} is not a numpy dtype string such as '<f4' or '|u1'") from None
+        raise InvalidMessageError(f"array dtype {quote_value(value)} is not a numpy dtype string such as '<f4' or "
+                                  "'|u1'") from None
     if dtype.kind not in _KINDS or dtype.hasobject:
-        raise InvalidMessageError(f"array dtype {value!r} is refused; only bool, integer and float arrays are accepted")
+        raise InvalidMessageError(f"array dtype {quote_value(value)} is refused; only bool, integer and float arrays "
+                                  "are accepted")
     return dtype
 
 
@@ -79,12 +82,13 @@ def _decode(obj: dict) -> Any:
         shape, data = _field(obj, "shape"), _field(obj, "data")
         if (not isinstance(shape, (list, tuple))
                 or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in shape)):
-            raise InvalidMessageError(f"array shape {shape!r} is not a list of non-negative integers")
+            raise InvalidMessageError(f"array shape {quote_value(shape)} is not a list of non-negative integers")
         if not isinstance(data, (bytes, bytearray)):
             raise InvalidMessageError(f"array data must be bytes, got {type(data).__name__}")
         expected = math.prod(shape) * dtype.itemsize
         if len(data) != expected:
-            raise InvalidMessageError(f"array of shape {list(shape)} and dtype {dtype.str!r} needs {expected} bytes, "
+            raise InvalidMessageError(f"array of shape {list(shape)} and dtype {quote_value(dtype.str)} needs "
+                                      f"{expected} bytes, "
                                       f"got {len(data)}")
         return np.frombuffer(data, dtype=dtype).reshape(shape)
     if _SCALAR.encode() in obj or _SCALAR in obj:
@@ -95,7 +99,8 @@ def _decode(obj: dict) -> Any:
         try:
             return dtype.type(value)
         except (TypeError, ValueError, OverflowError):
-            raise InvalidMessageError(f"numpy scalar {value!r} does not fit dtype {dtype.str!r}") from None
+            raise InvalidMessageError(f"numpy scalar {quote_value(value)} does not fit dtype "
+                                      f"{quote_value(dtype.str)}") from None
     return obj
 
 
@@ -212,7 +217,7 @@ def unpack(frame: bytes | str, limits: DecodeLimits = DEFAULT_LIMITS) -> dict[st
             that is not a map.
     """
     if isinstance(frame, str):
-        raise InvalidMessageError(f"requests are binary msgpack frames; got a text frame starting {frame[:40]!r}")
+        raise InvalidMessageError(f"requests are binary msgpack frames; got a text frame starting {quote_value(frame)}")
     counter = _Counter(limits)
     try:
         obj = msgpack.unpackb(frame, object_hook=counter.on_map, list_hook=counter.on_list, raw=False,
@@ -227,8 +232,8 @@ def unpack(frame: bytes | str, limits: DecodeLimits = DEFAULT_LIMITS) -> dict[st
         bound = _bound_message(error, limits) if isinstance(error, ValueError) else None
         if bound is not None:
             raise InvalidMessageError(bound) from None
-        raise InvalidMessageError(f"the frame is not msgpack ({type(error).__name__}: {error}); it starts "
-                                  f"{bytes(frame[:16])!r}") from None
+        raise InvalidMessageError(f"the frame is not msgpack ({type(error).__name__}: "
+                                  f"{bound_text(str(error), QUOTE_CHARS)}); it is {quote_value(frame, 16)}") from None
     depth = _depth(obj)
     if depth > limits.max_depth:
         raise InvalidMessageError(f"the frame nests maps and arrays {depth} deep, above the limit of "
@@ -237,7 +242,7 @@ def unpack(frame: bytes | str, limits: DecodeLimits = DEFAULT_LIMITS) -> dict[st
         raise InvalidMessageError(f"a request must be a msgpack map of observation keys, got a {type(obj).__name__}")
     if not all(isinstance(key, str) for key in obj):
         bad = next(key for key in obj if not isinstance(key, str))
-        raise InvalidMessageError(f"request keys must be strings, got {bad!r}")
+        raise InvalidMessageError(f"request keys must be strings, got {quote_value(bad)}")
     return obj
 
 
@@ -248,7 +253,7 @@ def error_frame(error: BaseException) -> str:
         error (`BaseException`): What ended the request; anything but a named error is reported without detail.
     """
     if isinstance(error, TrajectoryEnsembleError):
-        code, kind, message = ErrorCode(error.code), type(error).__name__, str(error)
+        code, kind, message = ErrorCode(error.code), type(error).__name__, bound_text(str(error))
     else:
         code, kind, message = ErrorCode.ENGINE_FAILURE, "InternalError", INTERNAL_ERROR_MESSAGE
     return json.dumps({"error": code.name, "code": int(code), "type": kind, "message": message})
@@ -262,5 +267,5 @@ def parse_error_frame(text: str) -> dict[str, Any]:
     """
     payload = json.loads(text)
     if not isinstance(payload, dict) or not {"error", "code", "type", "message"} <= set(payload):
-        raise ValueError(f"not an error frame: {text[:80]!r}")
+        raise ValueError(f"not an error frame: {quote_value(text, 80)}")
     return payload

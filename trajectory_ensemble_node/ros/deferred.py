@@ -22,6 +22,8 @@ import traceback
 from collections.abc import Callable, Hashable
 from typing import Any
 
+from ..quoting import bound_text
+
 LOG_SEVERITIES = ("debug", "info", "warning", "error", "fatal")
 """Severities :meth:`Deferred.log` accepts (the names of rclpy's logger methods)."""
 
@@ -110,7 +112,7 @@ class Deferred:
             raise ValueError(f"severity {severity!r} is not one of {list(LOG_SEVERITIES)}")
         if self._stopped.is_set():
             return
-        self._queue.put((time.monotonic() + self.delay_s, _emit, (logger, severity, message), None))
+        self._queue.put((time.monotonic() + self.delay_s, _emit, (logger, severity, bound_text(message)), None))
 
     def stop(self, timeout_s: float = 1.0) -> None:
         """Run what is already queued (without waiting out its delay), then end the thread."""

@@ -37,6 +37,7 @@ from ..errors import (  # noqa: F401 - GoalRejectedError and GoalRequestError ar
     GoalRequestError,
     GroupAbortedError,
 )
+from ..quoting import quote_value
 from ..serving.params import NodeParams
 from ..serving.planning import GoalPlan, PlanRequest
 from ..serving.planning import plan_goal as plan_request
@@ -179,7 +180,7 @@ class GoalRecord:
             `bool`: False when the goal had already ended or committed to its result (the stop comes too late).
         """
         if state not in _STOPS:
-            raise ValueError(f"a goal is stopped as one of {[s.value for s in _STOPS]}, got {state.value!r}")
+            raise ValueError(f"a goal is stopped as one of {[s.value for s in _STOPS]}, got {quote_value(state.value)}")
         if not self.transition(state, why):
             return False
         self._cancel_handle()

@@ -19,6 +19,7 @@ from typing import Any
 
 from rclpy.qos import HistoryPolicy, QoSProfile, ReliabilityPolicy
 
+from ..quoting import bound_text, quote_value
 from ..serving import params as node_params
 from ..serving.startup_checks import (
     count_same_name,
@@ -64,9 +65,10 @@ def check_params_files(node: Any, argv: Sequence[str]) -> None:
     name = node.get_fully_qualified_name()
     for path, sections in unmatched_params_files(params_files_from_args(argv), name):
         node.get_logger().warning(
-            f"params file {path!r} has no section for this node ({name}); its sections {sections} apply to other "
+            f"params file {quote_value(path)} has no section for this node ({name}); its sections {sections} apply "
+            "to other "
             f"nodes, so every parameter they set is ignored here and this node runs on defaults "
-            f"(key the file by {name!r} or '/**/{node.get_name()}')"
+            f"(key the file by {quote_value(name)} or '/**/{node.get_name()}')"
         )
 
 
@@ -106,7 +108,8 @@ def check_parameter_types(changes: Sequence[Any]) -> str | None:
               else isinstance(value, (list, tuple)) if expected is list
               else isinstance(value, expected))
         if not ok:
-            return (f"{change.name}: expected a {expected.__name__}, got {value!r} ({type(value).__name__}); "
+            return (f"{change.name}: expected a {expected.__name__}, got {quote_value(value)} "
+                    f"({type(value).__name__}); "
                     f"nothing was changed")
     return None
 
@@ -137,10 +140,10 @@ def set_parameters(changes: Sequence[Any], *, sim_time: bool, faults: Any, logge
         try:
             node_params.check_fault_injection(value)
         except ParameterError as error:
-            return SetParametersResult(successful=False, reason=str(error))
+            return SetParametersResult(successful=False, reason=bound_text(str(error)))
         if faults is not None:
             faults.arm(value)
-            logger.warning(f"TEST ONLY: fault {value!r} armed for the next group")
+            logger.warning(f"TEST ONLY: fault {quote_value(value)} armed for the next group")
     return SetParametersResult(successful=True)
 
 

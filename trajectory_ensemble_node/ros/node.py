@@ -62,6 +62,7 @@ from ..errors import (
     error_table,
 )
 from ..metrics import GroupCounters
+from ..quoting import bound_text
 from ..remote import RemoteEngine
 from ..serving.continuity import CONTINUED, NOT_REQUESTED, WEIGHTS_UPDATED
 from . import params as node_params
@@ -321,7 +322,7 @@ class TrajectoryEnsembleNode(LifecycleNode):
             return self._succeed(goal_handle, record, serving, result)
         except Exception as error:  # noqa: BLE001 - whatever happens, the goal must reach a terminal state
             if not isinstance(error, TrajectoryEnsembleError):
-                self.get_logger().error(f"goal {goal_id}: unexpected {type(error).__name__}: {error}")
+                self.get_logger().error(bound_text(f"goal {goal_id}: unexpected {type(error).__name__}: {error}"))
             # A stop that came first names the end, whatever the engine raised meanwhile.
             return self._end(goal_handle, record, record.stop_error() or error)
         finally:
@@ -390,7 +391,9 @@ class TrajectoryEnsembleNode(LifecycleNode):
              error: BaseException) -> GenerateTrajectory.Result:
         """End a goal that did not succeed: its state from its code, the action's terminal status, the result."""
         code = error.code if isinstance(error, TrajectoryEnsembleError) else ErrorCode.ENGINE_FAILURE
-        message = str(error) if isinstance(error, TrajectoryEnsembleError) else f"{type(error).__name__}: {error}"
+        # Bounded whatever the error quoted: it becomes the result's error_message and a log line.
+        message = bound_text(str(error) if isinstance(error, TrajectoryEnsembleError)
+                             else f"{type(error).__name__}: {error}")
         state = record.finish(code)
         if state is GoalState.CANCELED:
             # rclpy marks the goal CANCELING right after the cancel callback; NotifyingActionServer says when it has.

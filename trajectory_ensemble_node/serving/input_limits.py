@@ -35,6 +35,7 @@ from ..errors import (
     ObservationArrayError,
     TrajectoryEnsembleError,
 )
+from ..quoting import quote_value
 
 TokenCounter = Callable[[str], int]
 
@@ -47,6 +48,27 @@ output sizes should be greater than 0``). On the tiny and the toy pipelines, 1x1
 frames failed that way as ``ENGINE_FAILURE``; 16x16, 16x256, 17x17, 16x2048, 2048x16 and 16x16000 were served. No
 aspect-ratio bound is needed: the resolution tier's bins scale any aspect down into the nearest canvas and pad it.
 """
+
+
+MAX_NAME_CHARS = 64
+"""Most characters of a name a request picks from a fixed set (a reducer, a guidance mode): the longest registered
+name is a fraction of it. A longer one is refused before any lookup, quoting only its prefix."""
+
+
+def check_name(value: str, what: str, error: type[TrajectoryEnsembleError]) -> None:
+    """Refuse a name longer than any the set it picks from can hold, before it is looked up or echoed.
+
+    Args:
+        value (`str`): The name the request gave.
+        what (`str`): The field (``reducer``, ``guidance``), named in the error.
+        error (`type[TrajectoryEnsembleError]`): The error the lookup itself raises for an unknown name, so the
+            code is the same whatever the length (``UnknownReducerError``: ``UNKNOWN_REDUCER``).
+
+    Raises:
+        error: ``value`` has more than :data:`MAX_NAME_CHARS` characters.
+    """
+    if len(value) > MAX_NAME_CHARS:
+        raise error(f"unknown {what} {quote_value(value)}: no {what} name is longer than {MAX_NAME_CHARS} characters")
 
 
 @dataclass(frozen=True)
@@ -112,14 +134,14 @@ def check_instruction(text: str, limits: InputLimits, count_tokens: TokenCounter
     if len(text) > limits.max_instruction_chars:
         raise InstructionTooLongError(
             f"{source} has {len(text)} characters, above max_instruction_chars={limits.max_instruction_chars} "
-            f"(starts {text[:40]!r}); nothing was run"
+            f"({quote_value(text)}); nothing was run"
         )
     if count_tokens is not None and limits.max_instruction_tokens > 0:
         tokens = count_tokens(text)
         if tokens > limits.max_instruction_tokens:
             raise InstructionTooLongError(
                 f"{source} has {tokens} tokens, above max_instruction_tokens={limits.max_instruction_tokens} "
-                f"(starts {text[:40]!r}); nothing was run"
+                f"({quote_value(text)}); nothing was run"
             )
 
 
@@ -151,7 +173,7 @@ def check_image_fields(size: int, width: int, height: int, encoding: str, limits
     if size > limits.max_image_bytes:
         raise ImageTooLargeError(
             f"image has {size} bytes, above max_image_bytes={limits.max_image_bytes} ({width}x{height} "
-            f"{encoding!r})"
+            f"{quote_value(encoding)})"
         )
     pixels = int(width) * int(height)
     if pixels > limits.max_image_pixels:
@@ -195,19 +217,19 @@ def state_values(value: Any, *, what: str,
         error: a bool, a string or another non-numeric value, a ragged list, or a NaN/Inf in it.
     """
     if isinstance(value, (bool, np.bool_)):
-        raise error(f"{what} must be numbers, got {type(value).__name__} {_preview(value)}")
+        raise error(f"{what} must be numbers, got {quote_value(value, typed=True)}")
     try:
         array = np.asarray(value) if not isinstance(value, np.ndarray) else value
     except ValueError:
         # numpy >= 1.24 refuses an inhomogeneous list outright, e.g. [1.0, [2.0, 3.0]].
-        raise error(f"{what} is a ragged list (its items differ in length or nesting): {_preview(value)}") from None
+        raise error(f"{what} is a ragged list (its items differ in length or nesting): {quote_value(value)}") from None
     if array.dtype == object:
-        raise error(f"{what} is a ragged or mixed list (its items differ in length or type): {_preview(value)}")
+        raise error(f"{what} is a ragged or mixed list (its items differ in length or type): {quote_value(value)}")
     if array.dtype.kind not in "fiu":
-        raise error(f"{what} must be numbers, got {type(value).__name__} {_preview(value)}")
+        raise error(f"{what} must be numbers, got {quote_value(value, typed=True)}")
     state = array.astype(np.float64)
     if not np.isfinite(state).all():
-        raise error(f"{what} holds NaN or Inf: {_preview(state.tolist())}")
+        raise error(f"{what} holds NaN or Inf: {quote_value(state.tolist())}")
     return state
 
 
@@ -258,8 +280,3 @@ def check_state(state: Any, topic: str) -> None:
             raise NonFiniteStateError(
                 f"joint state on {topic} holds NaN/Inf {field_name} (joints {', '.join(bad[:8])})"
             )
-
-
-def _preview(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."

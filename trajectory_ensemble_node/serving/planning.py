@@ -13,8 +13,16 @@ from dataclasses import dataclass
 
 from ..contract import CandidateTrajectorySpec, check_request
 from ..engine.context import GUIDANCE_MODES
-from ..errors import DelayTooLongError, ExecutionContextError, GoalRequestError, NegativeDelayError
+from ..errors import (
+    DelayTooLongError,
+    ExecutionContextError,
+    GoalRequestError,
+    NegativeDelayError,
+    UnknownReducerError,
+)
+from ..quoting import quote_value
 from ..seeding import fresh_base_seed
+from .input_limits import check_name
 from .params import NodeParams
 
 
@@ -102,9 +110,14 @@ def plan_goal(
         NegativeDelayError: ``inference_delay < 0``.
         DelayTooLongError: ``inference_delay >= chunk_size``.
         ExecutionContextError: an unknown ``guidance``.
+        UnknownReducerError, ExecutionContextError: a ``reducer`` or ``guidance`` longer than any name
+            (:func:`~.input_limits.check_name`), quoted by its prefix.
         InvalidSpecError: and its subclasses, from :func:`~trajectory_ensemble_node.contract.check_request`
             (count above ``max_candidates``, unknown reducer, reducer not valid for this model or width, bad seed).
     """
+    # Before any lookup: an unknown name is quoted in its refusal, and a client's may be megabytes long.
+    check_name(request.reducer, "reducer", UnknownReducerError)
+    check_name(request.guidance, "guidance", ExecutionContextError)
     base_seed = request.seed if request.seed is not None else fresh_base_seed()
     continuing, delay, guidance, deadline_s = _plan_continuity(request, params)
     reducer = request.reducer or (params.continuity_reducer if continuing and params.continuity_reducer
@@ -163,8 +176,9 @@ def _plan_continuity(request: PlanRequest, params: NodeParams) -> tuple[bool, in
         )
     guidance = request.guidance or params.guidance_mode
     if guidance not in GUIDANCE_MODES:
-        raise ExecutionContextError(f"guidance must be one of {list(GUIDANCE_MODES)} or empty, got {guidance!r}")
+        raise ExecutionContextError(f"guidance must be one of {list(GUIDANCE_MODES)} or empty, got "
+                                    f"{quote_value(guidance)}")
     deadline_s = request.deadline_s
     if deadline_s < 0:
-        raise GoalRequestError(f"deadline must be >= 0 seconds (0 = none), got {deadline_s!r}")
+        raise GoalRequestError(f"deadline must be >= 0 seconds (0 = none), got {quote_value(deadline_s)}")
     return asked or (params.continue_previous and not reset), delay, guidance, deadline_s

@@ -4,8 +4,8 @@ The node keeps everything that is about the robot: staleness and frame checks, t
 decision (its :class:`~..serving.continuity.ChunkMemory`), cancel and preemption, results, markers and diagnostics. The
 remote server runs the model. A group becomes one request with its N candidates, its seeds, its deadline and its
 continuity context (the ``context`` extra), or, against a server that draws one sample per request, N requests
-reduced here (:mod:`.groups`). Each request has its own connection, so canceling a group closes its connections and
-the server cancels the group (``canceled_on_disconnect`` in its ``/stats``).
+reduced here (:mod:`.groups`). Each request has its own connection, so canceling a group aborts its connections and
+the server cancels the group (``canceled_on_disconnect`` in its ``/stats``); the next group connects anew.
 
 Every wait is bounded: a connect and handshake by ``engine_timeout_s``, a reply by the group's deadline or, without
 one, by ``engine_timeout_s``. A background prober (``GET /healthz``, then a handshake once it answers again) keeps
@@ -48,8 +48,8 @@ from ..safety import load_limits
 from ..seeding import candidate_seeds, fresh_base_seed
 from ..serving.params import NodeParams
 from ..serving.startup_checks import load_action_stats, load_uncertainty_threshold
-from .client import Connection, check_metadata, open_connection, samples_per_request
-from .groups import RemotePayload, reduce_samples, request_frame, result_from_reply
+from .client import Connection, check_metadata, max_reply_bytes, open_connection, samples_per_request
+from .groups import RemotePayload, check_actions, reduce_samples, request_frame, result_from_reply
 
 logger = logging.getLogger(__name__)
 
@@ -109,6 +109,7 @@ class RemoteEngine:
         self.api_key = api_key if api_key is not None else (os.environ.get(p.engine_api_key_env) or None
                                                             if p.engine_api_key_env else None)
         self.timeout_s = float(p.engine_timeout_s)
+        self.max_reply_bytes = max_reply_bytes(p)
         limits = load_limits(p.limits_file) if p.limits_file else None
         if limits is not None:
             limits.check_width(p.action_dim)
@@ -320,7 +321,8 @@ class RemoteEngine:
     def _connect(self, request: GroupRequest, submitted: float) -> Connection:
         """A connection for one of ``request``'s requests, registered so a cancel closes it."""
         left, _ = self._budget(request, submitted)
-        connection = open_connection(self.url, api_key=self.api_key, timeout_s=min(self.timeout_s, left))
+        connection = open_connection(self.url, api_key=self.api_key, timeout_s=min(self.timeout_s, left),
+                                     max_reply_bytes=self.max_reply_bytes)
         with self._lock:
             self._open[request.request_id].append(connection)
             canceled = request.request_id in self._canceled
@@ -351,7 +353,8 @@ class RemoteEngine:
     def _serve_batched(self, request: GroupRequest, submitted: float, connection: Connection) -> EnsembleResult:
         started = time.monotonic()
         reply = self._request(request, submitted, count=request.count, seed=request.base_seed, connection=connection)
-        return result_from_reply(request, reply, extra_metrics=self._metrics(started, 1))
+        return result_from_reply(request, reply, extra_metrics=self._metrics(started, 1),
+                                 action_shape=(self.params.chunk_size, self.params.action_dim))
 
     def _serve_samples(self, request: GroupRequest, submitted: float, first: Connection) -> EnsembleResult:
         started = time.monotonic()
@@ -361,7 +364,8 @@ class RemoteEngine:
             try:
                 reply = self._request(request, submitted, count=1, seed=request.seeds[i],
                                       connection=first if i == 0 else None)
-                samples[i] = reply["actions"]
+                samples[i] = check_actions(reply, (self.params.chunk_size, self.params.action_dim),
+                                           request.request_id, finite=False)
             except BaseException as error:  # noqa: BLE001 - named per candidate
                 samples[i] = error
 
@@ -403,7 +407,8 @@ class RemoteEngine:
     def _handshake(self) -> None:
         started = time.monotonic()
         try:
-            connection = open_connection(self.url, api_key=self.api_key, timeout_s=self.timeout_s)
+            connection = open_connection(self.url, api_key=self.api_key, timeout_s=self.timeout_s,
+                                         max_reply_bytes=self.max_reply_bytes)
         except RemoteUnreachableError as error:
             self._observe(ok=False, error=str(error))
             raise

@@ -28,6 +28,7 @@ from ..engine.context import ExecutionContext
 from ..engine.reduction import reduce_candidates
 from ..engine.validity import DEFAULT_CHECK, check_reduced, screen_candidates, to_model_space, validity_counts
 from ..errors import RemoteSchemaError, TooFewValidCandidatesError
+from ..quoting import quote_value
 from ..uncertainty import group_uncertainty
 
 SERVER_ONLY_METRICS = ("continuity", "latency_estimate_ms", "encode_ahead_ms")
@@ -80,21 +81,70 @@ def request_frame(request: GroupRequest, *, image_key: str, prompt_key: str, ext
     return frame
 
 
-def _tensor(value: Any, name: str, request_id: str) -> torch.Tensor:
+MAX_METRIC_TEXT = 256
+"""Longest text value of a reply's metric kept (a metric is a number or a short word; the rest is dropped)."""
+
+
+def _array(value: Any, name: str, shape: tuple[int, ...], request_id: str, *, finite: bool = True) -> np.ndarray:
+    """A reply's float array of exactly ``shape`` (and finite, unless ``finite`` is off), else a named error."""
     if not isinstance(value, np.ndarray) or value.dtype.kind != "f":
-        raise RemoteSchemaError(f"request {request_id}: the reply's {name} is no float array: {type(value).__name__}")
-    return torch.from_numpy(np.array(value, dtype=np.float32))
+        kind = f"dtype {value.dtype}" if isinstance(value, np.ndarray) else type(value).__name__
+        raise RemoteSchemaError(f"request {request_id}: the reply's {name} is no float array ({kind})")
+    if tuple(value.shape) != tuple(shape):
+        raise RemoteSchemaError(f"request {request_id}: the reply's {name} has shape {list(value.shape)}, not the "
+                                f"{list(shape)} this node's parameters give")
+    if finite and not np.isfinite(value).all():
+        raise RemoteSchemaError(f"request {request_id}: the reply's {name} holds NaN or Inf; a server never "
+                                "returns a non-finite result")
+    return value
 
 
-def result_from_reply(request: GroupRequest, reply: Mapping[str, Any], *, extra_metrics: Mapping[str, Any]
-                      ) -> EnsembleResult:
-    """The result of a batched group from its one reply (the server reduced it with the engine's code).
+def check_actions(reply: Mapping[str, Any], shape: tuple[int, int], request_id: str, *,
+                  finite: bool = True) -> np.ndarray:
+    """The ``actions`` of a reply, checked against the schema the node was configured with.
+
+    Args:
+        reply (`Mapping[str, Any]`): The decoded reply.
+        shape (`tuple[int, int]`): ``(chunk_size, action_dim)``.
+        request_id (`str`): For messages.
+        finite (`bool`): Refuse NaN or Inf (off for one sample of a group: screening drops it, as the engine does).
 
     Raises:
-        RemoteSchemaError: the reply is not the group asked for (other seeds, shapes, or no candidates when asked).
+        RemoteSchemaError: no ``actions``, not a float array, another shape, or (``finite``) NaN or Inf.
+    """
+    return _array(reply.get("actions"), "actions", shape, request_id, finite=finite)
+
+
+def _metrics(reply: Mapping[str, Any]) -> dict[str, Any]:
+    # A server's metrics are reported as they are, but only numbers and short words: they reach logs and results.
+    raw = reply.get("metrics")
+    if not isinstance(raw, Mapping):
+        return {}
+    return {k: v for k, v in raw.items() if isinstance(k, str) and len(k) <= 64 and k not in SERVER_ONLY_METRICS
+            and (isinstance(v, (bool, int, float)) or (isinstance(v, str) and len(v) <= MAX_METRIC_TEXT))}
+
+
+def result_from_reply(request: GroupRequest, reply: Mapping[str, Any], *, extra_metrics: Mapping[str, Any],
+                      action_shape: tuple[int, int]) -> EnsembleResult:
+    """The result of a batched group from its one reply (the server reduced it with the engine's code).
+
+    Args:
+        request (`GroupRequest`): The group asked for.
+        reply (`Mapping[str, Any]`): Its decoded reply.
+        extra_metrics (`Mapping[str, Any]`): Entries added to the result's metrics.
+        action_shape (`tuple[int, int]`): ``(chunk_size, action_dim)``: the shape of ``actions``, and of each
+            candidate.
+
+    Raises:
+        RemoteSchemaError: the reply is not the group asked for (other seeds, shapes or dtypes, NaN, or no
+            candidates when asked).
     """
     rid = request.request_id
-    seeds = tuple(int(s) for s in reply.get("seeds", ()))
+    try:
+        seeds = tuple(int(s) for s in reply.get("seeds", ()))
+    except (TypeError, ValueError, OverflowError):
+        raise RemoteSchemaError(f"request {rid}: the reply's seeds are not a list of integers: "
+                                f"{quote_value(reply.get('seeds'))}") from None
     if seeds != request.seeds:
         raise RemoteSchemaError(f"request {rid}: the remote engine drew seeds {list(seeds)[:4]}... but "
                                 f"{list(request.seeds)[:4]}... were asked for (does it honour the seed extra?)")
@@ -102,11 +152,18 @@ def result_from_reply(request: GroupRequest, reply: Mapping[str, Any], *, extra_
     if request.spec.return_candidates:
         if "candidates" not in reply:
             raise RemoteSchemaError(f"request {rid}: return_candidates was asked but the reply has no candidates")
-        candidates = _tensor(reply["candidates"], "candidates", rid)
+        # A dropped candidate may be NaN (the server screens them out and says so in valid).
+        candidates = torch.from_numpy(np.array(_array(reply["candidates"], "candidates",
+                                                      (request.count, *action_shape), rid, finite=False),
+                                               dtype=np.float32))
         valid = tuple(bool(v) for v in np.asarray(reply.get("valid", [True] * request.count)).reshape(-1))
-    metrics = {k: v for k, v in dict(reply.get("metrics") or {}).items() if k not in SERVER_ONLY_METRICS}
+        if len(valid) != request.count:
+            raise RemoteSchemaError(f"request {rid}: the reply's valid has {len(valid)} entries for "
+                                    f"{request.count} candidates")
+    metrics = _metrics(reply)
     metrics.update(extra_metrics)
-    return EnsembleResult(group=request.group, spec=request.spec, action=_tensor(reply.get("actions"), "actions", rid),
+    action = torch.from_numpy(np.array(check_actions(reply, action_shape, rid), dtype=np.float32))
+    return EnsembleResult(group=request.group, spec=request.spec, action=action,
                           candidate_ids=request.group.candidate_ids, seeds=request.seeds, metrics=metrics,
                           candidates=candidates, base_seed=request.base_seed, candidate_valid=valid)
 

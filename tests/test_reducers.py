@@ -22,6 +22,7 @@ from trajectory_ensemble_node.reducers import (
     available_reducers,
     get_reducer,
     mode_clusters,
+    mode_reduce,
     register_reducer,
 )
 
@@ -259,14 +260,16 @@ def test_mode_unimodal_tight_set_is_the_mean():
     torch.testing.assert_close(get_reducer("mode")(candidates), candidates.mean(dim=0))
 
 
-def test_mode_all_far_apart_returns_candidate_zero():
+def test_mode_at_a_fixed_threshold_with_all_far_apart_returns_candidate_zero():
     candidates = torch.arange(4.0).reshape(4, 1, 1) * (2 * MODE_DISTANCE_THRESHOLD)
-    assert torch.equal(get_reducer("mode")(candidates), candidates[0])
+    assert mode_clusters(candidates, MODE_DISTANCE_THRESHOLD) == ((0,), (1,), (2,), (3,))
+    assert torch.equal(mode_reduce(candidates, MODE_DISTANCE_THRESHOLD), candidates[0])
 
 
-def test_mode_threshold_is_validated():
-    with pytest.raises(InvalidSpecError, match="-1"):
-        mode_clusters(torch.zeros(2, 1, 1), threshold=-1)
+@pytest.mark.parametrize("bad", [-1, math.nan, math.inf, True, "0.2"])
+def test_mode_threshold_is_validated(bad):
+    with pytest.raises(InvalidSpecError, match=repr(bad).replace("(", r"\(")[:4]):
+        mode_clusters(torch.zeros(2, 1, 1), threshold=bad)
 
 
 # --- pose_gripper --------------------------------------------------------------------------------------------------

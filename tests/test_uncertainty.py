@@ -6,6 +6,7 @@ import math
 
 import torch
 
+from trajectory_ensemble_node.reducers import MODE_DISTANCE_THRESHOLD
 from trajectory_ensemble_node.uncertainty import estimate_uncertainty
 
 
@@ -21,9 +22,14 @@ def test_two_tight_modes_score_low_and_count_two():
 
 def test_scattered_candidates_score_high():
     torch.manual_seed(1)
-    tight = estimate_uncertainty(0.01 * torch.randn(8, 8, 2))
-    scattered = estimate_uncertainty(0.5 * torch.randn(8, 8, 2))
-    assert scattered.score > 10 * tight.score and scattered.modes > tight.modes == 1
+    tight, wide = 0.01 * torch.randn(8, 8, 2), 0.5 * torch.randn(8, 8, 2)
+    tight_u, scattered = estimate_uncertainty(tight), estimate_uncertainty(wide)
+    assert scattered.score > 10 * tight_u.score
+    # The score carries the spread; the mode count follows the group's own scale, so a wide unimodal cloud is one
+    # mode, as a tight one is. A fixed cut in action units (the former 0.2) splits only the wide one.
+    assert scattered.modes == tight_u.modes == 1
+    assert estimate_uncertainty(wide, threshold=MODE_DISTANCE_THRESHOLD).modes > 1
+    assert estimate_uncertainty(tight, threshold=MODE_DISTANCE_THRESHOLD).modes == 1
 
 
 def test_score_is_the_mean_nearest_neighbour_rms():

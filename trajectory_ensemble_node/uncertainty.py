@@ -7,7 +7,9 @@ clustering) and the score measures what is left once the modes are accounted for
 
 Quantities (candidates ``x_i`` ``[H, D]`` in normalized space, ``rms(a, b) = ||a - b||_F / sqrt(H * D)``):
 
-- ``uncertainty_modes``: number of clusters at the ``mode`` threshold;
+- ``uncertainty_modes``: number of clusters at ``mode``'s default cut, the relative rule
+  (:func:`~trajectory_ensemble_node.reducers.relative_mode_threshold`), which follows the group's own scale
+  whatever the normalization; a node's fixed ``mode_threshold`` changes what ``mode`` serves, not this count;
 - ``uncertainty_mode_share``: the largest cluster's share of the candidates (the one ``mode`` executes);
 - ``uncertainty_spread``: mean pairwise ``rms`` over all candidate pairs;
 - ``uncertainty_step_std``: per step, the across-candidate standard deviation averaged over channels (``[H]``);
@@ -41,7 +43,7 @@ import torch
 
 from .errors import NoveltyScorerError
 from .novelty import NoveltyReport, NoveltyScorer, file_sha256, load_scorer
-from .reducers import MODE_DISTANCE_THRESHOLD, mode_clusters
+from .reducers import mode_clusters
 
 ALARM_RULES = ("spread", "novelty", "either", "both")
 """Which scores raise ``uncertain`` (module docstring); ``both`` is FIPER's."""
@@ -156,12 +158,16 @@ class UncertaintyReport:
             window=metrics.get("uncertainty_window"), score_window=metrics.get("uncertainty_score_window"))
 
 
-def estimate_uncertainty(candidates: torch.Tensor, threshold: float = MODE_DISTANCE_THRESHOLD) -> Uncertainty:
+def estimate_uncertainty(candidates: torch.Tensor, threshold: float | None = None) -> Uncertainty:
     """Uncertainty of a group from its (valid) candidates.
+
+    The calibrated score (``uncertainty_score``, the nearest-neighbour spread) never clusters, so a threshold
+    calibrated before the relative ``mode`` rule keeps its meaning; only the mode count and share follow the cut.
 
     Args:
         candidates (`torch.Tensor` of shape `[N, H, D]`): Finite candidates in normalized (model) space.
-        threshold (`float`): Cluster diameter for the mode count (the ``mode`` reducer's default).
+        threshold (`float`, *optional*): A fixed cluster diameter for the mode count; ``None`` (default): the
+            ``mode`` reducer's relative rule.
 
     Returns:
         `Uncertainty`

@@ -25,7 +25,7 @@ silently. Half-precision inputs are reduced in float32 and returned in their own
 | ``median`` | elementwise median; even N: mean of the two middle values | no | any | - |
 | ``trimmed_mean`` | elementwise mean after dropping ``k = floor(0.2 N)`` lowest and highest | no | any | - |
 | ``medoid`` | the candidate with least summed Frobenius distance to the others | no | normalized | - |
-| ``mode`` | mean of the largest complete-linkage cluster (RMS threshold 0.2) | no | normalized | - |
+| ``mode`` | mean of the largest complete-linkage cluster, cut at 2x the median k-th nearest-neighbour distance (k = max(1, N // 4)) | no | normalized | - |
 | ``pose_gripper`` | per 10-wide block: mean translation, chordal-mean rotation, median gripper | no | raw | 10 |
 | ``backward_coherence`` | the candidate nearest the previous chunk over the overlap (BID) | no | normalized | - |
 | ``mode_continuity`` | in the cluster nearest the previous chunk over the overlap, its nearest member | no | normalized | - |
@@ -34,35 +34,48 @@ The last two (:mod:`.continuity`) are continuity-aware (``uses_context``): they 
 :class:`ContinuityReference`, the previous chunk at the new chunk's times with per-action weights, when a request
 carries an execution context, and fall back to ``medoid`` / ``mode`` when it does not (an episode's first chunk).
 
+``mode``'s cut is relative to the group (:func:`relative_mode_threshold`), so its answer does not depend on the
+units of the action space; a served model can fix it instead (``mode_threshold``, applied by
+:func:`configured_reducer`). :func:`reduce_variants` applies several reducers and cuts to one group, for comparing
+them offline (``calibrate --bag``, the lab's benches).
+
 ``"none"`` is not a reducer: it is the spec's name for "count is 1, return the single candidate".
 """
 
 from .basic import (
     MODE_DISTANCE_THRESHOLD,
+    MODE_RELATIVE_FACTOR,
     POSE_GRIPPER_BLOCK,
     TRIM_FRACTION,
+    check_mode_threshold,
     mean_reduce,
     median_reduce,
     medoid_reduce,
     mode_clusters,
     mode_reduce,
     pose_gripper_reduce,
+    relative_mode_threshold,
     trimmed_mean_reduce,
 )
 from .continuity import backward_coherence_reduce, coherence_scores, mode_continuity_reduce
-from .registry import available_reducers, get_reducer, register_reducer
+from .registry import available_reducers, configured_reducer, get_reducer, register_reducer
+from .variants import ReducerVariant, parse_variants, reduce_variants
 from .types import REDUCER_SPACES, ContinuityReference, Reducer, check_finite
 
 __all__ = [
     "MODE_DISTANCE_THRESHOLD",
+    "MODE_RELATIVE_FACTOR",
     "POSE_GRIPPER_BLOCK",
     "REDUCER_SPACES",
     "TRIM_FRACTION",
     "ContinuityReference",
     "Reducer",
+    "ReducerVariant",
     "available_reducers",
     "backward_coherence_reduce",
     "check_finite",
+    "check_mode_threshold",
+    "configured_reducer",
     "coherence_scores",
     "get_reducer",
     "mean_reduce",
@@ -71,7 +84,10 @@ __all__ = [
     "mode_clusters",
     "mode_continuity_reduce",
     "mode_reduce",
+    "parse_variants",
     "pose_gripper_reduce",
+    "reduce_variants",
     "register_reducer",
+    "relative_mode_threshold",
     "trimmed_mean_reduce",
 ]

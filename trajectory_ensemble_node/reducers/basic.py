@@ -16,7 +16,16 @@ TRIM_FRACTION = 1 / _TRIM_DENOMINATOR
 """``trimmed_mean`` drops ``floor(TRIM_FRACTION * N)`` values from each end of every element's sorted candidates."""
 
 MODE_DISTANCE_THRESHOLD = 0.2
-"""``mode`` merges clusters while their complete-linkage RMS distance is at most this (normalized action units)."""
+"""The fixed threshold ``mode`` used before the relative rule (RMS, normalized action units): ``mode_threshold: 0.2``
+serves that rule again. A fixed threshold means different things under different normalizations (0.2 is about 51 px
+on PushT's ``minmax`` over [0, 512]), which is why the default is :data:`MODE_RELATIVE_FACTOR`'s relative rule."""
+
+MODE_RELATIVE_FACTOR = 2.0
+"""The relative rule's cut, as a multiple of the group's median ``k``-th nearest-neighbour RMS distance
+(:func:`relative_mode_threshold`). 2.0 is the smallest of 1.25, 1.5, 1.75, 2.0 at which bimodal groups with
+isotropic noise inside each mode are never split into fragments (so the majority mode wins); on 200 validation toy
+scenes the factors from 1.0 to 2.5 differ by a few scenes (``docs/python-api.md#reducers``)."""
+
 
 POSE_GRIPPER_BLOCK = 10
 """``pose_gripper`` block: 3 translation + 6 rotation (first two matrix columns) + 1 gripper."""
@@ -113,29 +122,99 @@ def medoid_reduce(candidates: torch.Tensor) -> torch.Tensor:
     return candidates[index].clone()
 
 
-def mode_clusters(
-    candidates: torch.Tensor, threshold: float = MODE_DISTANCE_THRESHOLD
-) -> tuple[tuple[int, ...], ...]:
-    """Cluster candidates deterministically by complete-linkage agglomeration, cut at ``threshold``.
+def check_mode_threshold(threshold: object) -> float | None:
+    """The one check of a fixed ``mode`` threshold: ``None`` (the relative rule) or a finite number ``>= 0``.
 
-    Distance between two candidates is their RMS elementwise difference, ``||x_i - x_j||_F / sqrt(H * D)``: in
-    action units, independent of horizon and width. Start with singletons; repeatedly merge the two clusters whose
-    complete-linkage distance (the largest pairwise distance between their members) is smallest, as long as it is
-    ``<= threshold``. Equal distances go to the pair whose lowest members are lexicographically smallest. Every
-    cluster therefore has diameter ``<= threshold``.
+    Args:
+        threshold (`object`): The value to check.
+
+    Returns:
+        `float` or `None`: ``threshold`` as a float, or ``None`` for the relative rule.
+
+    Raises:
+        InvalidSpecError: If ``threshold`` is not ``None`` and not a finite real number ``>= 0``; the message quotes it.
+    """
+    if threshold is None:
+        return None
+    if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not 0 <= threshold < math.inf:
+        raise InvalidSpecError(f"mode threshold must be a finite number >= 0 (or None: relative), got {threshold!r}")
+    return float(threshold)
+
+
+def _rms_distances(candidates: torch.Tensor) -> torch.Tensor:
+    """``[N, N]`` float64 RMS distances ``||x_i - x_j||_F / sqrt(H * D)`` (zero diagonal, exactly symmetric)."""
+    return _pairwise_distances(candidates) / math.sqrt(candidates[0].numel())
+
+
+def _relative_threshold(distances: torch.Tensor) -> float:
+    n = distances.shape[0]
+    if n <= 2:
+        return 0.0
+    k = max(1, n // 4)
+    kth = distances.masked_fill(torch.eye(n, dtype=torch.bool), math.inf).sort(dim=1).values[:, k - 1].sort().values
+    median = kth[n // 2] if n % 2 == 1 else (kth[n // 2 - 1] + kth[n // 2]) * 0.5
+    return MODE_RELATIVE_FACTOR * float(median)
+
+
+def relative_mode_threshold(candidates: torch.Tensor) -> float:
+    """The relative rule's cut for this group (the default of :func:`mode_clusters`).
+
+    ``N <= 2``: 0 (two candidates carry no scale to judge their distance by, so only identical ones merge).
+    Otherwise, with ``k = max(1, N // 4)``: ``MODE_RELATIVE_FACTOR`` (2.0) times the median over candidates of the
+    RMS distance to their ``k``-th nearest other candidate (even ``N``: the mean of the two middle values). Any mode
+    holding at least ``k + 1`` candidates, and half the group does, so the scale is a distance inside modes, not
+    between them. It is in the units of the candidates: multiplying every candidate by ``c != 0`` multiplies it by
+    ``|c|``.
 
     Args:
         candidates (`torch.Tensor` of shape `[N, H, D]`): Finite candidates.
-        threshold (`float`, defaults to `MODE_DISTANCE_THRESHOLD`): Largest RMS distance inside one cluster, ``>= 0``.
+
+    Returns:
+        `float`: The cut, ``>= 0`` (0 when most candidates have ``k`` identical twins).
+    """
+    return _relative_threshold(_rms_distances(candidates))
+
+
+def mode_clusters(candidates: torch.Tensor, threshold: float | None = None) -> tuple[tuple[int, ...], ...]:
+    """Cluster candidates deterministically by complete-linkage agglomeration, cut at ``threshold``.
+
+    Rule (normative; :func:`mode_reduce` builds on it):
+
+    1. Distance: ``d_ij = ||x_i - x_j||_F / sqrt(H * D)``, the RMS elementwise difference, in float64 on CPU.
+    2. Cut ``t``: ``threshold`` when given (a fixed cut in the candidates' units, e.g. the ``mode_threshold``
+       parameter); else the relative rule, :func:`relative_mode_threshold`: 0 for ``N <= 2``, else
+       ``MODE_RELATIVE_FACTOR`` (2.0) times the median distance to the ``k = max(1, N // 4)``-th nearest
+       neighbour. The relative cut scales with the candidates, so the clusters do not depend on the units of the
+       action space.
+    3. Start with singletons; repeatedly merge the two clusters whose complete-linkage distance (the largest ``d_ij``
+       between their members) is smallest, as long as it is ``<= t``. Equal distances go to the pair whose lowest
+       members are lexicographically smallest. Every cluster therefore has diameter ``<= t``.
+
+    Test vectors (``[N, 1, 1]`` candidates, relative rule):
+
+    * ``[0, 1, 2, 3, 16]`` (``k = 1``): nearest distances ``[1, 1, 1, 1, 13]``, median 1, ``t = 2``:
+      ``((0, 1), (2, 3), (4,))``. ``(0, 1)`` merges first (tie rule), then ``(2, 3)``; ``{0, 1, 2, 3}`` would have
+      diameter 3 > 2.
+    * ``[0, 0.5, 1, 1.5, 8, 8.5, 9, 20]`` (``k = 2``): second-nearest distances sorted
+      ``[0.5, 0.5, 0.5, 1, 1, 1, 1, 11.5]``, median 1, ``t = 2``: ``((0, 1, 2, 3), (4, 5, 6), (7,))``.
+    * ``[1, 1, 1]``: ``t = 0``: ``((0, 1, 2),)``. ``[0, 1]``: ``t = 0``: ``((0,), (1,))``.
+
+    Args:
+        candidates (`torch.Tensor` of shape `[N, H, D]`): Finite candidates.
+        threshold (`float`, *optional*): A fixed largest RMS distance inside one cluster, ``>= 0``; ``None`` (the
+            default): the relative rule.
 
     Returns:
         `tuple[tuple[int, ...], ...]`: Clusters as ascending candidate positions, ordered by their lowest position.
+
+    Raises:
+        InvalidSpecError: ``threshold`` is neither ``None`` nor a finite number ``>= 0``.
     """
-    if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not 0 <= threshold < math.inf:
-        raise InvalidSpecError(f"mode threshold must be a finite number >= 0, got {threshold!r}")
+    threshold = check_mode_threshold(threshold)
     n = candidates.shape[0]
-    elements = candidates[0].numel()
-    linkage = _pairwise_distances(candidates) / math.sqrt(elements)
+    linkage = _rms_distances(candidates)
+    if threshold is None:
+        threshold = _relative_threshold(linkage)
     linkage.fill_diagonal_(math.inf)
     # Each cluster is indexed by its lowest member: a merge keeps the lower index.
     members: dict[int, list[int]] = {i: [i] for i in range(n)}
@@ -153,21 +232,29 @@ def mode_clusters(
     return tuple(tuple(sorted(members[key])) for key in sorted(members))
 
 
-def mode_reduce(candidates: torch.Tensor, threshold: float = MODE_DISTANCE_THRESHOLD) -> torch.Tensor:
+def mode_reduce(candidates: torch.Tensor, threshold: float | None = None) -> torch.Tensor:
     """``mode``: the mean of the largest cluster of :func:`mode_clusters`, so a bimodal set yields one of its modes,
     never the midpoint between them.
 
-    Rule: cluster with complete linkage at ``threshold`` (default 0.2 RMS, i.e. 10% of a [-1, 1] normalized range);
-    keep the cluster with the most members; if several are equally large, keep the one holding the lowest candidate
-    position; return the elementwise mean of its members. Consequences: ``N = 1`` returns that candidate; identical
-    candidates form one cluster (the mean of all); if every pair is farther apart than ``threshold`` all clusters are
-    singletons and the result is candidate 0. The threshold is in the units of the candidates, which is why this
-    reducer is declared for normalized space. For another threshold, register a variant, e.g.
-    ``Reducer("mode_wide", functools.partial(mode_reduce, threshold=0.4), streaming=False, space="normalized")``.
+    Rule (normative): cluster with :func:`mode_clusters` (by default the relative rule, a cut at 2 times the
+    group's median ``k``-th nearest-neighbour RMS distance; with ``threshold``, that fixed cut); keep the cluster with the most
+    members; if several are equally large, keep the one holding the lowest candidate position; return the elementwise
+    mean of its members. Consequences:
+
+    * ``N = 1`` returns that candidate; ``N = 2`` returns candidate 0 unless the two are identical (their mean).
+    * Identical candidates form one cluster: the mean of all (the relative cut is 0, and ``0 <= 0``).
+    * Under the relative rule a group times ``c != 0`` gives its answer times ``c`` (the same clusters): the result
+      does not depend on the units of the action space.
+    * Two tight modes farther apart than the cut give the larger one's mean (the lower positions' on a tie), never
+      the midpoint; if every pair is farther apart than the cut, all clusters are singletons: candidate 0.
+
+    Test vectors (``[N, 1, 1]`` candidates): ``[0, 0.5, 1, 1.5, 8, 8.5, 9, 20]`` -> 0.75 (the mean of the four-member
+    cluster); the same times 100 -> 75; ``[0, 1, 2, 3, 16]`` -> 0.5 (two clusters of two: the lower positions');
+    ``[3, 5]`` -> 3; ``[2, 2, 2]`` -> 2; ``[7]`` -> 7.
 
     Args:
         candidates (`torch.Tensor` of shape `[N, H, D]`): Finite candidates.
-        threshold (`float`, defaults to `MODE_DISTANCE_THRESHOLD`): See :func:`mode_clusters`.
+        threshold (`float`, *optional*): A fixed cut (see :func:`mode_clusters`); ``None``: the relative rule.
 
     Returns:
         `torch.Tensor` of shape `[H, D]`.
@@ -229,7 +316,7 @@ BUILTIN: tuple[Reducer, ...] = (
         mode_reduce,
         streaming=False,
         space="normalized",
-        description="mean of the largest complete-linkage cluster (RMS threshold 0.2)",
+        description="mean of the largest complete-linkage cluster (cut: 2x the median k-th nearest-neighbour distance, k = max(1, N // 4))",
     ),
     Reducer(
         "pose_gripper",

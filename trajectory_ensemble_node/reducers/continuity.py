@@ -13,7 +13,8 @@ toy closed loop the two pick differently in 9 of 30 episodes and change nothing 
 "The BID score").
 
 - ``backward_coherence``: the candidate with the lowest score (an exact copy: a trajectory the model produced).
-- ``mode_continuity``: cluster like ``mode`` (complete linkage, RMS threshold 0.2); keep the cluster with the lowest
+- ``mode_continuity``: cluster like ``mode`` (:func:`~trajectory_ensemble_node.reducers.mode_clusters`: complete
+  linkage, by default at the relative cut, or at a fixed ``threshold``); keep the cluster with the lowest
   mean member score, i.e. the mode the committed prefix is on as a whole, and return its member with the lowest
   score: a trajectory the model produced, and within the mode the one that joins the prefix best (with guidance
   every member's frozen actions equal the previous chunk's, so the score ranks the guided ramp, i.e. the seam).
@@ -24,7 +25,7 @@ Without a reference (an episode's first chunk) they fall back to ``medoid`` and 
 
 Continuity has four homes, one per layer; the others are :mod:`trajectory_ensemble_node.engine.context` (the value
 type and the alignment math); :mod:`trajectory_ensemble_node.models.cosmos3.guidance` (guided denoising in the
-adapter); :mod:`trajectory_ensemble_node.ros.continuity` (the node's memory of its last chunk, the rules to continue
+adapter); :mod:`trajectory_ensemble_node.serving.continuity` (the face's memory of its last chunk, the rules to continue
 it).
 """
 
@@ -32,7 +33,7 @@ from __future__ import annotations
 
 import torch
 
-from .basic import MODE_DISTANCE_THRESHOLD, medoid_reduce, mode_clusters, mode_reduce
+from .basic import medoid_reduce, mode_clusters, mode_reduce
 from .types import ContinuityReference, Reducer
 
 
@@ -74,7 +75,7 @@ def backward_coherence_reduce(candidates: torch.Tensor, reference: ContinuityRef
 
 
 def mode_continuity_reduce(
-    candidates: torch.Tensor, reference: ContinuityReference | None, threshold: float = MODE_DISTANCE_THRESHOLD
+    candidates: torch.Tensor, reference: ContinuityReference | None, threshold: float | None = None
 ) -> torch.Tensor:
     """``mode_continuity``: in the cluster whose members are, on average, nearest the previous chunk, the member
     nearest it.
@@ -86,7 +87,8 @@ def mode_continuity_reduce(
     Args:
         candidates (`torch.Tensor` of shape `[N, H, D]`): Finite candidates.
         reference (`ContinuityReference`, *optional*): The previous chunk at the new chunk's times.
-        threshold (`float`): Cluster diameter (RMS, action units), as for ``mode``.
+        threshold (`float`, *optional*): A fixed cluster diameter (RMS, action units), as for ``mode``; ``None``:
+            the relative rule of :func:`~trajectory_ensemble_node.reducers.relative_mode_threshold`.
 
     Returns:
         `torch.Tensor` of shape `[H, D]`: a copy of the chosen candidate (with a reference).

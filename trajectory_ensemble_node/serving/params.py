@@ -167,6 +167,9 @@ PARAMETERS: tuple[ParamSpec, ...] = (
               "CAPACITY error frame", ">= 0"),
     ParamSpec("openpi_max_message_bytes", 16 * 1024 * 1024, "serve-openpi: largest message; a larger one closes its "
               "connection (close code 1009, message too big)", ">= 1024"),
+    ParamSpec("openpi_max_inbound_bytes", 0, "serve-openpi: bytes of request frames read and not yet answered, across "
+              "all connections; past it no connection is read from (TCP backpressure) until replies free room; "
+              "0 = 4 x openpi_max_message_bytes", ">= 0"),
     ParamSpec("openpi_idle_timeout_s", 30.0, "serve-openpi: a connection with no request for this long is closed; "
               "0 = never", ">= 0"),
     ParamSpec("openpi_max_connections", 64, "serve-openpi: connections at once; more are refused at the handshake "
@@ -255,6 +258,7 @@ class NodeParams:
     openpi_max_concurrent: int
     openpi_max_queued: int
     openpi_max_message_bytes: int
+    openpi_max_inbound_bytes: int
     openpi_idle_timeout_s: float
     openpi_max_connections: int
     openpi_max_connections_per_client: int
@@ -375,7 +379,7 @@ def _check_serving_limits(p: Mapping[str, Any], problems: _Problems) -> None:
         need(p[name] >= 1, f"{name}: must be >= 1, got {p[name]}")
     need(p["max_instruction_tokens"] >= 0, f"max_instruction_tokens: must be >= 0, got {p['max_instruction_tokens']}")
     for name, least in (("openpi_max_concurrent", 1), ("openpi_max_queued", 0), ("openpi_max_message_bytes", 1024),
-                        ("openpi_idle_timeout_s", 0), ("openpi_max_connections", 1),
+                        ("openpi_max_inbound_bytes", 0), ("openpi_idle_timeout_s", 0), ("openpi_max_connections", 1),
                         ("openpi_max_connections_per_client", 0), ("openpi_handshake_idle_s", 0)):
         need(p[name] >= least, f"{name}: must be >= {least}, got {p[name]}")
     need(not p["enable_weight_updates"] or p["weights_dir"] != "",

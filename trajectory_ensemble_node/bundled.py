@@ -35,6 +35,8 @@ class BundledPolicy:
         stats_file (`str`): Action statistics inside ``directory`` (``""``: it acts in normalized units).
         stats_method (`str`): The normalization of ``stats_file``.
         rebuild (`str`): The command that writes ``directory`` when the weights are absent.
+        mode_threshold (`float`, *optional*): The fixed ``mode`` cut it is served with when the node's
+            ``mode_threshold`` is 0 (normalized units); ``None``: the relative rule, which both bundled policies use.
     """
 
     name: str
@@ -44,6 +46,7 @@ class BundledPolicy:
     stats_file: str = ""
     stats_method: str = ""
     rebuild: str = ""
+    mode_threshold: float | None = None
 
     @property
     def installed(self) -> bool:
@@ -110,3 +113,12 @@ def default_stats(params: Any) -> tuple[str, str] | None:
     if params.action_stats_file or policy is None or not policy.stats_file:
         return None
     return str(policy.directory / policy.stats_file), policy.stats_method
+
+
+def mode_threshold(params: Any) -> float | None:
+    """The fixed ``mode`` cut ``params`` serve: ``mode_threshold`` when set (> 0), else the bundled policy's own
+    (:attr:`BundledPolicy.mode_threshold`), else ``None`` (the relative rule)."""
+    if params.mode_threshold:
+        return float(params.mode_threshold)
+    policy = bundled_policy(params.model)
+    return None if policy is None else policy.mode_threshold

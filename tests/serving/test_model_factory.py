@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+import torch
 
 from trajectory_ensemble_node.errors import ParameterError
 from trajectory_ensemble_node.models.cosmos3 import Cosmos3ActionModel
@@ -60,3 +61,23 @@ def test_the_factory_refuses_a_reducer_the_model_does_not_declare(monkeypatch: p
     monkeypatch.setattr(Cosmos3ActionModel, "valid_reducers", lambda self: ("mean",))
     with pytest.raises(ParameterError, match="reducer"):
         model_factory.build_model(params)
+
+
+def test_mode_threshold_is_served_by_mode_and_the_relative_rule_by_default() -> None:
+    from trajectory_ensemble_node.contract import CandidateTrajectorySpec
+    from trajectory_ensemble_node.reducers import mode_reduce
+    from tests._cosmos3 import PROMPT, STEPS, policy
+
+    served = {}
+    for threshold in (0.0, 0.05):
+        model = model_factory.build_model(validate({"model": "tiny", "mode_threshold": threshold}))
+        try:
+            assert model.mode_threshold == (threshold or None)
+            result = model.generate(prompt=PROMPT, action=policy(), num_inference_steps=STEPS, base_seed=7,
+                                    spec=CandidateTrajectorySpec(count=6, reducer="mode", return_candidates=True))
+        finally:
+            model.stop(1.0)
+        # The tiny model reduces in normalized space without statistics: the action is mode of the candidates.
+        torch.testing.assert_close(result.action, mode_reduce(result.candidates, threshold or None))
+        served[threshold] = result
+    assert torch.equal(served[0.0].candidates, served[0.05].candidates)  # reducers run after the candidates

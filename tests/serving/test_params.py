@@ -58,3 +58,17 @@ def test_fault_injection_is_refused_outside_tests():
                            env={"TRAJECTORY_ENSEMBLE_TESTING": "1"}).fault_injection == "engine_exception"
     with pytest.raises(params.ParameterError, match="not one of"):
         params.check_fault_injection("meteor", env={"TRAJECTORY_ENSEMBLE_TESTING": "1"})
+
+
+@pytest.mark.parametrize(("value", "expected"), [(-0.1, "mode_threshold: mode threshold must be a finite number >= 0"),
+                                                 (float("inf"), "mode_threshold: expected a finite number")])
+def test_mode_threshold_is_checked_by_the_reducers_own_rule(value, expected):
+    with pytest.raises(params.ParameterError, match=expected):
+        params.validate({"mode_threshold": value}, env={})
+
+
+def test_mode_threshold_defaults_to_the_relative_rule_and_is_refused_on_a_remote_engine():
+    assert params.validate({}, env={}).mode_threshold == 0.0
+    assert params.validate({"mode_threshold": 0.05}, env={}).mode_threshold == 0.05
+    with pytest.raises(params.ParameterError, match="mode_threshold: 0.05 is served by the local engine only"):
+        params.validate({"mode_threshold": 0.05, "engine": "openpi", "engine_url": "ws://127.0.0.1:9"}, env={})

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 
+from ..bundled import mode_threshold
 from ..catalog import load_pipeline
 from ..contract import check_reducer
 from ..errors import InvalidSpecError, ParameterError
@@ -51,7 +52,7 @@ def build_model(params: NodeParams, *, on_loaded: Callable[[], None] = lambda: N
         prefix_retain=p.prefix_retain, cfg_mode=p.cfg_mode, step_capture=p.step_capture,
         action_stats=load_action_stats(p), limits=limits, min_valid_candidates=p.min_valid_candidates,
         position_policy=p.position_limit_policy, uncertainty_threshold=load_uncertainty_threshold(p),
-        novelty=load_novelty(p),
+        novelty=load_novelty(p), mode_threshold=mode_threshold(p),
     )
     del pipe  # the model owns it now; a cleanup must leave no other reference behind
     try:

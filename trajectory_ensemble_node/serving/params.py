@@ -22,6 +22,7 @@ from ..engine.context import GUIDANCE_MODES
 from ..errors import InvalidSpecError, ParameterError
 from ..models.cosmos3 import CFG_MODES, RESOLUTION_TIERS, STEP_CAPTURE_MODES, VIEW_POINTS, embodiment_widths
 from ..normalization import NORMALIZATION_METHODS
+from ..reducers import check_mode_threshold
 from ..uncertainty import ALARM_RULES
 from .param_faults import FAULTS, TESTING_ENV, check_fault_injection, parse_fault  # noqa: F401 - importable here
 from .param_values import INT64_RANGE, coerce, preview  # noqa: F401 - INT64_RANGE is importable from here too
@@ -71,6 +72,9 @@ PARAMETERS: tuple[ParamSpec, ...] = (
     ParamSpec("guidance_scale", 1.0, "classifier-free guidance scale; 1.0 disables the unconditional branch", "> 0"),
     ParamSpec("candidate_count", 8, "candidates per goal when the goal says 0", "1 .. max_candidates"),
     ParamSpec("reducer", "mode", "reducer when the goal leaves it empty", "a reducer valid for the action space"),
+    ParamSpec("mode_threshold", 0.0, "fixed cut of mode and mode_continuity: RMS distance in normalized action "
+              "units (trajectory-ensemble calibrate --bag recommends one); 0 = the relative rule (2x the group's "
+              "median k-th nearest-neighbour distance), or a bundled policy's own cut", ">= 0, finite; local engine only"),
     ParamSpec("max_candidates", 32, "goals asking for more candidates are aborted before any model work", ">= 1"),
     ParamSpec("max_batch_candidates", 16, "most candidates in one batch; larger groups run as lockstep microbatches",
               ">= 1"),
@@ -210,6 +214,7 @@ class NodeParams:
     guidance_scale: float
     candidate_count: int
     reducer: str
+    mode_threshold: float
     max_candidates: int
     max_batch_candidates: int
     prefix_retain: int
@@ -389,7 +394,7 @@ def _check_serving_limits(p: Mapping[str, Any], problems: _Problems) -> None:
 
 
 def _check_joints_and_reducer(p: Mapping[str, Any], problems: _Problems, domain_ok: bool, count_ok: bool) -> None:
-    """Joint names and the default reducer against the action width (a goal's own check)."""
+    """Joint names and the default reducer against the action width (a goal's own check); mode_threshold."""
     need = problems.need
     if domain_ok:
         width = _WIDTHS[p["domain_name"]]
@@ -407,6 +412,13 @@ def _check_joints_and_reducer(p: Mapping[str, Any], problems: _Problems, domain_
                 check_reducer(p["reducer"], width, domain_name=p["domain_name"])
         except InvalidSpecError as error:
             problems.append(f"reducer: {error}")
+    try:
+        check_mode_threshold(p["mode_threshold"])
+    except InvalidSpecError as error:
+        problems.append(f"mode_threshold: {error}")
+    need(not p["mode_threshold"] or p["engine"] == "local",
+         f"mode_threshold: {p['mode_threshold']} is served by the local engine only; engine {p['engine']!r} reduces "
+         "with the relative rule (leave mode_threshold at 0)")
 
 
 def _check_validity_and_uncertainty(p: Mapping[str, Any], problems: _Problems) -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -14,17 +14,18 @@ from ...contract import DEFAULT_MAX_CANDIDATES, CandidateGroup, CandidateTraject
 from ...engine import ExecutionContext, GroupHandle, GroupRequest, ProgressEvent, ValidityCheck, ValidityPolicy
 from ...errors import InvalidSpecError
 from ...normalization import ActionNormalizer
-from ...reducers import get_reducer
+from ...reducers import check_mode_threshold, configured_reducer
 from ...safety import ActionLimits, load_limits
 from ...seeding import candidate_seeds, fresh_base_seed
 from ...uncertainty import NoveltyCheck
 from ...service import EnsembleService
 from .adapter import Cosmos3Adapter, Cosmos3Request
 from .capture import check_step_capture
-from .conditioning import check_action_request, encode_conditioning
+from .conditioning import check_action_request, check_state_slot, encode_conditioning
 from .embedding import DEFAULT_EMBEDDING_GRID, check_novelty_scorer, observation_embedding
 from .guidance import check_context
 from .rollout import RolloutSpec
+from .state import StateInput
 from .weights import apply_update, fuse_qkv_projections, load_update_source, plan_update
 
 
@@ -96,6 +97,12 @@ class Cosmos3ActionModel(EnsembleService):
             observation embedding (``embedding.py``), and its metrics carry ``novelty_score``, ``novel`` and
             ``uncertain`` by the rule. ``None`` (default): nothing of it runs. The attribute may be swapped between
             groups (``calibrate`` times groups with and without it).
+        mode_threshold (`float`, *optional*): A fixed cut for ``mode`` and ``mode_continuity`` (RMS, normalized
+            units; :func:`~trajectory_ensemble_node.reducers.configured_reducer`); ``None`` (default): their relative
+            rule.
+        state_input (`StateInput`, *optional*): The robot-state input the checkpoint declares (``state.py``);
+            ``None`` (default): the one ``pipe`` was loaded with, if any (``load_directory`` reads it from the
+            checkpoint's ``action_stats.json``). A model with one takes ``state`` with every request.
     """
 
     def __init__(
@@ -120,8 +127,11 @@ class Cosmos3ActionModel(EnsembleService):
         position_policy: str = "drop",
         uncertainty_threshold: float | None = None,
         novelty: NoveltyCheck | None = None,
+        mode_threshold: float | None = None,
+        state_input: StateInput | None = None,
     ) -> None:
         self.pipe = pipe
+        self.mode_threshold = check_mode_threshold(mode_threshold)
         if isinstance(limits, (str, Path)):
             limits = load_limits(limits)
         self.validity = ValidityPolicy(limits=limits, min_valid_candidates=min_valid_candidates,
@@ -134,7 +144,7 @@ class Cosmos3ActionModel(EnsembleService):
             fuse_qkv_projections(pipe.transformer)
         adapter = Cosmos3Adapter(pipe, cfg_mode=cfg_mode, prefix_cache=prefix_cache, prefix_retain=prefix_retain,
                                  row_block_rows=row_block_rows, step_capture=step_capture,
-                                 forward_threads=forward_threads)
+                                 forward_threads=forward_threads, state_input=state_input)
         if generator_device is not None:
             adapter.generator_device = torch.device(generator_device)
         super().__init__(
@@ -146,6 +156,11 @@ class Cosmos3ActionModel(EnsembleService):
     @property
     def device(self) -> torch.device:
         return self.adapter.device
+
+    @property
+    def state_input(self) -> StateInput | None:
+        """The robot-state input this model takes (names in order, normalization), or ``None``: it takes none."""
+        return self.adapter.state_input
 
     def make_request(
         self,
@@ -166,6 +181,7 @@ class Cosmos3ActionModel(EnsembleService):
         deadline_s: float | None = None,
         current_state: torch.Tensor | tuple[float, ...] | None = None,
         context: ExecutionContext | None = None,
+        state: Sequence[float] | torch.Tensor | None = None,
     ) -> GroupRequest:
         """Validate and build a group request, before any model work.
 
@@ -175,14 +191,26 @@ class Cosmos3ActionModel(EnsembleService):
         ``context`` (an :class:`~trajectory_ensemble_node.engine.context.ExecutionContext`, normalized space): the
         chunk being executed. Every candidate is guided toward it in the batched pass (``context.guidance``), and
         continuity-aware reducers select against it. ``None`` serves exactly as without this feature.
+        ``state`` (``[width]``, the robot's state in the order and units :attr:`state_input` declares; not to be
+        confused with ``current_state``, which is in action units): a model with a state input needs it, and it
+        becomes the group's state frame (built once, shared by every candidate). A model without one ignores it:
+        not checked, not fed, the result bitwise that of the same request without it.
 
         Raises:
             InvalidSpecError: and its subclasses (count above the maximum, unknown reducer, reducer invalid for the
                 action layout), or ``UnsupportedModeError`` for a mode with no action output;
                 ``ExecutionContextError`` and its subclasses for a context this request cannot continue.
+            MissingObservationKeyError, ObservationArrayError, NonFiniteStateError: a model with a state input got
+                no ``state``, one of the wrong shape, or one holding NaN/Inf (``StateInput.check``).
         """
         spec = spec or CandidateTrajectorySpec(max_count=self.max_candidates)
         check_action_request(self.pipe, action)
+        state_input = self.adapter.state_input
+        if state_input is not None:
+            check_state_slot(self.pipe, action)
+            state = state_input.check(state)
+        else:
+            state = None
         # The same check, and the same messages, as a goal or a parameter file; a spec built with a larger
         # max_count is held to this model's maximum.
         spec = check_request(
@@ -192,7 +220,7 @@ class Cosmos3ActionModel(EnsembleService):
         )
         if not isinstance(num_inference_steps, int) or num_inference_steps < 1:
             raise InvalidSpecError(f"num_inference_steps must be an int >= 1, got {num_inference_steps!r}.")
-        reducer = None if spec.reducer == "none" else get_reducer(spec.reducer)
+        reducer = None if spec.reducer == "none" else configured_reducer(spec.reducer, self.mode_threshold)
         if rollout is not None:
             if not isinstance(rollout, RolloutSpec):
                 raise InvalidSpecError(f"rollout must be a RolloutSpec, got {type(rollout).__name__}.")
@@ -224,6 +252,7 @@ class Cosmos3ActionModel(EnsembleService):
             step_capture=step_capture,
             context=context,
             embedding_grid=None if self.novelty is None else self.novelty.scorer.embedding.grid,
+            state=state,
         )
         return GroupRequest(
             group=group,

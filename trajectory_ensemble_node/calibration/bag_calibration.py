@@ -15,9 +15,13 @@ from the node itself:
    are not independent; the guarantee is marginal over episodes drawn like the calibration ones.
 3. **Held out.** ``--heldout-bag`` bags (other successful episodes) are scored the same way; their false-alarm rate
    (scores above the threshold) carries a Wilson 95 % interval (:func:`~trajectory_ensemble_node.stats.wilson`).
+4. **Reducer.** Each goal also returns its candidates; where the bags record the actions taken (``--reference-topic``,
+   by default the topic a ``make-demo-bag --reference`` bag names), every reducer and ``mode`` threshold is compared
+   with them offline, chosen on the calibration bags and reported on the held-out ones (:mod:`.reducer_choice`).
 
 Output: the JSON that the node's ``uncertainty_calibration_file`` loads (``uncertainty.threshold``, see
-``serving/startup_checks.load_uncertainty_threshold``), plus a markdown summary beside it. The node is the one answering
+``serving/startup_checks.load_uncertainty_threshold``), with the ``reducer`` section beside it (the recommended
+``reducer`` and ``mode_threshold`` parameters), plus a markdown summary. The node is the one answering
 on ``--node-namespace``, or, with ``--start-node``, one started for the run (``--params-file``, else the toy policy's
 settings) on a ROS domain nobody else uses, and stopped afterwards.
 """
@@ -36,6 +40,7 @@ from typing import Any
 from ..cli.exits import fail
 from ..provenance import git_commit, utc_now
 from ..stats import conformal_threshold, wilson
+from . import reducer_choice
 
 EXIT_OK = 0
 EXIT_BAD_INPUT = 2
@@ -66,25 +71,39 @@ def add_bag_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--rate", type=float, default=1.0, help="playback speed factor (1.0)")
     group.add_argument("--replay-out", type=Path, default=DEFAULT_REPLAY_OUT, metavar="DIR",
                        help=f"where each bag's replay is recorded ({DEFAULT_REPLAY_OUT})")
+    group.add_argument("--reference-topic", default=None, metavar="TOPIC",
+                       help="the bags' recorded actions, which the reducers are compared with (default: the topic "
+                            "the bag's metadata names, as make-demo-bag --reference writes; none: no reducer choice)")
+    group.add_argument("--reducer-variants", default=reducer_choice.DEFAULT_VARIANTS, metavar="LIST",
+                       help="reducers compared on the recorded candidates: NAME or mode@THRESHOLD, single = "
+                            f"candidate 0 (default {reducer_choice.DEFAULT_VARIANTS})")
 
 
-def _scores(args: argparse.Namespace, bag_list: Sequence[Path], role: str, seed0: int) -> tuple[list[float],
-                                                                                               list[dict[str, Any]],
-                                                                                               list[Any]]:
-    """Replay each bag; the succeeded goals' scores, one record per bag, and each scored goal's frame (RGB, or None
-    for an encoding the replay cannot convert), which the novelty scorer is fitted on."""
+def _reference_topic(args: argparse.Namespace, bag: Path) -> str | None:
+    """``--reference-topic``, else the one the bag's metadata names (``make-demo-bag --reference``), else None."""
+    from ..replay import bags
+
+    return args.reference_topic or bags.bag_info(bag).custom_data.get(bags.REFERENCE_TOPIC_KEY)
+
+
+def _scores(args: argparse.Namespace, bag_list: Sequence[Path], role: str, seed0: int,
+            normalizer: Any = None) -> tuple[list[float], list[dict[str, Any]], list[Any], list[dict[str, Any]]]:
+    """Replay each bag; the succeeded goals' scores, one record per bag, each scored goal's frame (RGB, or None
+    for an encoding the replay cannot convert), which the novelty scorer is fitted on, and for each goal compared
+    with the bag's recorded actions, every reducer variant's errors (:func:`.reducer_choice.goal_errors`)."""
     from ..replay.playback import ReplayOptions
     from ..replay.replay import replay
 
     scores: list[float] = []
     records: list[dict[str, Any]] = []
     frames: list[Any] = []
+    errors: list[dict[str, Any]] = []
     seed = seed0
     for i, bag in enumerate(bag_list):
         opts = ReplayOptions(bag=bag, rate=args.rate, goal_every_s=args.goal_every, goal_offset_s=args.goal_offset,
                              out=args.replay_out / f"{role}-{i}", overwrite=True, candidates=args.count,
                              reducer=args.reducer, seed=seed, node_namespace=args.node_namespace, wait_s=args.wait,
-                             plot=False)
+                             plot=False, return_candidates=True, reference_topic=_reference_topic(args, bag))
         report = replay(opts, log=lambda line: None)
         report.write_summary()
         mine = [g.uncertainty_score for g in report.goals if g.status == "SUCCEEDED" and g.uncertainty_score is not None]
@@ -95,9 +114,33 @@ def _scores(args: argparse.Namespace, bag_list: Sequence[Path], role: str, seed0
         seed += len(report.goals)
         records.append({"bag": str(bag), "goals": len(report.goals), "scored": len(mine), "failed": failed,
                         "scores": mine})
+        errors += _variant_errors(args, report, normalizer)
         print(f"calibrate: {role} {bag}: {len(mine)} of {len(report.goals)} goals scored"
               + (f" ({len(failed)} failed: {failed[0]})" if failed else ""), flush=True)
-    return scores, records, frames
+    return scores, records, frames, errors
+
+
+def _variant_errors(args: argparse.Namespace, report: Any, normalizer: Any) -> list[dict[str, Any]]:
+    """Each goal's errors per reducer variant (empty without recorded actions or a known normalization)."""
+    done = [g for g in report.goals if g.status == "SUCCEEDED" and g.candidates is not None]
+    if report.reference_series is None or not done:
+        return []
+    if normalizer is None and not all(g.normalized for g in done):
+        print("calibrate: reducers not compared: the node serves robot units and its action statistics are known "
+              "only with --start-node", flush=True)
+        return []
+    variants = reducer_choice.usable_variants(args.reducer_variants, done[0].candidates.shape[-1])
+    return reducer_choice.goal_errors(report, variants, normalizer)
+
+
+def _normalizer(args: argparse.Namespace) -> Any:
+    """The started node's action statistics (``None``: not started here, or it serves normalized actions)."""
+    if not args.start_node:
+        return None
+    from ..serving.params import validate
+    from ..serving.startup_checks import load_action_stats
+
+    return load_action_stats(validate(_node_params(args)))
 
 
 def _rate(flags: Sequence[bool]) -> dict[str, Any]:
@@ -114,14 +157,17 @@ def calibrate_from_bags(args: argparse.Namespace) -> dict[str, Any]:
         NodeUnreachableError: The node does not answer.
     """
     commit = git_commit()
-    cal_scores, cal_records, cal_frames = _scores(args, args.bag, "calibration", args.base_seed)
+    normalizer = _normalizer(args)
+    cal_scores, cal_records, cal_frames, cal_errors = _scores(args, args.bag, "calibration", args.base_seed,
+                                                              normalizer)
     threshold = conformal_threshold(cal_scores, args.alpha) if cal_scores else math.inf
     if not math.isfinite(threshold):
         need = math.ceil((1 - args.alpha) / args.alpha)
         raise ValueError(f"{len(cal_scores)} scored calibration goals give no finite threshold at alpha "
                          f"{args.alpha:g} (the rank ceil((1 - alpha)(n + 1)) exceeds n); record more successful "
                          f"episodes: at least {need} goals")
-    held_scores, held_records, held_frames = _scores(args, args.heldout_bag, "heldout", args.base_seed + 1_000_000)
+    held_scores, held_records, held_frames, held_errors = _scores(args, args.heldout_bag, "heldout",
+                                                                  args.base_seed + 1_000_000, normalizer)
     uncertainty: dict[str, Any] = {
         "threshold": threshold,
         "alpha": args.alpha,
@@ -136,14 +182,19 @@ def calibrate_from_bags(args: argparse.Namespace) -> dict[str, Any]:
         uncertainty.update(false_alarm_rate=false_alarms["rate"], false_alarms=false_alarms,
                            acceptance_met=false_alarms["rate"] <= args.alpha + 0.05)
     novelty = _novelty(args, cal_scores, cal_frames, held_scores, held_frames)
+    # The variants each goal was compared with (those that fit the action width), in --reducer-variants order.
+    reducer = ({"reducer": reducer_choice.choose(cal_errors, held_errors, reducer_choice.parse_variants(
+        list(cal_errors[0])))} if cal_errors else {})
     return {
         "uncertainty": uncertainty,
         **novelty,
+        **reducer,
         "settings": {
             "date": utc_now(), "commit": commit, "bags": [str(b) for b in args.bag],
             "heldout_bags": [str(b) for b in args.heldout_bag], "count": args.count, "reducer": args.reducer,
             "base_seed": args.base_seed, "goal_every_s": args.goal_every, "goal_offset_s": args.goal_offset,
             "node": args.node_namespace, "params_file": str(args.params_file) if args.params_file else None,
+            "reference_topic": args.reference_topic, "reducer_variants": args.reducer_variants,
             "score": "uncertainty.score of each goal's result: mean RMS distance (normalized space) from each "
                      "candidate to its nearest other",
         },
@@ -198,6 +249,8 @@ def markdown(result: dict[str, Any]) -> str:
                   f"({c['recommendation']}).", "", "| rule | false alarms, held-out goals |", "|---|---|"]
         lines += [f"| `{name}` | " + ("-" if f["false_alarm_rate"] is None else f"{100 * f['false_alarm_rate']:.0f}%")
                   + " |" for name, f in c["rules"].items()]
+    if "reducer" in result:
+        lines += reducer_choice.markdown_lines(result["reducer"])
     return "\n".join(lines + [""])
 
 
@@ -234,6 +287,7 @@ def run(args: argparse.Namespace, toy_json: Path | None = None) -> int:
         return EXIT_BAD_INPUT
     node = None
     try:
+        reducer_choice.parse_variants(args.reducer_variants)  # a bad variant is a usage error, before any replay
         # Every bag is checked before a node is started or contacted: a damaged recording is a bad bag (2).
         for bag in [*args.bag, *args.heldout_bag]:
             check_replay_bag(ReplayOptions(bag=bag))
@@ -263,6 +317,9 @@ def run(args: argparse.Namespace, toy_json: Path | None = None) -> int:
     out.with_suffix(".md").write_text(markdown(result))
     u = result["uncertainty"]
     print(json.dumps({"uncertainty": {k: u[k] for k in ("threshold", "alpha", "calibration_goals", "heldout_goals",
-                                                        "false_alarm_rate") if k in u}}))
+                                                        "false_alarm_rate") if k in u},
+                      **({"reducer": {k: result["reducer"][k] for k in ("recommended", "reducer", "mode_threshold",
+                                                                        "heldout_rmse")}}
+                         if "reducer" in result else {})}))
     print(f"wrote {out} and {out.with_suffix('.md')} (the node loads it as uncertainty_calibration_file)")
     return EXIT_OK

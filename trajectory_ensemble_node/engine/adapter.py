@@ -33,6 +33,8 @@ class AdapterCapabilities:
         auxiliary_required_for_action (`bool`): Whether that branch must run for the action to be correct.
         auxiliary_decode_skippable (`bool`): Whether its decode can be skipped when only actions are served.
         uses_state (`bool`): Whether the model consumes proprioceptive state (``JointState``).
+        state_names (`tuple[str, ...]`): With ``uses_state``, the state's channels in the order the model reads them
+            (its width is their count); faces pick the values by these names.
         context_guidance (`tuple[str, ...]`): Guidance modes (``engine.context.GUIDANCE_MODES``) with which the
             adapter honours an execution context; empty: it refuses one.
     """
@@ -45,6 +47,7 @@ class AdapterCapabilities:
     auxiliary_required_for_action: bool = False
     auxiliary_decode_skippable: bool = True
     uses_state: bool = False
+    state_names: tuple[str, ...] = ()
     context_guidance: tuple[str, ...] = ()
     extra: dict[str, Any] = field(default_factory=dict)
 

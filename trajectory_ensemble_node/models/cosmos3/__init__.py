@@ -7,7 +7,8 @@ outside ``models/cosmos3`` imports from this module alone (``tests/test_architec
   types, loading, the settings the node's parameters validate against.
 - **Building blocks for training and probes** (the lab's ``train-toy``, ``train-grpo`` and sensitivity probes, and
   the benchmarks): the conditioning encoder, the packed forward and fan-out attention that the serving path itself
-  uses, the Flow-GRPO SDE step, and the tiny random configs. They are exported so that a trainer sees exactly the
+  uses, the robot-state frame (``build_state_frame`` and the checkpoint's ``StateInput``), the Flow-GRPO SDE step,
+  and the tiny random configs. They are exported so that a trainer sees exactly the
   latents and forwards inference sees, never a copy of them.
 """
 
@@ -29,6 +30,16 @@ from .rollout import (
     read_record,
     sde_transition,
 )
+from .state import (
+    STATE_FRAME_INDEX,
+    STATE_METHODS,
+    StateInput,
+    build_state_frame,
+    declare_state_input,
+    declared_state_input,
+    read_state_input,
+    write_state_input,
+)
 from .tiny import CONFIGS, UNTRAINED_NOTICE, TinyCosmos3Config, build_pipeline, build_tokenizer, randomize_zero_initialized
 
 __all__ = [
@@ -39,6 +50,8 @@ __all__ = [
     "PICKLE_SUFFIXES",
     "RESOLUTION_TIERS",
     "SIGMA_ONE_ATOL",
+    "STATE_FRAME_INDEX",
+    "STATE_METHODS",
     "STEP_CAPTURE_MODES",
     "UNTRAINED_NOTICE",
     "VIEW_POINTS",
@@ -51,12 +64,16 @@ __all__ = [
     "RolloutError",
     "RolloutResult",
     "RolloutSpec",
+    "StateInput",
     "StepCaptureError",
     "TinyCosmos3Config",
     "WeightUpdateReport",
     "build_pipeline",
+    "build_state_frame",
     "build_tokenizer",
     "check_step_capture",
+    "declare_state_input",
+    "declared_state_input",
     "embedding_dim",
     "embodiment_widths",
     "encode_conditioning",
@@ -67,7 +84,9 @@ __all__ = [
     "observation_embedding",
     "randomize_zero_initialized",
     "read_record",
+    "read_state_input",
     "resolve_device",
     "resolve_dtype",
     "sde_transition",
+    "write_state_input",
 ]

@@ -9,6 +9,7 @@ then applies CFG and its stepper, exactly as the upstream loop does for one samp
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,6 +30,7 @@ from .layers import default_row_block_rows, install_row_blocks
 from .workers import ForwardWorkers, resolve_forward_threads
 from .packing import PackItem, pack_forward, split_predictions
 from .rollout import RolloutError, RolloutSpec, RolloutStepper, build_rollout_scheduler
+from .state import StateInput, declared_state_input
 from .steppers import GroupStepper, ServingStepper
 
 
@@ -59,6 +61,8 @@ class Cosmos3Request:
     context: Any = None
     # Novelty: return the observation embedding pooled to this grid (``embedding.py``); None computes nothing.
     embedding_grid: int | None = None
+    # The robot's state, declared order and units (``state.py``); read only when the adapter has a state input.
+    state: tuple[float, ...] | None = None
 
 
 @dataclass
@@ -108,6 +112,10 @@ class Cosmos3Adapter:
             runs of co-batched groups) are spread over (``workers.py``; bitwise-neutral). ``"auto"`` (default): on
             CPU the cores torch's intra-op threads leave free (2 on two cores with ``OMP_NUM_THREADS=1``), 1 on CUDA;
             ``None``/0/1: the calling thread only.
+        state_input (`StateInput`, *optional*): The checkpoint's state input (``state.py``); ``None`` (default):
+            the one ``pipe`` was loaded with (:func:`~.state.declared_state_input`), if any. With one, each group's
+            conditioning gets the state frame, and the instance's ``capabilities`` say ``uses_state=True`` with the
+            declared ``state_names``.
 
     Why ``auto`` keeps ``count=1`` separate: BLAS libraries (MKL, cuBLAS) pick GEMM kernels by row count, and a
     row's result can change in the last bits with the kernel. A lone candidate with separate branches has exactly
@@ -136,7 +144,8 @@ class Cosmos3Adapter:
 
     def __init__(self, pipe: Cosmos3OmniPipeline, *, cfg_mode: str = "auto", prefix_cache: bool = True,
                  prefix_retain: int = 8, row_block_rows: int | str | None = "auto",
-                 step_capture: str = "off", forward_threads: int | str | None = "auto") -> None:
+                 step_capture: str = "off", forward_threads: int | str | None = "auto",
+                 state_input: StateInput | None = None) -> None:
         if cfg_mode not in CFG_MODES:
             raise InvalidSpecError(f"cfg_mode must be one of {list(CFG_MODES)}, got {cfg_mode!r}.")
         if not (row_block_rows is None or row_block_rows == "auto"
@@ -168,6 +177,12 @@ class Cosmos3Adapter:
         self._weights_version = 0
         self.step_capture_mode = check_step_capture(step_capture, self.device)
         self.step_capture = StepCapture(pipe.transformer, self.processor, row_block_rows=self.row_block_rows)
+        self.state_input = state_input if state_input is not None else declared_state_input(pipe)
+        if self.state_input is not None:
+            # Per instance: the class attribute stays the declaration of a checkpoint without state.
+            self.capabilities = dataclasses.replace(
+                type(self).capabilities, uses_state=True, state_names=self.state_input.names,
+                candidate_invariant=(*type(self).capabilities.candidate_invariant, "state latent frame"))
 
     # --- declared properties ----------------------------------------------------------------------------------------
 
@@ -204,6 +219,8 @@ class Cosmos3Adapter:
                 guidance_scale=request.guidance_scale,
                 device=self.device,
                 use_system_prompt=request.use_system_prompt,
+                state_input=self.state_input,
+                state=request.state,
             )
         return request.conditioning
 
@@ -435,6 +452,8 @@ class Cosmos3Adapter:
     def finish(self, state: Cosmos3GroupState) -> CandidateOutput:
         candidates = state.action[:, :, : state.conditioning.raw_action_dim].detach().to("cpu", torch.float32)
         extras: dict[str, Any] = {"num_inference_steps": state.num_steps}
+        if state.conditioning.state_clipped is not None:
+            extras["state_clipped"] = state.conditioning.state_clipped
         if state.request.embedding_grid is not None:
             extras[OBSERVATION_EMBEDDING] = observation_embedding(state.conditioning, state.request.embedding_grid)
         if state.steps_requested is not None:

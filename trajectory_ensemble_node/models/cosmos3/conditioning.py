@@ -8,6 +8,10 @@ differences that do not change a single bit of the result:
   frame clip (the image repeated), keeps latent frame 0 and overwrites the rest with noise. The Wan VAE encodes
   frame 0 alone in its first causal chunk, so encoding just that frame yields the same latent frame 0.
 
+A checkpoint that declares a state input (``state.py``) gets one more clean conditioning frame, built here once per
+group from the request's state: latent frame 1 holds the normalized state, tiled (Cosmos Policy's proprio frame).
+Without a declaration nothing of it runs.
+
 The segment builders are the pipeline's own (``_prepare_text_segment``, ``_prepare_vision_segment``,
 ``_prepare_action_segment``), so position ids are those of a single upstream run.
 """
@@ -30,6 +34,7 @@ from diffusers.video_processor import VideoProcessor
 
 from ...errors import InvalidSpecError, UnsupportedModeError
 from .packing import BlockTemplate, Branch, PrefixSegment
+from .state import STATE_FRAME_INDEX, StateInput, build_state_frame
 
 # Modes whose public output is an action chunk (upstream returns ``action=None`` for forward_dynamics).
 ACTION_MODES = ("policy", "inverse_dynamics")
@@ -49,6 +54,8 @@ class GroupConditioning:
         raw_action_dim (`int`): The embodiment's unpadded action width.
         height (`int`), width (`int`): Conditioning canvas in pixels.
         encode_ms (`float`): Prompt + VAE encode time.
+        state_clipped (`int`, *optional*): With a state input, how many state channels were clipped to the
+            statistics' range; ``None`` without one.
     """
 
     branches: tuple[Branch, ...]
@@ -62,6 +69,7 @@ class GroupConditioning:
     height: int
     width: int
     encode_ms: float
+    state_clipped: int | None = None
 
     @property
     def has_noisy_action(self) -> bool:
@@ -95,6 +103,23 @@ def check_action_request(pipe: Cosmos3OmniPipeline, action: CosmosActionConditio
         )
 
 
+def check_state_slot(pipe: Cosmos3OmniPipeline, action: CosmosActionCondition) -> None:
+    """Refuse, before any model work, a request whose clip has no room for the state frame.
+
+    Raises:
+        UnsupportedModeError: not ``policy`` mode (the state frame extends policy mode only).
+        InvalidSpecError: the clip has a single latent frame (``chunk_size`` below the VAE's temporal factor).
+    """
+    if action.mode != "policy":
+        raise UnsupportedModeError(f"a model that takes the robot's state serves policy mode only, got mode "
+                                   f"{action.mode!r}")
+    temporal = int(pipe.vae.config.scale_factor_temporal)
+    latent_frames = action.chunk_size // temporal + 1
+    if latent_frames <= STATE_FRAME_INDEX:
+        raise InvalidSpecError(f"chunk_size={action.chunk_size} gives {latent_frames} latent frame(s); the state "
+                               f"frame needs latent frame {STATE_FRAME_INDEX} (chunk_size >= {temporal})")
+
+
 def encode_conditioning(
     pipe: Cosmos3OmniPipeline,
     *,
@@ -106,6 +131,8 @@ def encode_conditioning(
     device: torch.device,
     use_system_prompt: bool | None = None,
     encode_only_used_frames: bool = True,
+    state_input: StateInput | None = None,
+    state: Sequence[float] | None = None,
 ) -> GroupConditioning:
     """Tokenize the prompt and encode the conditioning image once for a whole candidate group.
 
@@ -119,11 +146,22 @@ def encode_conditioning(
         device (`torch.device`): Execution device.
         use_system_prompt (`bool`, *optional*): As upstream; ``None`` uses the pipeline default.
         encode_only_used_frames (`bool`): In policy mode, VAE-encode only the conditioning frame (bit-identical).
+        state_input (`StateInput`, *optional*): The checkpoint's declared state input; ``None`` (no declaration):
+            ``state`` is not read and nothing changes.
+        state (`Sequence[float]` of length `state_input.width`, *optional*): The robot's state in the declared
+            order and units; latent frame ``STATE_FRAME_INDEX`` becomes its clean frame (``build_state_frame``).
 
     Returns:
         `GroupConditioning`
+
+    Raises:
+        MissingObservationKeyError, ObservationArrayError, NonFiniteStateError: with a state input, a missing,
+            malformed or non-finite ``state`` (:meth:`StateInput.check`).
     """
     check_action_request(pipe, action)
+    if state_input is not None:
+        check_state_slot(pipe, action)
+        state = state_input.check(state)
     started = time.perf_counter()
     num_frames = action.chunk_size + 1
     clip = [action.image] if action.image is not None else action.video
@@ -158,8 +196,14 @@ def encode_conditioning(
         full[:, :, :1] = x0[:, :, :1]
         x0 = full
 
+    state_clipped = None
+    if state_input is not None:
+        normalized, state_clipped = state_input.normalize(state)
+        frame = build_state_frame(normalized.to(device=x0.device, dtype=x0.dtype), x0.shape[1], x0.shape[3],
+                                  x0.shape[4])
+        x0[:, :, STATE_FRAME_INDEX] = frame
     if action.mode == "policy":
-        vision_condition_frames = [0]
+        vision_condition_frames = [0] if state_input is None else [0, STATE_FRAME_INDEX]
     else:  # inverse_dynamics: every latent frame of the given clip is conditioning
         vision_condition_frames = list(range(latent_frames))
     vision_mask = torch.zeros((x0.shape[2], 1, 1), device=device, dtype=sampling_dtype)
@@ -192,6 +236,7 @@ def encode_conditioning(
         height=int(height),
         width=int(width),
         encode_ms=(time.perf_counter() - started) * 1e3,
+        state_clipped=state_clipped,
     )
 
 

@@ -4,7 +4,8 @@ A robot's build machine has no model hub, so nothing is ever downloaded here: a 
 directory (the embedded ``"tiny"`` model is built in-process by :mod:`.tiny`, and the bundled toy policy is the toy
 package's). :func:`trajectory_ensemble_node.catalog.load_pipeline` is the one loader by name, for every model name a
 node accepts. Pickle checkpoints can run arbitrary code when loaded, so they are refused unless the operator opts in
-with ``allow_pickle=True``.
+with ``allow_pickle=True``. A directory whose ``action_stats.json`` declares a robot-state input (``state.py``) is
+loaded with that declaration recorded on the pipeline, so every model built from it takes the state.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from ...errors import ModelLoadError, PickleWeightsError
+from .state import declare_state_input, read_state_input
 
 if TYPE_CHECKING:
     from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import Cosmos3OmniPipeline
@@ -106,11 +108,13 @@ def load_directory(
             Off by default: unpickling a file can run code it carries.
 
     Returns:
-        `Cosmos3OmniPipeline`: progress bars off.
+        `Cosmos3OmniPipeline`: progress bars off; the state input its ``action_stats.json`` declares, if any,
+        recorded on it (:func:`~.state.declared_state_input`).
 
     Raises:
         ModelLoadError: missing directory, or not a Cosmos 3 pipeline.
         PickleWeightsError: pickle-only weights and ``allow_pickle`` is False.
+        StatsFileError: the directory's ``action_stats.json`` is unreadable, or its state declaration malformed.
     """
     if not directory.is_dir():
         raise ModelLoadError(
@@ -144,4 +148,5 @@ def load_directory(
         raise ModelLoadError(f"{str(directory)!r} is a {type(pipe).__name__}, not a Cosmos3OmniPipeline")
     pipe.to(device)
     pipe.set_progress_bar_config(disable=True)
+    declare_state_input(pipe, read_state_input(directory))
     return pipe

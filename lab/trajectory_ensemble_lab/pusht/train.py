@@ -236,7 +236,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="train the vision term on each example's 17 following frames (about 1.1 s of VAE per "
                              "example on one core); default: toward the latent mean")
     parser.add_argument("--stride", type=int, default=1, help="control steps between training examples")
-    add_fit_arguments(parser, steps=20000, batch=32, lr=3e-4, vision_weight=0.1, checkpoint_every=1000)
+    add_fit_arguments(parser, steps=20000, batch=32, lr=3e-4, vision_weight=0.1, checkpoint_every=1000,
+                      freeze_text=True)
     add_prefix_arguments(parser, CHUNK)
 
 

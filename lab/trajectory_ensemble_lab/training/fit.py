@@ -31,11 +31,12 @@ import numpy as np
 import torch
 from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import Cosmos3OmniPipeline
 
-from trajectory_ensemble_node.models.cosmos3 import PackItem, forward_items, install_fanout
+from trajectory_ensemble_node.models.cosmos3 import PackItem, PrefixKVCache, forward_items, install_fanout
 from .augment import drift_chunk, offset_prefix, retime_chunk, sample_prefixes, sample_speeds
 from . import TrainingError
 from .dataset import EncodedDataset
 from .pipeline import save_pipeline
+from .text_prefix import freeze_text_pathway, instruction_cache
 
 AUGMENTATION_DEFAULTS: dict[str, object] = {
     "bimodal_share": None,
@@ -46,18 +47,20 @@ AUGMENTATION_DEFAULTS: dict[str, object] = {
     "demo_speed": 0.0,
     "demo_speed_share": 0.5,
     "demo_speed_prefixed": False,
+    "freeze_text": False,
 }
 """What :func:`fit` uses for an augmentation option a run's arguments do not define (``train-pusht`` defines only the
 prefix ones): every one off."""
 
 
 def add_fit_arguments(parser: argparse.ArgumentParser, *, steps: int = 3000, batch: int = 8, lr: float = 1e-3,
-                      vision_weight: float = 0.1, checkpoint_every: int = 1000) -> None:
+                      vision_weight: float = 0.1, checkpoint_every: int = 1000, freeze_text: bool = False) -> None:
     """Register the options of :func:`fit` that every trainer shares (``train-toy``'s, with its defaults).
 
     Args:
         parser (`argparse.ArgumentParser`): The command's parser.
-        steps, batch, lr, vision_weight, checkpoint_every: Defaults of the options of the same names, per task.
+        steps, batch, lr, vision_weight, checkpoint_every, freeze_text: Defaults of the options of the same names,
+            per task.
     """
     parser.add_argument("--steps", type=int, default=steps, help="optimizer steps")
     parser.add_argument("--batch", type=int, default=batch, help="examples packed into one forward")
@@ -76,6 +79,9 @@ def add_fit_arguments(parser: argparse.ArgumentParser, *, steps: int = 3000, bat
                         help="half of each batch's sigmas are shifted by this toward high noise (1 = none)")
     parser.add_argument("--init", type=Path, default=None,
                         help="continue from this pipeline directory (e.g. the shipped weights) instead of a fresh one")
+    parser.add_argument("--freeze-text", action=argparse.BooleanOptionalAction, default=freeze_text,
+                        help="keep the text pathway's weights as they are and compute the instruction's per-layer "
+                             "keys/values once, so each step runs the generation tokens alone")
 
 
 def sample_sigmas(count: int, generator: torch.Generator, shift: float) -> torch.Tensor:
@@ -105,6 +111,8 @@ def training_loss(
     offsets: list[torch.Tensor | None] | None = None,
     drifts: torch.Tensor | None = None,
     speeds: torch.Tensor | None = None,
+    prefix_cache: PrefixKVCache | None = None,
+    one_run: bool = True,
 ) -> tuple[torch.Tensor, float, float]:
     """Flow-matching loss of ``examples`` packed into ONE transformer forward.
 
@@ -124,6 +132,12 @@ def training_loss(
         speeds (`torch.Tensor` of shape `[B]`, *optional*): Per example, the factor its demonstration is retimed by
             (:func:`retime_chunk`, from ``dataset.starts``), applied first; an example not at 1 leaves the vision
             term out.
+        prefix_cache (`PrefixKVCache`, *optional*): The instruction's per-layer keys/values, computed once while
+            the text pathway is frozen (:func:`~.text_prefix.instruction_cache`); ``None`` computes the prefix in
+            this forward, as the plain step does.
+        one_run (`bool`): Pack consecutive examples with the same clean prefix as one item (one batched attention
+            call per layer); ``False`` packs one item per example, as the trainer did before (the profile's
+            baseline). The loss is the same either way.
 
     Returns:
         `tuple`: total loss (scalar tensor), action MSE, vision MSE (floats).
@@ -141,7 +155,6 @@ def training_loss(
         raise TrainingError(f"offsets must give each of the {len(examples)} examples None, or an offset where it "
                             f"has a prefix; got offsets for {[o is not None for o in offsets]} and prefixes "
                             f"{prefixes!r}")
-    items, targets_v, targets_a, loss_mask = [], [], [], []
     if drifts is not None and tuple(drifts.shape) != (len(examples), 2):
         raise TrainingError(f"drifts must have shape ({len(examples)}, 2), got {tuple(drifts.shape)}")
     if speeds is not None and tuple(speeds.shape) != (len(examples),):
@@ -149,6 +162,7 @@ def training_loss(
     retimed = [speeds is not None and float(speeds[i]) != 1.0 for i in range(len(examples))]
     if any(retimed) and dataset.starts is None:
         raise TrainingError("retiming demonstrations needs the dataset's start positions (dataset.starts)")
+    visions, actions, timesteps, targets_v, targets_a, loss_mask = [], [], [], [], [], []
     for index, (example, sigma, clean, offset) in enumerate(zip(examples, sigmas.tolist(), prefixes, offsets)):
         x0_v = dataset.clips[example : example + 1] if dataset.clips is not None else _clipless_vision(
             dataset, example)  # [1, C, T, h, w]
@@ -165,17 +179,27 @@ def training_loss(
         vision[:, :, 1:] = (1 - sigma) * x0_v[:, :, 1:] + sigma * eps_v[:, :, 1:]
         action = torch.zeros(1, x0_a.shape[0], action_dim)
         action[0, :, :raw] = (1 - sigma) * x0_a + sigma * eps_a
-        branch = dataset.branch
         if clean:
             action[0, :clean, :raw] = x0_a[:clean]
-            noisy = branch.template.action_noisy_frame_indexes
-            branch = dataclasses.replace(branch, template=dataclasses.replace(
-                branch.template, action_noisy_frame_indexes=noisy[noisy >= clean]))
-        items.append(PackItem(branch=branch, vision=vision, action=action, timestep=sigma * 1000.0))
+        visions.append(vision)
+        actions.append(action)
+        timesteps.append(sigma * 1000.0)
         targets_v.append((eps_v - x0_v)[:, :, 1:])
         targets_a.append(eps_a - x0_a)
         loss_mask.append((torch.arange(horizon) >= clean).float()[:, None].expand(horizon, raw))
-    preds_v, preds_a = forward_items(transformer, items, torch.device("cpu"))
+    items = []
+    runs = _runs(prefixes) if one_run else [(clean, i, i + 1) for i, clean in enumerate(prefixes)]
+    for clean, start, stop in runs:
+        # Consecutive examples with the same clean prefix share one branch: ONE item, so the fan-out attention
+        # runs them as one batched call (one block each, its own timestep) instead of one call per example.
+        branch = dataset.branch
+        if clean:
+            noisy = branch.template.action_noisy_frame_indexes
+            branch = dataclasses.replace(branch, template=dataclasses.replace(
+                branch.template, action_noisy_frame_indexes=noisy[noisy >= clean]))
+        items.append(PackItem(branch=branch, vision=torch.cat(visions[start:stop]),
+                              action=torch.cat(actions[start:stop]), timestep=tuple(timesteps[start:stop])))
+    preds_v, preds_a = forward_items(transformer, items, torch.device("cpu"), prefix_cache)
     pred_v = torch.cat([p[:, :, 1:] for p in preds_v], dim=0)
     pred_a = torch.cat([p[:, :, :raw] for p in preds_a], dim=0)
     if any(prefixes):
@@ -191,6 +215,31 @@ def training_loss(
     else:
         loss_v = torch.nn.functional.mse_loss(pred_v, torch.cat(targets_v))
     return loss_a + vision_weight * loss_v, loss_a.item(), loss_v.item()
+
+
+def apply_update(loss: torch.Tensor, params: list[torch.nn.Parameter], optimizer: torch.optim.Optimizer,
+                 schedule: torch.optim.lr_scheduler.LRScheduler, ema: list[torch.Tensor] | None,
+                 decay: float) -> None:
+    """One update from ``loss``: backward, gradient norm clipped to 1, the optimizer and schedule steps, the EMA.
+
+    Args:
+        loss (`torch.Tensor`): Scalar loss of the step (:func:`training_loss`).
+        params (`list[torch.nn.Parameter]`): The trained parameters.
+        optimizer (`torch.optim.Optimizer`), schedule (`LRScheduler`): Stepped once.
+        ema (`list[torch.Tensor]`, *optional*): EMA of ``params``, moved toward them by ``1 - decay``.
+        decay (`float`): EMA decay of this step.
+    """
+    # The named ranges cost nothing unless a profiler listens (step_profile.py reads them).
+    optimizer.zero_grad(set_to_none=True)
+    with torch.profiler.record_function("backward"):
+        loss.backward()
+    with torch.profiler.record_function("optimizer"):
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        optimizer.step()
+        schedule.step()
+    if ema is not None:
+        with torch.no_grad(), torch.profiler.record_function("ema"):
+            torch._foreach_lerp_(ema, [p.detach() for p in params], 1 - decay)
 
 
 def fit(pipe: Cosmos3OmniPipeline, dataset: EncodedDataset, args: argparse.Namespace, out: Path,
@@ -214,6 +263,10 @@ def fit(pipe: Cosmos3OmniPipeline, dataset: EncodedDataset, args: argparse.Names
     transformer = pipe.transformer
     transformer.train()
     install_fanout(transformer)
+    # The instruction is the same in every example, so with the text pathway frozen its keys/values are constants
+    # of the run: computed once, and every step packs the generation tokens alone (text_prefix.py).
+    frozen = freeze_text_pathway(transformer) if args.freeze_text else []
+    prefix_cache = instruction_cache(transformer, dataset.branch) if frozen else None
     params = [p for p in transformer.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=args.lr, weight_decay=args.weight_decay)
     # OneCycleLR divides by its warm-up's last step, pct_start * steps - 1: zero at exactly 20 steps, which raised
@@ -225,8 +278,9 @@ def fit(pipe: Cosmos3OmniPipeline, dataset: EncodedDataset, args: argparse.Names
     generator = torch.Generator().manual_seed(args.seed)
     rng = np.random.default_rng(args.seed)
     shift = float(args.sigma_shift)
-    print(f"transformer parameters: {sum(p.numel() for p in params)}; states {dataset.num_states}, "
-          f"examples {len(dataset.actions)}", flush=True)
+    print(f"transformer parameters: {sum(p.numel() for p in params)} trained"
+          + (f" ({len(frozen)} text-pathway tensors frozen)" if frozen else "")
+          + f"; states {dataset.num_states}, examples {len(dataset.actions)}", flush=True)
     # Closed-loop states (one expert option each) can outnumber the bimodal initial scenes; drawn uniformly they
     # thin out the examples where the policy learns to keep two separate detours, and the fine-tuned policy's
     # candidates drifted toward the straight line between them. --bimodal-share keeps that share fixed instead.
@@ -259,16 +313,8 @@ def fit(pipe: Cosmos3OmniPipeline, dataset: EncodedDataset, args: argparse.Names
             eligible = [d > 0 for d in prefixes] if args.demo_speed_prefixed else None
             speeds = sample_speeds(args.batch, generator, args.demo_speed_share, args.demo_speed, eligible)
         loss, loss_a, loss_v = training_loss(pipe, dataset, examples, sigmas, generator, args.vision_weight,
-                                             prefixes, offsets, drifts, speeds)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        optimizer.step()
-        schedule.step()
-        if ema is not None:
-            decay = min(args.ema, (1 + step) / (10 + step))
-            with torch.no_grad():
-                torch._foreach_lerp_(ema, [p.detach() for p in params], 1 - decay)
+                                             prefixes, offsets, drifts, speeds, prefix_cache)
+        apply_update(loss, params, optimizer, schedule, ema, min(args.ema, (1 + step) / (10 + step)))
         window.append((loss.item(), loss_a, loss_v))
         if step % args.log_every == 0 or step == args.steps:
             mean = np.mean(window, axis=0)
@@ -283,6 +329,9 @@ def fit(pipe: Cosmos3OmniPipeline, dataset: EncodedDataset, args: argparse.Names
             (work_dir / "checkpoint" / "STEP").write_text(str(step))
     transformer.eval()
     size = save_pipeline(pipe, out, getattr(torch, args.save_dtype), ema)
+    for name, param in transformer.named_parameters():
+        if name in frozen:
+            param.requires_grad_(True)
     return {
         "states": dataset.num_states,
         "examples": len(dataset.actions),
@@ -292,6 +341,17 @@ def fit(pipe: Cosmos3OmniPipeline, dataset: EncodedDataset, args: argparse.Names
         "loss_history": history,
         "saved_bytes": size,
     }
+
+
+def _runs(values: list[int]) -> list[tuple[int, int, int]]:
+    """``(value, start, stop)`` of each run of equal consecutive ``values``."""
+    runs: list[tuple[int, int, int]] = []
+    for index, value in enumerate(values):
+        if runs and runs[-1][0] == value:
+            runs[-1] = (value, runs[-1][1], index + 1)
+        else:
+            runs.append((value, index, index + 1))
+    return runs
 
 
 def _clipless_vision(dataset: EncodedDataset, example: int) -> torch.Tensor:

@@ -21,6 +21,7 @@ from .embodiments import RESOLUTION_TIERS, VIEW_POINTS, embodiment_widths
 from .loading import PICKLE_SUFFIXES, load_directory, resolve_device, resolve_dtype
 from .model import Cosmos3ActionModel, WeightUpdateReport
 from .packing import Branch, PackItem, forward_items
+from .prefix_cache import PrefixKVCache
 from .rollout import (
     SIGMA_ONE_ATOL,
     RolloutError,
@@ -61,6 +62,7 @@ __all__ = [
     "Cosmos3Request",
     "GroupConditioning",
     "PackItem",
+    "PrefixKVCache",
     "RolloutError",
     "RolloutResult",
     "RolloutSpec",

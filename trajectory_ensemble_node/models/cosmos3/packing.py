@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from .attention import AttentionLayout, GenRun, PrefixSlot, install_fanout
+from .prefix_cache import PrefixKVCache
 
 
 @dataclass(frozen=True)
@@ -114,13 +115,15 @@ class PackItem:
         branch (`Branch`): Prefix and block template.
         vision (`torch.Tensor` of shape `[n, C, T, H, W]`): Noisy vision latents, in the transformer dtype.
         action (`torch.Tensor` of shape `[n, A, D]`, *optional*): Noisy action latents, in the transformer dtype.
-        timestep (`float` or `int`): Timestep value of the noisy tokens (every candidate of a group is in lockstep).
+        timestep (`float`, `int` or `tuple[float, ...]`): Timestep value of the noisy tokens: one for every
+            candidate (a group's candidates are in lockstep), or one per candidate (``n`` values: a training batch
+            whose examples share one branch but not their noise level, packed as one run of blocks).
     """
 
     branch: Branch
     vision: torch.Tensor
     action: torch.Tensor | None
-    timestep: float | int
+    timestep: float | int | tuple[float, ...]
 
     @property
     def count(self) -> int:
@@ -204,13 +207,18 @@ def pack_forward(
         n_vis = template.num_vision_tokens
         vision_arange = torch.arange(n_vis, dtype=torch.long, device=device)
         action_arange = torch.arange(template.action_len, dtype=torch.long, device=device)
+        per_block = isinstance(item.timestep, tuple)
+        if per_block and len(item.timestep) != item.count:
+            raise ValueError(f"A PackItem of {item.count} blocks needs one timestep or {item.count}, got "
+                             f"{len(item.timestep)}: {item.timestep!r}")
         for i in range(item.count):
+            timestep = item.timestep[i] if per_block else item.timestep
             vision_tokens.append(item.vision[i : i + 1])
             vision_shapes.append(template.vision_token_shape)
             vision_seq.append(vision_arange + cursor)
             vision_mse.append(template.vision_noisy_offsets + cursor)
             # torch.full with the same Python scalar as upstream keeps the timestep dtype (and bits) identical.
-            vision_ts.append(torch.full((template.num_noisy_vision_tokens,), item.timestep, device=device))
+            vision_ts.append(torch.full((template.num_noisy_vision_tokens,), timestep, device=device))
             vision_noisy.append(template.vision_noisy_frame_indexes)
             position_parts.append(template.vision_mrope_ids)
             if has_action:
@@ -219,7 +227,7 @@ def pack_forward(
                 action_shapes.append((template.action_len, 1, 1))
                 action_seq.append(action_arange + start)
                 action_mse.append(template.action_noisy_frame_indexes + start)
-                action_ts.append(torch.full((template.num_noisy_action_tokens,), item.timestep, device=device))
+                action_ts.append(torch.full((template.num_noisy_action_tokens,), timestep, device=device))
                 action_noisy.append(template.action_noisy_frame_indexes)
                 action_domains.append(template.domain_id)
                 position_parts.append(template.action_mrope_ids)
@@ -279,23 +287,31 @@ def split_predictions(
 
 
 def forward_items(
-    transformer: Any, items: Sequence[PackItem], device: torch.device
+    transformer: Any, items: Sequence[PackItem], device: torch.device, prefix_cache: PrefixKVCache | None = None
 ) -> tuple[list[torch.Tensor | None], list[torch.Tensor | None]]:
     """Run ``items`` through ``transformer`` in one packed forward, outside the serving loop (training, probes).
 
-    No prefix cache: every prefix is in the sequence. Gradients flow unless the caller disables them.
+    Without ``prefix_cache`` every prefix is in the sequence. Gradients flow unless the caller disables them.
 
     Args:
         transformer (`Cosmos3OmniTransformer`): The model; the fan-out processor is installed on it if needed.
         items (`Sequence[PackItem]`): The blocks to run.
         device (`torch.device`): Device of the index tensors.
+        prefix_cache (`PrefixKVCache`, *optional*): Prefixes it holds (by the ``PrefixSegment`` object's identity,
+            so keep that object alive) are left out of the sequence and their keys/values read from it, as the
+            serving loop's later denoising steps do; a prefix computed here is stored and committed. The stored
+            keys/values carry whatever graph they were computed in, so a trainer fills it under ``torch.no_grad()``
+            and only while the text pathway's weights are frozen: then they are constants of the training run.
 
     Returns:
         `tuple`: per item, its stacked vision predictions ``[n, C, T, h, w]`` and action predictions ``[n, A, D]``
         (``None`` where the forward has none), in item order.
     """
-    packed = pack_forward(items, device)
+    cached = prefix_cache.is_complete if prefix_cache is not None else None
+    packed = pack_forward(items, device, cached=cached)
     processor = install_fanout(transformer)
-    with processor.use_layout(packed.layout):
+    with processor.use_layout(packed.layout, cache=prefix_cache):
         preds_v, _, preds_a = transformer(**packed.kwargs, return_dict=False)
+    if prefix_cache is not None:
+        prefix_cache.commit(slot.key for slot in packed.layout.computed)
     return split_predictions(packed, preds_v), split_predictions(packed, preds_a)

@@ -146,17 +146,17 @@ def _rms_distances(candidates: torch.Tensor) -> torch.Tensor:
     return _pairwise_distances(candidates) / math.sqrt(candidates[0].numel())
 
 
-def _relative_threshold(distances: torch.Tensor) -> float:
+def _relative_threshold(distances: torch.Tensor, factor: float = MODE_RELATIVE_FACTOR) -> float:
     n = distances.shape[0]
     if n <= 2:
         return 0.0
     k = max(1, n // 4)
     kth = distances.masked_fill(torch.eye(n, dtype=torch.bool), math.inf).sort(dim=1).values[:, k - 1].sort().values
     median = kth[n // 2] if n % 2 == 1 else (kth[n // 2 - 1] + kth[n // 2]) * 0.5
-    return MODE_RELATIVE_FACTOR * float(median)
+    return factor * float(median)
 
 
-def relative_mode_threshold(candidates: torch.Tensor) -> float:
+def relative_mode_threshold(candidates: torch.Tensor, factor: float = MODE_RELATIVE_FACTOR) -> float:
     """The relative rule's cut for this group (the default of :func:`mode_clusters`).
 
     ``N <= 2``: 0 (two candidates carry no scale to judge their distance by, so only identical ones merge).
@@ -168,11 +168,13 @@ def relative_mode_threshold(candidates: torch.Tensor) -> float:
 
     Args:
         candidates (`torch.Tensor` of shape `[N, H, D]`): Finite candidates.
+        factor (`float`, defaults to `MODE_RELATIVE_FACTOR`): The multiple; another value is for measuring the
+            rule (``trajectory_ensemble_lab.toy.mode_factor``), the reducer always uses the default.
 
     Returns:
         `float`: The cut, ``>= 0`` (0 when most candidates have ``k`` identical twins).
     """
-    return _relative_threshold(_rms_distances(candidates))
+    return _relative_threshold(_rms_distances(candidates), factor)
 
 
 def mode_clusters(candidates: torch.Tensor, threshold: float | None = None) -> tuple[tuple[int, ...], ...]:
@@ -237,8 +239,8 @@ def mode_reduce(candidates: torch.Tensor, threshold: float | None = None) -> tor
     never the midpoint between them.
 
     Rule (normative): cluster with :func:`mode_clusters` (by default the relative rule, a cut at 2 times the
-    group's median ``k``-th nearest-neighbour RMS distance; with ``threshold``, that fixed cut); keep the cluster with the most
-    members; if several are equally large, keep the one holding the lowest candidate position; return the elementwise
+    group's median ``k``-th nearest-neighbour RMS distance; with ``threshold``, that fixed cut); keep the cluster
+    with the most members; if several are equally large, keep the one holding the lowest candidate position; return the elementwise
     mean of its members. Consequences:
 
     * ``N = 1`` returns that candidate; ``N = 2`` returns candidate 0 unless the two are identical (their mean).
@@ -316,7 +318,8 @@ BUILTIN: tuple[Reducer, ...] = (
         mode_reduce,
         streaming=False,
         space="normalized",
-        description="mean of the largest complete-linkage cluster (cut: 2x the median k-th nearest-neighbour distance, k = max(1, N // 4))",
+        description="mean of the largest complete-linkage cluster (cut: 2x the median k-th nearest-neighbour "
+        "distance, k = max(1, N // 4))",
     ),
     Reducer(
         "pose_gripper",

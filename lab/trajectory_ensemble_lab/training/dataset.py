@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import Cosmos3OmniPipeline, CosmosActionCondition
 
-from trajectory_ensemble_node.models.cosmos3 import Branch, encode_conditioning
+from trajectory_ensemble_node.models.cosmos3 import Branch, declared_state_input, encode_conditioning
 
 from . import TrainingError
 
@@ -66,12 +66,15 @@ class LabelledState:
         clips (`list[list[np.ndarray]]`, *optional*): Per option, the ``chunk + 1`` frames following it (frame 0 =
             ``image``); ``None`` trains without the vision term.
         start (`np.ndarray` of shape `[width]`, *optional*): Where the chunk starts from (the toy's retiming needs it).
+        proprio (`np.ndarray` of shape `[S]`, *optional*): The robot's state at the frame, in the order and units of
+            the state input the pipeline declares (``declare_state_input``); needed exactly when it declares one.
     """
 
     image: np.ndarray
     chunks: list[np.ndarray]
     clips: list[list[np.ndarray]] | None = None
     start: np.ndarray | None = None
+    proprio: np.ndarray | None = None
 
 
 @dataclass
@@ -80,7 +83,8 @@ class EncodedDataset:
 
     Args:
         branch (`Branch`): Prefix and block template shared by every example (same prompt, same shapes).
-        condition (`torch.Tensor` of shape `[S, C, 1, h, w]`): Clean conditioning latent per state.
+        condition (`torch.Tensor` of shape `[S, C, K, h, w]`): Clean conditioning latents per state: its frame
+            (K = 1), and the state frame after it (K = 2) when the pipeline declares a state input.
         clips (`torch.Tensor` of shape `[E, C, T, h, w]`, *optional*): Clip latent per example (frame 0 = its
             state's condition); ``None``: the data set has no target clips and trains the actions alone.
         actions (`torch.Tensor` of shape `[E, chunk, width]`): Expert chunk per example, normalized units.
@@ -148,12 +152,18 @@ def encode_states(
         batch (`int`): Clips per VAE call.
         log (`Callable[[str], None]`): Progress output.
 
+    A pipeline that declares a state input (``declare_state_input``) gets each state's ``proprio`` built into its
+    state frame by the serving path's own ``encode_conditioning``.
+
     Raises:
         TrainingError: no states, states with and without clips mixed, chunks of another shape, or prompts that do
             not share one prefix.
+        MissingObservationKeyError, ObservationArrayError, NonFiniteStateError: with a state input, a state's
+            ``proprio`` is missing, of the wrong width or not finite.
     """
     device = torch.device("cpu")
     fmt = example_format
+    state_input = declared_state_input(pipe)
     branch: Branch | None = None
     conditions: list[torch.Tensor] = []
     actions: list[np.ndarray] = []
@@ -178,14 +188,16 @@ def encode_states(
                                 "a data set trains with clips for every example or for none")
         conditioning = encode_conditioning(
             pipe, prompt=fmt.instruction, negative_prompt=None, action=fmt.action_condition(state.image),
-            fps=fmt.fps, guidance_scale=fmt.guidance_scale, device=device,
+            fps=fmt.fps, guidance_scale=fmt.guidance_scale, device=device, state_input=state_input,
+            state=state.proprio,
         )
         if branch is None:
             branch = conditioning.branches[0]
         elif not torch.equal(branch.prefix.input_ids, conditioning.branches[0].prefix.input_ids):
             raise TrainingError(f"state {index} tokenizes to another prefix than state 0: one packed forward serves "
                                 "every example under one prefix, so the frames must share one size bin")
-        conditions.append(conditioning.x0_vision[:, :, :1].detach().clone())
+        clean_frames = int(conditioning.vision_mask.sum().item())  # the image, and the state frame if declared
+        conditions.append(conditioning.x0_vision[:, :, :clean_frames].detach().clone())
         options.append([])
         for k, chunk in enumerate(state.chunks):
             if np.shape(chunk)[0] != fmt.chunk_size:
@@ -217,10 +229,10 @@ def encode_states(
         clip_latents = torch.cat(clips, dim=0)
         # Frame 0 of a clip must be what inference conditions on; the Wan VAE encodes frame 0 alone in its first
         # causal chunk, so the two agree up to batching round-off. Use the serving path's latent bit for bit.
-        drift = (clip_latents[:, :, :1] - condition[state_index]).abs().max().item()
+        drift = (clip_latents[:, :, :1] - condition[state_index][:, :, :1]).abs().max().item()
         if drift > 1e-3:
             raise TrainingError(f"clip frame 0 differs from the conditioning latent by {drift:.2e}")
-        clip_latents[:, :, :1] = condition[state_index]
+        clip_latents[:, :, : condition.shape[2]] = condition[state_index]
     dataset = EncodedDataset(
         branch=branch,
         condition=condition,

@@ -6,7 +6,8 @@ examples are blocks that share one text prefix, exactly as N candidates of one g
 conventions are those the serving path integrates:
 
 - ``x_sigma = (1 - sigma) * x0 + sigma * eps`` on the noisy tokens only: vision latent frame 0 is the clean
-  conditioning frame; every action token is noisy; action channels beyond the raw width stay zero;
+  conditioning frame (with a state input, frame 1 too: the state frame ``encode_conditioning``
+  builds, as in serving); every action token is noisy; action channels beyond the raw width stay zero;
 - the network predicts the velocity ``v = eps - x0`` (UniPC ``flow_prediction`` computes ``x0 = x_t - sigma * v``);
 - the transformer gets the timestep ``sigma * 1000`` (it scales by 0.001 internally);
 - loss = MSE on the action tokens' raw channels + ``vision_weight`` x MSE on the noisy vision tokens, whose target
@@ -162,6 +163,7 @@ def training_loss(
     retimed = [speeds is not None and float(speeds[i]) != 1.0 for i in range(len(examples))]
     if any(retimed) and dataset.starts is None:
         raise TrainingError("retiming demonstrations needs the dataset's start positions (dataset.starts)")
+    first = dataset.condition.shape[2]  # the first noisy latent frame: after the image (and the state frame)
     visions, actions, timesteps, targets_v, targets_a, loss_mask = [], [], [], [], [], []
     for index, (example, sigma, clean, offset) in enumerate(zip(examples, sigmas.tolist(), prefixes, offsets)):
         x0_v = dataset.clips[example : example + 1] if dataset.clips is not None else _clipless_vision(
@@ -176,7 +178,7 @@ def training_loss(
         eps_v = torch.randn(x0_v.shape, generator=generator)
         eps_a = torch.randn(x0_a.shape, generator=generator)
         vision = x0_v.clone()
-        vision[:, :, 1:] = (1 - sigma) * x0_v[:, :, 1:] + sigma * eps_v[:, :, 1:]
+        vision[:, :, first:] = (1 - sigma) * x0_v[:, :, first:] + sigma * eps_v[:, :, first:]
         action = torch.zeros(1, x0_a.shape[0], action_dim)
         action[0, :, :raw] = (1 - sigma) * x0_a + sigma * eps_a
         if clean:
@@ -184,7 +186,7 @@ def training_loss(
         visions.append(vision)
         actions.append(action)
         timesteps.append(sigma * 1000.0)
-        targets_v.append((eps_v - x0_v)[:, :, 1:])
+        targets_v.append((eps_v - x0_v)[:, :, first:])
         targets_a.append(eps_a - x0_a)
         loss_mask.append((torch.arange(horizon) >= clean).float()[:, None].expand(horizon, raw))
     items = []
@@ -200,7 +202,7 @@ def training_loss(
         items.append(PackItem(branch=branch, vision=torch.cat(visions[start:stop]),
                               action=torch.cat(actions[start:stop]), timestep=tuple(timesteps[start:stop])))
     preds_v, preds_a = forward_items(transformer, items, torch.device("cpu"), prefix_cache)
-    pred_v = torch.cat([p[:, :, 1:] for p in preds_v], dim=0)
+    pred_v = torch.cat([p[:, :, first:] for p in preds_v], dim=0)
     pred_a = torch.cat([p[:, :, :raw] for p in preds_a], dim=0)
     if any(prefixes):
         mask = torch.stack(loss_mask)
@@ -355,9 +357,9 @@ def _runs(values: list[int]) -> list[tuple[int, int, int]]:
 
 
 def _clipless_vision(dataset: EncodedDataset, example: int) -> torch.Tensor:
-    # The conditioning latent as frame 0, the normalized latents' mean (zero) as the target of the noisy frames.
+    # The conditioning latents as the leading frames, the normalized latents' mean (zero) as the noisy frames' target.
     condition = dataset.condition[int(dataset.state_of[example]) : int(dataset.state_of[example]) + 1]
     frames = dataset.branch.template.vision_token_shape[0]
     vision = torch.zeros(1, condition.shape[1], frames, *condition.shape[3:])
-    vision[:, :, :1] = condition
+    vision[:, :, : condition.shape[2]] = condition
     return vision

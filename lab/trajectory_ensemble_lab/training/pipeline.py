@@ -3,7 +3,7 @@
 A fresh pipeline is ``build_pipeline(config)`` with its VAE rounded through fp16 (so the shipped fp16 VAE encodes
 what training saw), its action heads re-initialized at a trainable scale and its latents normalized per channel on
 the task's own observations (:func:`fresh_pipeline`). Saving writes the EMA weights in safetensors, fp16 by default
-(``save_pretrained``).
+(``save_pretrained``), and the state input the pipeline declares, if any, into the saved ``action_stats.json``.
 """
 
 from __future__ import annotations
@@ -17,7 +17,13 @@ import numpy as np
 import torch
 from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import Cosmos3OmniPipeline
 
-from trajectory_ensemble_node.models.cosmos3 import TinyCosmos3Config, build_pipeline, encode_conditioning
+from trajectory_ensemble_node.models.cosmos3 import (
+    TinyCosmos3Config,
+    build_pipeline,
+    declared_state_input,
+    encode_conditioning,
+    write_state_input,
+)
 
 from .dataset import ExampleFormat
 
@@ -106,7 +112,9 @@ def round_vae_to_half(pipe: Cosmos3OmniPipeline) -> None:
 def save_pipeline(
     pipe: Cosmos3OmniPipeline, out: Path, dtype: torch.dtype, weights: list[torch.Tensor] | None = None
 ) -> int:
-    """``save_pretrained`` (safetensors) a copy of ``pipe`` with weights in ``dtype``; returns the bytes written.
+    """``save_pretrained`` (safetensors) a copy of ``pipe`` with weights in ``dtype``, and its declared state input
+    (``write_state_input``: merged into ``out/action_stats.json``, so ``load_directory`` reads it back); returns the
+    bytes written.
 
     Args:
         pipe (`Cosmos3OmniPipeline`): The pipeline being trained (left untouched).
@@ -125,4 +133,5 @@ def save_pipeline(
     copy_pipe.transformer.to(dtype)
     copy_pipe.vae.to(dtype)
     copy_pipe.save_pretrained(out, safe_serialization=True)
+    write_state_input(out, declared_state_input(pipe))
     return sum(f.stat().st_size for f in out.rglob("*") if f.is_file())

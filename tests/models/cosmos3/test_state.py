@@ -37,6 +37,7 @@ from trajectory_ensemble_node.models.cosmos3 import (
     write_state_input,
 )
 from trajectory_ensemble_node.models.cosmos3 import conditioning as conditioning_module
+from trajectory_ensemble_node.normalization import ActionNormalizer
 
 NAMES = ("shoulder", "elbow", "gripper")
 LOW, HIGH = [-1.0, 0.0, 0.0], [1.0, 2.0, 0.08]
@@ -198,6 +199,9 @@ def test_a_checkpoint_declares_its_state_in_its_action_stats_and_loads_taking_it
     written = json.loads((tmp_path / "action_stats.json").read_text())
     assert written["droid_lerobot"]["action"] == stats["droid_lerobot"]["action"]
     assert written["droid_lerobot"]["state"] == {"names": list(NAMES), "method": "minmax", "min": LOW, "max": HIGH}
+    # The node's action statistics read the same file as before: the state entry sits beside them.
+    actions = ActionNormalizer.from_json(tmp_path / "action_stats.json", "quantile", 10, domain="droid_lerobot")
+    assert actions.stats["q99"].tolist() == [1.0] * 10
     declared = read_state_input(tmp_path)
     assert declared.names == NAMES and declared.domain == "droid_lerobot"
     loaded, _ = load_pipeline(str(tmp_path), "cpu", "float32")

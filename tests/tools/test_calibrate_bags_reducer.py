@@ -50,15 +50,20 @@ def test_calibrate_recommends_a_reducer_and_a_mode_threshold_with_heldout_figure
     for row in table.values():
         assert row["calibration"]["goals"] == 12 and row["heldout"]["goals"] == 8
         assert row["calibration"]["rmse"] > 0 and row["heldout"]["rmse"] > 0
-    best = min(table, key=lambda label: table[label]["calibration"]["rmse"])
-    assert section["recommended"] == best and section["heldout_rmse"] == table[best]["heldout"]["rmse"]
-    modes = [label for label in table if table[label]["reducer"] == "mode"]
-    best_mode = min(modes, key=lambda label: table[label]["calibration"]["rmse"])
+        assert 1 <= row["calibration"]["served_rank"] <= 5 and 1 <= row["heldout"]["served_rank"] <= 5  # N = 4
+
+    def key(label: str) -> tuple[float, float]:
+        return table[label]["calibration"]["served_rank"], table[label]["calibration"]["rmse"]
+
+    best = min(table, key=key)
+    assert section["recommended"] == best and section["heldout"] == table[best]["heldout"]
+    best_mode = min((label for label in table if table[label]["reducer"] == "mode"), key=key)
     assert section["mode_recommended"] == best_mode
     assert section["mode_threshold"] == (table[best_mode]["mode_threshold"] or 0.0)
     assert table["single"]["heldout"]["versus_single"] is None
     paired = table["mode"]["heldout"]["versus_single"]
-    assert paired["goals"] == 8 and paired["ci95"][0] <= paired["mean_difference"] <= paired["ci95"][1]
+    assert paired["goals"] == 8 and paired["ci95"][0] <= paired["mean_rank_difference"] <= paired["ci95"][1]
+    assert paired["better"] + paired["worse"] <= 8
     assert "| `mode@0.05` |" in out.with_suffix(".md").read_text()
     # What is compared offline is what the node serves: its mode (the relative rule, the default) on the returned
     # candidates is the offline "mode" chunk.

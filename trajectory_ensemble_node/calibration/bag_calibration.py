@@ -87,7 +87,7 @@ def _reference_topic(args: argparse.Namespace, bag: Path) -> str | None:
 
 
 def _scores(args: argparse.Namespace, bag_list: Sequence[Path], role: str, seed0: int,
-            normalizer: Any = None) -> tuple[list[float], list[dict[str, Any]], list[Any], list[dict[str, Any]]]:
+            normalizer: Any = None) -> tuple[list[float], list[dict[str, Any]], list[Any], list[Any]]:
     """Replay each bag; the succeeded goals' scores, one record per bag, each scored goal's frame (RGB, or None
     for an encoding the replay cannot convert), which the novelty scorer is fitted on, and for each goal compared
     with the bag's recorded actions, every reducer variant's errors (:func:`.reducer_choice.goal_errors`)."""
@@ -97,7 +97,7 @@ def _scores(args: argparse.Namespace, bag_list: Sequence[Path], role: str, seed0
     scores: list[float] = []
     records: list[dict[str, Any]] = []
     frames: list[Any] = []
-    errors: list[dict[str, Any]] = []
+    errors: list[Any] = []
     seed = seed0
     for i, bag in enumerate(bag_list):
         opts = ReplayOptions(bag=bag, rate=args.rate, goal_every_s=args.goal_every, goal_offset_s=args.goal_offset,
@@ -120,7 +120,7 @@ def _scores(args: argparse.Namespace, bag_list: Sequence[Path], role: str, seed0
     return scores, records, frames, errors
 
 
-def _variant_errors(args: argparse.Namespace, report: Any, normalizer: Any) -> list[dict[str, Any]]:
+def _variant_errors(args: argparse.Namespace, report: Any, normalizer: Any) -> list[Any]:
     """Each goal's errors per reducer variant (empty without recorded actions or a known normalization)."""
     done = [g for g in report.goals if g.status == "SUCCEEDED" and g.candidates is not None]
     if report.reference_series is None or not done:
@@ -184,7 +184,7 @@ def calibrate_from_bags(args: argparse.Namespace) -> dict[str, Any]:
     novelty = _novelty(args, cal_scores, cal_frames, held_scores, held_frames)
     # The variants each goal was compared with (those that fit the action width), in --reducer-variants order.
     reducer = ({"reducer": reducer_choice.choose(cal_errors, held_errors, reducer_choice.parse_variants(
-        list(cal_errors[0])))} if cal_errors else {})
+        list(cal_errors[0].variants)))} if cal_errors else {})
     return {
         "uncertainty": uncertainty,
         **novelty,
@@ -318,8 +318,7 @@ def run(args: argparse.Namespace, toy_json: Path | None = None) -> int:
     u = result["uncertainty"]
     print(json.dumps({"uncertainty": {k: u[k] for k in ("threshold", "alpha", "calibration_goals", "heldout_goals",
                                                         "false_alarm_rate") if k in u},
-                      **({"reducer": {k: result["reducer"][k] for k in ("recommended", "reducer", "mode_threshold",
-                                                                        "heldout_rmse")}}
+                      **({"reducer": {k: result["reducer"][k] for k in ("recommended", "reducer", "mode_threshold")}}
                          if "reducer" in result else {})}))
     print(f"wrote {out} and {out.with_suffix('.md')} (the node loads it as uncertainty_calibration_file)")
     return EXIT_OK

@@ -164,6 +164,21 @@ def test_a_missing_malformed_or_non_finite_state_is_refused_by_name_before_any_m
     assert model.outcome_counts() == before  # refused at make_request: nothing was queued
 
 
+def test_a_named_state_is_picked_in_the_declared_order_whatever_the_message_order():
+    declared = state_input()
+    shuffled = ["wrist", "gripper", "shoulder", "elbow"]
+    assert declared.pick(shuffled, [9.0, 0.04, 0.25, 1.5]) == (0.25, 1.5, 0.04)
+    with pytest.raises(MissingObservationKeyError, match=r"has no \['elbow'\]") as info:
+        declared.pick(["gripper", "shoulder"], [0.04, 0.25])
+    assert info.value.code == ErrorCode.OBSERVATION_SCHEMA
+    with pytest.raises(NonFiniteStateError, match=r"\['gripper'\]"):
+        declared.pick(shuffled, [9.0, float("nan"), 0.25, 1.5])
+    with pytest.raises(ObservationArrayError, match="one value per name"):
+        declared.pick(shuffled, [1.0])
+    with pytest.raises(ObservationArrayError, match=r"\['elbow'\] more than once"):
+        declared.pick(["elbow", "gripper", "shoulder", "elbow"], [1.0, 0.0, 0.0, 1.0])
+
+
 def test_the_state_frame_extends_policy_mode_only_and_needs_a_second_latent_frame(model):
     with pytest.raises(InvalidSpecError, match="needs latent frame 1"):
         run(model, 2, action=policy(chunk=2))

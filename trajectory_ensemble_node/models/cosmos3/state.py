@@ -139,6 +139,32 @@ class StateInput:
             raise NonFiniteStateError(f"state holds NaN or Inf at {bad}: {_quote(state)}")
         return tuple(values.tolist())
 
+    def pick(self, names: Sequence[str], values: Sequence[float]) -> tuple[float, ...]:
+        """The declared channels picked by name from a named message (a ``JointState``'s ``name``/``position``),
+        in the declared order, then checked as :meth:`check` does. Extra names are ignored; position never counts.
+
+        Args:
+            names (`Sequence[str]`): The message's names, any order.
+            values (`Sequence[float]`): One value per name.
+
+        Raises:
+            MissingObservationKeyError: a declared name is absent (the message names it).
+            ObservationArrayError: ``names`` and ``values`` differ in length, or a declared name appears twice.
+            NonFiniteStateError: a picked value is NaN or Inf (the message names the channel).
+        """
+        names, values = list(names), list(values)
+        if len(names) != len(values):
+            raise ObservationArrayError(f"a state message needs one value per name, got {len(names)} names and "
+                                        f"{len(values)} values")
+        missing = [name for name in self.names if name not in names]
+        if missing:
+            raise MissingObservationKeyError(f"the state has no {missing} (this model reads {list(self.names)}; the "
+                                             f"message names {_quote(names)})")
+        twice = [name for name in self.names if names.count(name) > 1]
+        if twice:
+            raise ObservationArrayError(f"the state names {twice} more than once: {_quote(names)}")
+        return self.check([values[names.index(name)] for name in self.names])
+
     def normalize(self, state: Sequence[float]) -> tuple[torch.Tensor, int]:
         """The checked state in the model's units, clipped to [-1, 1] (the rule in the module docstring).
 

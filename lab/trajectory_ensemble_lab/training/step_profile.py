@@ -1,4 +1,4 @@
-"""Where a ``train-pusht`` step's time goes, before and after: ``python -m trajectory_ensemble_lab.training.step_profile``.
+"""Where a ``train-pusht`` step's time goes, before and after the cached prefix (``python -m`` this module).
 
 One process builds the PushT policy (:data:`~trajectory_ensemble_lab.pusht.train.PUSHT_CONFIG`, fresh), encodes the
 bags (default: the committed test bag; the cost of a step does not depend on the data set's size) and trains two
@@ -12,6 +12,8 @@ copies of it side by side, alternating steps on one thread:
 It reports each step's median wall time, the median of the per-round ratios (the machine is shared and noisy, so
 the ratio is measured in one run, round by round, the order alternating), and ``torch.profiler``'s self CPU time of
 a few steps of each, by phase and kind of op. An op whose input has the prefix's length is the text pathway's.
+With ``--fit-steps N`` it instead trains both copies N steps on the same examples and noise and compares their loss
+on every state (what freezing the text pathway costs the fit).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import os
 import statistics
 import time
 from collections import defaultdict
@@ -75,7 +78,7 @@ def _name_forward(module: torch.nn.Module, name: str) -> None:
 class Trainer:
     """One copy of the pipeline and its optimizer, stepping as ``fit`` does."""
 
-    def __init__(self, pipe, dataset, fast: bool, batch: int, seed: int) -> None:
+    def __init__(self, pipe, dataset, fast: bool, batch: int, seed: int, steps: int = 10_000) -> None:
         self.pipe, self.dataset, self.batch = pipe, dataset, batch
         transformer = pipe.transformer
         transformer.train()
@@ -85,7 +88,7 @@ class Trainer:
         self.one_run = fast
         self.params = [p for p in transformer.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(self.params, lr=3e-4, weight_decay=0.01)
-        self.schedule = torch.optim.lr_scheduler.OneCycleLR(self.optimizer, max_lr=3e-4, total_steps=10_000)
+        self.schedule = torch.optim.lr_scheduler.OneCycleLR(self.optimizer, max_lr=3e-4, total_steps=steps)
         self.ema = [p.detach().clone() for p in self.params]
         self.generator = torch.Generator().manual_seed(seed)
         self.rng = np.random.default_rng(seed)
@@ -97,6 +100,35 @@ class Trainer:
         loss, _, _ = training_loss(self.pipe, self.dataset, examples, sigmas, self.generator, 0.1,
                                    prefix_cache=self.cache, one_run=self.one_run)
         apply_update(loss, self.params, self.optimizer, self.schedule, self.ema, 0.999)
+
+
+    @torch.no_grad()
+    def evaluate(self, batch: int) -> tuple[float, float]:
+        """Action and vision MSE over every state once, at fixed sigmas and noise (the same for any trainer)."""
+        generator = torch.Generator().manual_seed(123)
+        total = np.zeros(2)
+        for start in range(0, self.dataset.num_states, batch):
+            examples = [self.dataset.options[s][0] for s in range(start, min(start + batch, self.dataset.num_states))]
+            sigmas = sample_sigmas(len(examples), generator, 5.0)
+            _, action, vision = training_loss(self.pipe, self.dataset, examples, sigmas, generator, 0.1,
+                                              prefix_cache=self.cache)
+            total += np.array([action, vision]) * len(examples)
+        return tuple(float(v) for v in total / self.dataset.num_states)
+
+
+def fit_comparison(pipe, dataset, batch: int, steps: int, every: int) -> list[dict[str, object]]:
+    """What freezing the text pathway costs the fit: both trainers from the same weights, on the same examples and
+    noise, ``steps`` steps of a one-cycle schedule; their :meth:`Trainer.evaluate` every ``every`` steps."""
+    trainers = {name: Trainer(copy.deepcopy(pipe), dataset, name == "fast", batch, 0, steps)
+                for name in ("plain", "fast")}
+    rows = []
+    for step in range(1, steps + 1):
+        for trainer in trainers.values():
+            trainer.step()
+        if step % every == 0 or step == steps:
+            rows.append({"step": step, **{name: t.evaluate(batch) for name, t in trainers.items()}})
+            print(json.dumps(rows[-1]), flush=True)
+    return rows
 
 
 def _phase(event) -> str:
@@ -143,47 +175,73 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=8, help="timed rounds, one step of each trainer per round")
     parser.add_argument("--profiled-steps", type=int, default=3)
+    parser.add_argument("--fit-steps", type=int, default=0,
+                        help="also train both from the same weights for this many steps and compare their fit")
+    parser.add_argument("--fit-every", type=int, default=50, help="steps between fit comparisons")
     parser.add_argument("--out", type=Path, default=Path("out/step_profile/profile.json"))
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
-    started, commit = utc_now(), git_commit()
+    started, commit, load_before = utc_now(), git_commit(), os.getloadavg()[0]
     bag_paths = pusht_train.demo_bags(args.bags)
     pipe = fresh_pipeline(pusht_train.PUSHT_CONFIG, 0, pusht_train.normalization_images(bag_paths),
                           pusht_train.PUSHT_FORMAT, log=lambda message: None)
     dataset = pusht_train.build_pusht_dataset(pipe, bag_paths, log=lambda message: None)
     template = dataset.branch.template
     prefix_len = dataset.branch.prefix.length
+    if args.fit_steps:
+        rows = fit_comparison(pipe, dataset, args.batch, args.fit_steps, args.fit_every)
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps({"date": started, "commit": commit, "batch": args.batch, "fit": rows},
+                                       indent=1) + "\n")
+        return 0
     trainers = {"plain": Trainer(copy.deepcopy(pipe), dataset, False, args.batch, 0),
                 "fast": Trainer(copy.deepcopy(pipe), dataset, True, args.batch, 0)}
     for trainer in trainers.values():
         trainer.step()
+    # Wall time, and this thread's CPU time: on a shared machine the process waits for a core, and the CPU time is
+    # what the step itself costs.
     seconds: dict[str, list[float]] = {name: [] for name in trainers}
+    cpu_seconds: dict[str, list[float]] = {name: [] for name in trainers}
     for round_index in range(args.rounds):
         order = list(trainers) if round_index % 2 == 0 else list(reversed(trainers))
         for name in order:
-            begin = time.perf_counter()
+            begin, begin_cpu = time.perf_counter(), time.thread_time()
             trainers[name].step()
             seconds[name].append(time.perf_counter() - begin)
+            cpu_seconds[name].append(time.thread_time() - begin_cpu)
     ratios = [plain / fast for plain, fast in zip(seconds["plain"], seconds["fast"])]
-    profiles = {name: profile_steps(trainer.step, args.profiled_steps, prefix_len)
-                for name, trainer in trainers.items()}
+    cpu_ratios = [plain / fast for plain, fast in zip(cpu_seconds["plain"], cpu_seconds["fast"])]
+    # Profiled one step at a time, alternating too, so a change in the machine's load falls on both.
+    profiles: dict[str, dict[str, float]] = {name: defaultdict(float) for name in trainers}
+    for round_index in range(args.profiled_steps):
+        for name in list(trainers) if round_index % 2 == 0 else list(reversed(trainers)):
+            for key, value in profile_steps(trainers[name].step, 1, prefix_len).items():
+                profiles[name][key] += value / args.profiled_steps
     result = {
         "date": started, "commit": commit, "threads": torch.get_num_threads(), "batch": args.batch,
+        "load_average": [round(load_before, 2), round(os.getloadavg()[0], 2)], "cpus": os.cpu_count(),
         "tokens": {"prefix": prefix_len, "vision_per_example": template.num_vision_tokens,
                    "action_per_example": template.action_len},
         "trained_parameters": {name: sum(p.numel() for p in t.params) for name, t in trainers.items()},
         "step_seconds_median": {name: statistics.median(values) for name, values in seconds.items()},
         "step_seconds": seconds, "ratio_median": statistics.median(ratios), "ratios": ratios,
-        "profile_ms_per_step": profiles,
+        "step_cpu_seconds_median": {name: statistics.median(values) for name, values in cpu_seconds.items()},
+        "step_cpu_seconds": cpu_seconds, "cpu_ratio_median": statistics.median(cpu_ratios), "cpu_ratios": cpu_ratios,
+        "profile_ms_per_step": {name: dict(values) for name, values in profiles.items()},
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1) + "\n")
-    print(f"{result['date']} commit {commit}, batch {args.batch}, one thread; tokens: prefix {prefix_len}, "
-          f"{template.num_vision_tokens} vision + {template.action_len} action per example")
+    print(f"{result['date']} commit {commit}, batch {args.batch}, one thread, load average "
+          f"{result['load_average'][0]} -> {result['load_average'][1]} on {os.cpu_count()} CPUs; tokens: prefix "
+          f"{prefix_len}, {template.num_vision_tokens} vision + {template.action_len} action per example; trained "
+          f"parameters: plain {result['trained_parameters']['plain']}, fast {result['trained_parameters']['fast']}")
     print(f"step (median of {args.rounds}): plain {result['step_seconds_median']['plain']:.3f} s, fast "
           f"{result['step_seconds_median']['fast']:.3f} s; per-round ratio plain/fast: median "
           f"{result['ratio_median']:.2f} (range {min(ratios):.2f}..{max(ratios):.2f})")
-    print("\n| self CPU ms per step (torch.profiler) | plain | fast |\n|---|---:|---:|")
+    print(f"thread CPU time per step (median): plain {result['step_cpu_seconds_median']['plain']:.3f} s, fast "
+          f"{result['step_cpu_seconds_median']['fast']:.3f} s; per-round ratio: median "
+          f"{result['cpu_ratio_median']:.2f} (range {min(cpu_ratios):.2f}..{max(cpu_ratios):.2f})")
+    print("\n| ms per step (torch.profiler, self time of ops) | plain | fast |\n|---|---:|---:|")
     for key, label in ROWS:
         print(f"| {label} | {profiles['plain'].get(key, 0.0):.0f} | {profiles['fast'].get(key, 0.0):.0f} |")
     print(f"| total | {sum(profiles['plain'].values()):.0f} | {sum(profiles['fast'].values()):.0f} |")

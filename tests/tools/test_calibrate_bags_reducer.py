@@ -15,6 +15,7 @@ import torch
 
 from trajectory_ensemble_node.reducers import parse_variants, reduce_variants
 from trajectory_ensemble_node.replay import bags
+from trajectory_ensemble_node.stats import bootstrap_mean
 from trajectory_ensemble_node.testing import ReplayNode
 
 pytestmark = [pytest.mark.ros, pytest.mark.slow]
@@ -55,9 +56,17 @@ def test_calibrate_recommends_a_reducer_and_a_mode_threshold_with_heldout_figure
     def key(label: str) -> tuple[float, float]:
         return table[label]["calibration"]["served_rank"], table[label]["calibration"]["rmse"]
 
-    best = min(table, key=key)
-    assert section["recommended"] == best and section["heldout"] == table[best]["heldout"]
-    best_mode = min((label for label in table if table[label]["reducer"] == "mode"), key=key)
+    def pick(labels: list[str], default: str) -> str:
+        ranks = {label: np.asarray(table[label]["calibration"]["ranks"]) for label in labels}
+        better = [label for label in labels if label != default
+                  and (ranks[label] - ranks[default]).mean() < 0
+                  and bootstrap_mean(ranks[label] - ranks[default], seed=0)[1] < 0]
+        return min(better, key=key) if better else default
+
+    assert section["default"] == "mode"
+    assert section["recommended"] == pick(list(table), "mode")
+    assert section["heldout"] == table[section["recommended"]]["heldout"]
+    best_mode = pick([label for label in table if table[label]["reducer"] == "mode"], "mode")
     assert section["mode_recommended"] == best_mode
     assert section["mode_threshold"] == (table[best_mode]["mode_threshold"] or 0.0)
     assert table["single"]["heldout"]["versus_single"] is None

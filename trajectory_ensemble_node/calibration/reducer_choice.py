@@ -12,11 +12,13 @@ drawing again (:func:`~trajectory_ensemble_node.reducers.reduce_variants`):
    --reference-topic`` does (:func:`~trajectory_ensemble_node.replay.open_loop.compare_goal`: row ``k`` at
    ``stamp + (k + 1) dt``); its error is the RMSE over the goal's compared rows and channels. A chunk's **rank** is
    ``1 +`` the number of the group's own candidates strictly closer to the recording (``served_rank`` of ``replay``).
-3. **Choice.** The reducer: the variant with the lowest mean rank over the calibration goals (then the lower
-   calibration RMSE, then the first listed). The ``mode`` threshold: the ``mode`` variant chosen the same way
+3. **Choice.** The default (``mode`` at its relative rule, the node's own default; the first variant when ``mode``
+   is not compared) stays unless the calibration goals show a variant better beyond chance: its per-goal rank minus
+   the default's has a bootstrap 95 % interval wholly below 0. Of those, the one with the lowest mean rank (then the
+   lower RMSE, then the first listed). The ``mode`` threshold is chosen the same way among the ``mode`` variants
    (``0``: the relative rule), what the node's ``mode_threshold`` parameter serves. Both are reported with the
-   held-out bags' figures and, per goal, the paired rank difference against ``single`` (mean and bootstrap 95 %
-   interval over goals; negative = fewer of the model's own samples beat it than beat one sample).
+   held-out bags' figures and, per held-out goal, the paired rank difference against ``single`` (mean and bootstrap
+   95 % interval; negative = fewer of the model's own samples beat it than beat one sample).
 
 Why the rank and not the RMSE: a demonstration is one draw of what was possible, and against one draw the squared
 error is smallest for the average of the possibilities. On the toy's demonstrations, whose scenes can be passed on
@@ -144,6 +146,7 @@ def _figures(goals: Sequence[GoalErrors], label: str) -> dict[str, Any]:
                                "served_rank": float(np.mean(ranks)) if ranks else None}
     if ranks:
         figures["served_rank_ci95"] = list(bootstrap_mean(ranks, seed=0))
+    figures["ranks"] = ranks
     return figures
 
 
@@ -154,6 +157,23 @@ def _versus_single(goals: Sequence[GoalErrors], label: str) -> dict[str, Any] | 
     low, high = bootstrap_mean(differences, seed=0)
     return {"mean_rank_difference": float(differences.mean()), "ci95": [low, high], "goals": int(differences.size),
             "better": int((differences < 0).sum()), "worse": int((differences > 0).sum())}
+
+
+def _pick(goals: Sequence[GoalErrors], table: Mapping[str, Mapping[str, Any]], variants: Sequence[ReducerVariant],
+          default: ReducerVariant) -> ReducerVariant:
+    """``default``, unless some of ``variants`` rank better on ``goals`` beyond chance (then the best of those)."""
+    def clearly_better(variant: ReducerVariant) -> bool:
+        if variant == default:
+            return False
+        differences = [g.rank(variant.label) - g.rank(default.label) for g in goals]
+        return bool(np.mean(differences) < 0 and bootstrap_mean(differences, seed=0)[1] < 0)
+
+    def key(variant: ReducerVariant) -> tuple[float, float]:
+        figures = table[variant.label]["calibration"]
+        return figures["served_rank"], figures["rmse"]
+
+    better = [v for v in variants if clearly_better(v)]
+    return min(better, key=key) if better else default  # min keeps the first of equal keys
 
 
 def choose(calibration: Sequence[GoalErrors], heldout: Sequence[GoalErrors],
@@ -171,24 +191,23 @@ def choose(calibration: Sequence[GoalErrors], heldout: Sequence[GoalErrors],
         table[label] = {**described, "calibration": _figures(calibration, label),
                         "heldout": {**_figures(heldout, label), "versus_single": _versus_single(heldout, label)}}
 
-    def key(variant: ReducerVariant) -> tuple[float, float]:
-        figures = table[variant.label]["calibration"]
-        return figures["served_rank"], figures["rmse"]
-
-    best = min(variants, key=key)  # min keeps the first of equal keys: the order of --reducer-variants
+    default = next((v for v in variants if v.reducer == "mode" and v.mode_threshold is None), variants[0])
+    best = _pick(calibration, table, variants, default)
     modes = [v for v in variants if v.reducer == "mode"]
-    best_mode = min(modes, key=key) if modes else None
+    best_mode = _pick(calibration, table, modes, default if default in modes else modes[0]) if modes else None
     return {
         "recommended": best.label,
         "reducer": best.reducer if best.reducer != SINGLE else "none",
         "mode_threshold": None if best_mode is None else (best_mode.mode_threshold or 0.0),
         "mode_recommended": None if best_mode is None else best_mode.label,
+        "default": default.label,
         "heldout": table[best.label]["heldout"],
-        "criterion": "lowest mean served rank over the calibration goals (1 + the group's candidates strictly closer "
-                     "to the recorded actions, RMSE over the compared rows, robot units), then the lower RMSE; "
-                     "mode_threshold: the best mode variant, 0 = the relative rule (the node's mode_threshold "
-                     "parameter); versus_single: per held-out goal, rank minus candidate 0's, mean and bootstrap 95% "
-                     "interval",
+        "criterion": "served rank: 1 + the group's candidates strictly closer to the recorded actions (RMSE over "
+                     "the compared rows, robot units). The default stays unless a variant's per-goal rank minus the "
+                     "default's has a bootstrap 95% interval below 0 on the calibration goals; of those, the lowest "
+                     "mean rank. mode_threshold: the same among the mode variants, 0 = the relative rule (the node's "
+                     "mode_threshold parameter). versus_single: per held-out goal, rank minus candidate 0's, mean "
+                     "and bootstrap 95% interval",
         "variants": table,
     }
 
@@ -197,8 +216,9 @@ def markdown_lines(section: Mapping[str, Any]) -> list[str]:
     """The reducer section of the ``calibrate --bag`` summary."""
     threshold = section["mode_threshold"]
     mode = "-" if threshold is None else f"{threshold:g} (`{section['mode_recommended']}`; 0 = the relative rule)"
-    lines = ["", f"Reducer: `{section['recommended']}` (the lowest mean rank among its own candidates against the "
-             f"recorded actions, calibration goals); mode_threshold: {mode}.", "",
+    lines = ["", f"Reducer: `{section['recommended']}`; mode_threshold: {mode}. The default `{section['default']}` "
+             "stays unless a variant ranks better on the calibration goals beyond chance (rank: 1 + the group's "
+             "candidates closer to the recorded actions).", "",
              "| variant | rank, calibration | rank, held-out [95%] | held-out rank vs single [95%] | RMSE cal. | "
              "RMSE held-out |", "|---|---|---|---|---|---|"]
 

@@ -23,6 +23,10 @@ engine's thread:
   serves strictly one request at a time.
 - **Disconnect**: a client that goes away mid-request has its group canceled; the engine stops it at its next
   denoising step (``EnsembleService.outcome_counts()["canceled"]``).
+- **Inbound frames**: each connection's frames wait in the websockets library's own queue, one at most
+  (:data:`INBOUND_QUEUE`), and the bytes of frames read and not yet answered are held to ``openpi_max_inbound_bytes``
+  across connections (:class:`.gate.InboundBudget`): past it no connection is read from, so clients that pipeline
+  frames are held back by TCP, and every frame that was read is answered.
 - **Limits**: ``max_size`` is the message limit (a larger message closes its connection with code 1009 and the
   library's reason, "frame with N bytes exceeds limit of M bytes"); a connection idle for ``idle_timeout_s`` is closed
   with code 1001 and a reason that says so.
@@ -69,7 +73,7 @@ from ..quoting import bound_text, quote_value
 from ..serving.params import NodeParams
 from . import wire
 from .connections import ConnectionTable, KeyRing
-from .gate import AdmissionGate
+from .gate import AdmissionGate, InboundBudget
 from .extras import EXTRA_KEYS
 from .policy import OpenPIPolicy
 from .sessions import Caller
@@ -87,6 +91,15 @@ SHUTDOWN_FLUSH_S = 1.0
 closing handshakes may take before the listening socket closes."""
 DECODE_THREADS = 2
 """Threads decoding frames: a frame never waits for the event loop or the build thread, nor they for it."""
+INBOUND_QUEUE = (0, 0)
+"""websockets' ``max_queue`` (high, low) for every connection: reading pauses as soon as one whole frame waits in the
+library's queue, and resumes once the handler has taken it. With the library's default (16 frames), 12 connections
+pipelining 16 frames of 11.4 MB each held 2 GB before the handlers had read any."""
+INBOUND_BUDGET_MESSAGES = 4
+"""``openpi_max_inbound_bytes`` 0 means this many ``openpi_max_message_bytes``."""
+PASS_TURN_S = 0.05
+"""A connection whose turn to read comes (:class:`.gate.InboundBudget`) but has nothing to read within this long passes
+the turn on, so an idle connection never holds back the others."""
 
 
 @dataclass(frozen=True)
@@ -102,6 +115,8 @@ class ServerLimits:
         max_connections_per_client (`int`): Connections of one client (key and peer address) at once; 0 = no cap.
         handshake_idle_s (`float`): A connection without a request for this long may be reclaimed when the server is
             full (:mod:`.connections`).
+        max_inbound_bytes (`int`): Bytes of request frames read and not yet answered, across connections; 0 =
+            :data:`INBOUND_BUDGET_MESSAGES` x ``max_message_bytes`` (:attr:`inbound_budget`).
     """
 
     max_message_bytes: int = 16 * 1024 * 1024
@@ -111,12 +126,18 @@ class ServerLimits:
     max_queued: int = 32
     max_connections_per_client: int = 16
     handshake_idle_s: float = 5.0
+    max_inbound_bytes: int = 0
 
     @classmethod
     def from_params(cls, params: NodeParams) -> ServerLimits:
         return cls(params.openpi_max_message_bytes, params.openpi_idle_timeout_s, params.openpi_max_connections,
                    params.openpi_max_concurrent, params.openpi_max_queued, params.openpi_max_connections_per_client,
-                   params.openpi_handshake_idle_s)
+                   params.openpi_handshake_idle_s, params.openpi_max_inbound_bytes)
+
+    @property
+    def inbound_budget(self) -> int:
+        """``max_inbound_bytes``, or its default derived from ``max_message_bytes``."""
+        return self.max_inbound_bytes or INBOUND_BUDGET_MESSAGES * self.max_message_bytes
 
 
 def authorized(header: str | None, api_key: str) -> bool:
@@ -155,6 +176,7 @@ class OpenPIServer:
             keys=len(policy.schema.keys()) + len(EXTRA_KEYS), max_message_bytes=limits.max_message_bytes,
             max_image_bytes=policy.params.max_image_bytes)
         self.gate = AdmissionGate(limits.max_concurrent, limits.max_queued)
+        self.inbound = InboundBudget(limits.inbound_budget)
         self.counts: collections.Counter[str] = collections.Counter()
         self._connections: set[ServerConnection] = set()
         self._ids = itertools.count(1)
@@ -176,7 +198,8 @@ class OpenPIServer:
         """
         return {"server": dict(self.counts), "groups": self.policy.model.outcome_counts(),
                 "connections": len(self._connections), "running": self.gate.active, "in_engine": self._in_engine,
-                "waiting": self.gate.waiting}
+                "waiting": self.gate.waiting, "inbound_bytes": self.inbound.held,
+                "inbound_peak_bytes": self.inbound.peak, "inbound_waiting": self.inbound.waiting}
 
     async def run(self, stop: asyncio.Event, on_ready: Callable[[int], None] | None = None) -> None:
         """Serve until ``stop`` is set, then shut down (every request still open gets a ``SHUTDOWN`` error frame).
@@ -187,8 +210,11 @@ class OpenPIServer:
         """
         self._shutting_down = asyncio.get_running_loop().create_future()
         async with serve(self._handler, self.host, self.port, process_request=self._process_request,
-                         max_size=self.limits.max_message_bytes, compression=None,
-                         close_timeout=SHUTDOWN_FLUSH_S) as server:
+                         max_size=self.limits.max_message_bytes, max_queue=INBOUND_QUEUE, compression=None,
+                         # No keepalive pings: a connection held back by the inbound budget is not read from, so
+                         # its pong could not arrive and the ping would drop a request already read. Dead peers
+                         # are closed by openpi_idle_timeout_s.
+                         ping_interval=None, close_timeout=SHUTDOWN_FLUSH_S) as server:
             self.port = int(server.sockets[0].getsockname()[1])
             if on_ready is not None:
                 on_ready(self.port)
@@ -280,15 +306,34 @@ class OpenPIServer:
             await ws.send(self._metadata)
             previous_total_ms: float | None = None
             for seq in itertools.count(1):
+                # Past the budget this connection is not read from: its next frame waits in the library's queue
+                # (one at most), then in the kernel, and the client's writes block.
+                if not await self._room_to_read(ws):
+                    return
                 raw = await self._next_message(ws)
                 if raw is None:
                     return
-                state.requests += 1  # from now on a request-serving connection: never reclaimed
-                started = time.monotonic()
-                out = await self._serve(ws, raw, f"openpi-{conn_id}-{seq}", caller, started, previous_total_ms)
-                if out is None:
-                    return  # the client went away mid-request
-                await ws.send(out)
+                if self.inbound.full:
+                    # Read while others filled the budget (it was waiting on its socket): refused at once, so the
+                    # frames held stay within one frame of the budget.
+                    del raw
+                    self.counts["error_frames"] += 1
+                    self.counts["refused_inbound"] += 1
+                    await ws.send(wire.error_frame(self.inbound.refusal()))
+                    continue
+                size = len(raw)
+                self.inbound.take(size)
+                try:
+                    state.requests += 1  # from now on a request-serving connection: never reclaimed
+                    started = time.monotonic()
+                    serving = self._serve(ws, raw, f"openpi-{conn_id}-{seq}", caller, started, previous_total_ms)
+                    del raw  # _serve drops the frame once decoded
+                    out = await serving
+                    if out is None:
+                        return  # the client went away mid-request
+                    await ws.send(out)
+                finally:
+                    self.inbound.give_back(size)
                 previous_total_ms = (time.monotonic() - started) * 1000.0
         except ConnectionClosed:
             pass
@@ -297,11 +342,27 @@ class OpenPIServer:
             self.connections.close(ws)
             self.policy.sessions.forget_connection(caller.owner, conn_id)
 
+    async def _room_to_read(self, ws: ServerConnection) -> bool:
+        """Wait for room in the inbound budget; False when the connection or the server closes first."""
+        if self.inbound.has_room():
+            return True
+        assert self._shutting_down is not None
+        closed = asyncio.ensure_future(ws.wait_closed())
+        try:
+            return await self._until_closed(self.inbound.wait_for_room(), closed, self._shutting_down)
+        finally:
+            closed.cancel()
+
     async def _next_message(self, ws: ServerConnection) -> str | bytes | None:
         idle = self.limits.idle_timeout_s or None
+        recv = asyncio.ensure_future(ws.recv())
         try:
-            # Canceling recv() is safe in websockets: no message is lost.
-            return await asyncio.wait_for(ws.recv(), idle)
+            done, _ = await asyncio.wait({recv}, timeout=PASS_TURN_S)
+            if not done:
+                self.inbound.pass_turn()  # nothing to read here yet: another connection may read meanwhile
+                # Canceling recv() is safe in websockets: no message is lost.
+                return await asyncio.wait_for(recv, None if idle is None else max(0.0, idle - PASS_TURN_S))
+            return recv.result()
         except asyncio.TimeoutError:
             self.counts["closed_idle"] += 1
             await ws.close(CloseCode.GOING_AWAY, f"idle for {idle:g} s without a request (openpi_idle_timeout_s)")
@@ -319,6 +380,7 @@ class OpenPIServer:
             # Off the loop: even a bounded decode of a large frame must not delay health checks or other clients.
             obs = await asyncio.get_running_loop().run_in_executor(self._decoder, wire.unpack, raw,
                                                                    self.decode_limits)
+            del raw  # the frame's bytes go now; the inbound budget counts them until the request is answered
             if obs.get("endpoint") == "reset":
                 return wire.pack(self.policy.reset(obs, caller=caller))
             job = self.policy.prepare(obs, request_id=request_id, caller=caller, arrival=started)

@@ -10,6 +10,7 @@ of the value than it prints; and every error reply and log line is cut by :func:
 from __future__ import annotations
 
 import itertools
+import json
 import logging
 from typing import Any
 
@@ -19,6 +20,8 @@ QUOTE_ITEMS = 8
 """Most items of a list, tuple, set or map quoted."""
 MAX_MESSAGE_CHARS = 2048
 """Most characters of an error message on the wire or in a goal's result, and of a log line (a few KiB in UTF-8)."""
+MAX_MESSAGE_BYTES = 3072
+"""Most bytes of an error message once escaped as JSON (non-ASCII takes up to 12 bytes a character there)."""
 MAX_LOG_CHARS = 8192
 """Most characters of one formatted log record, traceback included: the backstop of :class:`BoundedFormatter`."""
 
@@ -89,3 +92,18 @@ class BoundedFormatter(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         return bound_text(super().format(record), MAX_LOG_CHARS)
+
+
+def bound_json_text(text: str, limit: int = MAX_MESSAGE_BYTES) -> str:
+    """``text`` cut (as :func:`bound_text` does) until its JSON string takes at most ``limit`` bytes.
+
+    Args:
+        text (`str`): A message already composed.
+        limit (`int`): Most bytes of ``json.dumps`` of the result.
+    """
+    chars = MAX_MESSAGE_CHARS
+    message = bound_text(text, chars)
+    while len(json.dumps(message)) > limit and chars > 16:
+        chars //= 2
+        message = bound_text(text, chars)
+    return message

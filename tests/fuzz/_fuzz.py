@@ -1,5 +1,5 @@
 """Shared helpers of the fuzz targets: the profile in use, each target's example budget, the count of examples run,
-and the one check every refusal must pass (a named error with a code).
+and the one check every refusal must pass (a named error with a code, whose error frame is a few KiB at most).
 
 Kept apart from ``conftest.py`` so that the test modules can import it (``tests/fuzz`` is on ``sys.path`` while they
 are collected, as every test folder without ``__init__.py`` is).
@@ -12,8 +12,10 @@ from collections import Counter
 from collections.abc import Collection
 
 from hypothesis import settings
+from hypothesis import strategies as st
 
 from trajectory_ensemble_node.errors import ErrorCode, TrajectoryEnsembleError, describe_error
+from trajectory_ensemble_node.openpi import wire
 
 PROFILE_ENV = "TRAJECTORY_ENSEMBLE_FUZZ_PROFILE"
 COUNTS_ENV = "TRAJECTORY_ENSEMBLE_FUZZ_COUNTS"
@@ -58,6 +60,25 @@ def record(target: str) -> None:
     COUNTS[target] += 1
 
 
+MAX_REFUSAL_BYTES = 4096
+"""Most bytes of an error frame, whatever the request held (issue 61: a 15 MB value once came back as 75 MB)."""
+
+LARGE_SIZES = st.sampled_from([100, 1_000, 70_000, 1_000_000, 3_000_000])
+"""Lengths of the large values the targets plant where a refusal would quote them."""
+large_text = LARGE_SIZES.map(lambda n: "\u00e9" * (n // 2) + "x" * (n - n // 2))
+large_bytes = LARGE_SIZES.map(lambda n: b"\x00\xff" * (n // 2))
+"""A long string (half of it non-ASCII, which JSON escapes six-fold) and a long binary."""
+
+
+def check_reply_size(error: BaseException) -> str:
+    """Fail unless the error frame of ``error`` (what a client of ``serve-openpi`` would get) is at most
+    :data:`MAX_REFUSAL_BYTES`; returns the frame."""
+    frame = wire.error_frame(error)
+    assert len(frame.encode()) <= MAX_REFUSAL_BYTES, \
+        f"a {len(frame.encode())}-byte error frame: {frame[:200]}..."
+    return frame
+
+
 def check_named(error: BaseException, codes: Collection[ErrorCode] | None = None) -> ErrorCode:
     """Fail unless ``error`` is a named error with a code (among ``codes`` when given); returns the code.
 
@@ -73,4 +94,5 @@ def check_named(error: BaseException, codes: Collection[ErrorCode] | None = None
     code = ErrorCode(error.code)
     assert codes is None or code in codes, f"unexpected code: {describe_error(error)}"
     assert str(error), f"{type(error).__name__} without a message"
+    check_reply_size(error)
     return code

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from _fuzz import TIMEOUT_S, check_named, fuzz_settings, record
+from _fuzz import TIMEOUT_S, check_named, fuzz_settings, large_bytes, large_text, record
 from hypothesis import event, example, given
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
@@ -59,7 +59,8 @@ states = st.one_of(
 )
 prompts = st.one_of(st.text(max_size=80), st.none(), st.integers(), st.binary(max_size=8), st.lists(st.text(),
                                                                                                    max_size=2))
-junk = st.one_of(st.none(), st.integers(), st.floats(), st.text(max_size=8), st.binary(max_size=8), images, states)
+junk = st.one_of(st.none(), st.integers(), st.floats(), st.text(max_size=8), st.binary(max_size=8), images, states,
+                 large_text, large_bytes)  # megabytes a refusal quotes, briefly (check_named checks its frame)
 
 
 @st.composite
@@ -81,7 +82,7 @@ def requests(draw: st.DrawFn, schema_name: str) -> dict[str, Any]:
             obs[state.key] = draw(states)
     if draw(st.booleans()):
         obs[schema.prompt_key] = draw(prompts)
-    for key in draw(st.lists(st.one_of(st.text(max_size=12), st.sampled_from(schema.keys() + EXTRA_KEYS)),
+    for key in draw(st.lists(st.one_of(st.text(max_size=12), large_text, st.sampled_from(schema.keys() + EXTRA_KEYS)),
                              max_size=2)) if not draw(st.integers(0, 3)) else ():
         obs.setdefault(key, draw(junk))
     return obs

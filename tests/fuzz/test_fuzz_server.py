@@ -5,8 +5,9 @@ Each frame is answered on the same connection, either with an error frame (a tex
 with a named code: never the anonymous ``InternalError`` that an unnamed exception becomes) or with a reply whose
 ``actions`` have the metadata's ``action_shape``; after the whole run the connection, and a fresh openpi-client, are
 served a normal request. Frames: random bytes, text frames, and requests with generated observation keys and extras
-(wrong types, huge and negative numbers, unknown reducers, NaN deadlines, over-long session ids, ...). Valid requests
-run the model, so this target keeps its example count low in ``ci``.
+(wrong types, huge and negative numbers, unknown reducers, NaN deadlines, over-long session ids, megabytes of text
+or bytes in an extra or a key, ...); every error frame is a few KiB at most. Valid requests run the model, so this
+target keeps its example count low in ``ci``.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any
 import msgpack
 import numpy as np
 import pytest
-from _fuzz import TIMEOUT_S, check_named, fuzz_settings, record
+from _fuzz import MAX_REFUSAL_BYTES, TIMEOUT_S, check_named, fuzz_settings, large_bytes, large_text, record
 from hypothesis import event, given
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
@@ -91,7 +92,10 @@ EXTRAS: dict[str, st.SearchStrategy] = {
     "stamp": st.one_of(st.floats(allow_nan=True, allow_infinity=True), junk),
     "endpoint": st.one_of(st.sampled_from(["infer", "reset", "metadata", ""]), junk),
     "prompt": st.one_of(st.text(max_size=40), st.just("x" * 20_000), junk),
+    "guidance": st.one_of(st.sampled_from(["", "prefix", "nope"]), junk),
 }
+LARGE = ("reducer", "endpoint", "session_id", "session_scope", "guidance", "prompt", "seed")
+"""Extras that sometimes carry megabytes (text or bytes): the refusal quotes them, briefly (issue 61)."""
 
 
 @st.composite
@@ -103,6 +107,10 @@ def requests(draw: st.DrawFn) -> bytes:
         request["observation/image"] = draw(images)
     for key in draw(st.lists(st.sampled_from(sorted(EXTRAS)), max_size=3, unique=True)):
         request[key] = draw(EXTRAS[key])
+    if not draw(st.integers(0, 4)):
+        request[draw(st.sampled_from(LARGE))] = draw(st.one_of(large_text, large_bytes))
+    if not draw(st.integers(0, 9)):
+        request[draw(large_text)] = 1  # an unknown key of megabytes
     for key in draw(st.lists(st.text(max_size=10), max_size=1)) if not draw(st.integers(0, 3)) else ():
         request.setdefault(key, draw(junk))
     try:
@@ -122,6 +130,7 @@ def _answer(served: Served, frame: bytes | str) -> None:
     served.ws.send(frame)
     reply = served.ws.recv(timeout=REPLY_TIMEOUT_S)
     if isinstance(reply, str):
+        assert len(reply.encode()) <= MAX_REFUSAL_BYTES, f"a {len(reply.encode())}-byte error frame"
         payload = parse_error_frame(reply)
         code = ErrorCode(payload["code"])
         assert payload["error"] == code.name and payload["type"] != "InternalError", \

@@ -2,9 +2,10 @@
 
 Random bytes, valid msgpack of arbitrary nested structure, deep nesting, containers whose headers declare more
 elements than the frame holds, and openpi-client's ``__ndarray__`` / ``__npgeneric__`` marker maps with wrong
-dtypes, shapes and data lengths (huge declared shapes included). Each frame must decode to a dict with string keys
-(every array in it of an accepted dtype and exactly its declared shape) or be refused with a named error; nothing
-else may escape. Written against the public contract of ``unpack(frame)``, so it holds whatever bounds the decoder
+dtypes, shapes and data lengths (huge declared shapes included), and megabytes of text or bytes where a refusal
+quotes them. Each frame must decode to a dict with string keys (every array in it of an accepted dtype and exactly
+its declared shape) or be refused with a named error whose error frame is a few KiB; nothing else may escape.
+Written against the public contract of ``unpack(frame)``, so it holds whatever bounds the decoder
 adds.
 """
 
@@ -17,7 +18,7 @@ from typing import Any
 import msgpack
 import numpy as np
 import pytest
-from _fuzz import TIMEOUT_S, check_named, fuzz_settings, record
+from _fuzz import TIMEOUT_S, check_named, fuzz_settings, large_bytes, large_text, record
 from hypothesis import example, given
 from hypothesis import strategies as st
 
@@ -101,6 +102,16 @@ hostile_frames = st.one_of(
     st.tuples(trees.map(msgpack.packb), st.binary(min_size=1, max_size=8)).map(lambda t: t[0] + t[1]),  # trailing
     trees.map(msgpack.packb).map(lambda b: b[: max(0, len(b) - 1)]),  # truncated
     st.text(max_size=40),  # a text frame
+    # Large values where a refusal quotes them (issue 61): a dtype, a shape, a key, data of the wrong type, a text
+    # frame. Each refusal's error frame must stay a few KiB (check_named).
+    st.one_of(large_text, large_bytes).map(lambda v: msgpack.packb(
+        {"x": {b"__ndarray__": True, b"dtype": v, b"shape": [1], b"data": b"\x00"}})),
+    large_text.map(lambda v: msgpack.packb({"x": {b"__ndarray__": True, b"dtype": "|u1", b"shape": v,
+                                                  b"data": b""}})),
+    large_bytes.map(lambda v: msgpack.packb({v: 1})),
+    large_text.map(lambda v: msgpack.packb({"x": {b"__npgeneric__": True, b"dtype": "<f4", b"data": v}})),
+    large_text.map(lambda v: msgpack.packb([v])),
+    large_text,
 )
 
 

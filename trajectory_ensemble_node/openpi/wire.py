@@ -30,7 +30,7 @@ import msgpack
 import numpy as np
 
 from ..errors import ErrorCode, InvalidMessageError, TrajectoryEnsembleError
-from ..quoting import QUOTE_CHARS, bound_text, quote_value
+from ..quoting import QUOTE_CHARS, bound_json_text, bound_text, quote_value
 
 _ARRAY = "__ndarray__"
 _SCALAR = "__npgeneric__"
@@ -253,7 +253,7 @@ def error_frame(error: BaseException) -> str:
         error (`BaseException`): What ended the request; anything but a named error is reported without detail.
     """
     if isinstance(error, TrajectoryEnsembleError):
-        code, kind, message = ErrorCode(error.code), type(error).__name__, bound_text(str(error))
+        code, kind, message = ErrorCode(error.code), type(error).__name__, bound_json_text(str(error))
     else:
         code, kind, message = ErrorCode.ENGINE_FAILURE, "InternalError", INTERNAL_ERROR_MESSAGE
     return json.dumps({"error": code.name, "code": int(code), "type": kind, "message": message})

@@ -55,6 +55,7 @@ ROWS = (
     ("backward/linear", "backward: projections and MLPs (generation)"),
     ("backward/attention", "backward: attention (generation)"),
     ("backward/other ops", "backward: other ops"),
+    ("backward", "backward: autograd engine between ops"),
     ("optimizer", "optimizer: clip, AdamW, schedule"),
     ("ema", "EMA"),
 )

@@ -43,6 +43,7 @@ from ..errors import (
     TrajectoryEnsembleError,
 )
 from ..openpi.schemas import get_schema
+from ..quoting import bound_text
 from ..reducers import available_reducers, get_reducer
 from ..safety import load_limits
 from ..seeding import candidate_seeds, fresh_base_seed
@@ -285,7 +286,8 @@ class RemoteEngine:
             result, error = None, canceled
         elif error is not None and not isinstance(error, TrajectoryEnsembleError):
             logger.error("group %s failed on the remote engine", request.request_id, exc_info=error)
-            error = GroupFailedError(request.request_id, f"remote engine: {type(error).__name__}: {error}")
+            error = GroupFailedError(request.request_id,
+                                     bound_text(f"remote engine: {type(error).__name__}: {error}"))
         with self._lock:
             self._running -= 1
             self._open.pop(request.request_id, None)

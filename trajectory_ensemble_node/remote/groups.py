@@ -28,7 +28,7 @@ from ..engine.context import ExecutionContext
 from ..engine.reduction import reduce_candidates
 from ..engine.validity import DEFAULT_CHECK, check_reduced, screen_candidates, to_model_space, validity_counts
 from ..errors import RemoteSchemaError, TooFewValidCandidatesError
-from ..quoting import quote_value
+from ..quoting import QUOTE_CHARS, bound_text, quote_value
 from ..uncertainty import group_uncertainty
 
 SERVER_ONLY_METRICS = ("continuity", "latency_estimate_ms", "encode_ahead_ms")
@@ -233,4 +233,6 @@ def reduce_samples(request: GroupRequest, samples: Sequence[np.ndarray | BaseExc
 
 
 def _named(failed: Mapping[int, BaseException]) -> str:
-    return "; ".join(f"candidate {i}: {type(e).__name__}: {e}" for i, e in sorted(failed.items()))
+    # One line per failed candidate, the whole bounded: a group may have dozens, each quoting its server.
+    return bound_text("; ".join(f"candidate {i}: {type(e).__name__}: {bound_text(str(e), QUOTE_CHARS * 4)}"
+                                for i, e in sorted(failed.items())))

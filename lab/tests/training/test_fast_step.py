@@ -127,9 +127,10 @@ def test_train_pusht_freezes_the_text_pathway_by_default_and_saves_it_unchanged(
     args = parser.parse_args(["--steps", "3", "--batch", "4", "--log-every", "3", "--checkpoint-every", "0",
                               "--save-dtype", "float32", "--ema", "0"])
     assert args.freeze_text and not parser.parse_args(["--no-freeze-text"]).freeze_text
-    pusht_train.fit(pipe, dataset, args, tmp_path / "policy", tmp_path)
-    saved = load_file(tmp_path / "policy" / "transformer" / "diffusion_pytorch_model.safetensors")
+    result = pusht_train.fit(pipe, dataset, args, tmp_path / "policy", tmp_path)
     text = [name for name in before if is_text_pathway(name)]
+    assert result["trained_parameters"] == result["transformer_parameters"] - sum(before[n].numel() for n in text)
+    saved = load_file(tmp_path / "policy" / "transformer" / "diffusion_pytorch_model.safetensors")
     assert text and all(torch.equal(saved[name], before[name]) for name in text)
     name = "layers.0.self_attn.add_q_proj.weight"
     assert not torch.equal(saved[name], before[name])

@@ -258,7 +258,8 @@ def fit(pipe: Cosmos3OmniPipeline, dataset: EncodedDataset, args: argparse.Names
 
     Returns:
         `dict`: the run's ``states``, ``examples``, ``train_seconds``, ``final_loss``, ``loss_history``,
-        ``saved_bytes`` and ``transformer_parameters``.
+        ``saved_bytes``, ``transformer_parameters`` (all of them) and ``trained_parameters`` (without the text
+        pathway under ``--freeze-text``).
     """
     args = argparse.Namespace(**{**AUGMENTATION_DEFAULTS, **vars(args)})
     torch.set_num_threads(args.threads)
@@ -337,7 +338,8 @@ def fit(pipe: Cosmos3OmniPipeline, dataset: EncodedDataset, args: argparse.Names
     return {
         "states": dataset.num_states,
         "examples": len(dataset.actions),
-        "transformer_parameters": sum(p.numel() for p in params),
+        "transformer_parameters": sum(p.numel() for p in transformer.parameters()),
+        "trained_parameters": sum(p.numel() for p in params),
         "train_seconds": round(time.perf_counter() - train_started, 1),
         "final_loss": history[-1] if history else None,
         "loss_history": history,

@@ -39,8 +39,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..errors import ReducerLayoutError
 from ..normalization import ActionNormalizer
-from ..reducers import ReducerVariant, parse_variants, reduce_variants
+from ..reducers import ReducerVariant, get_reducer, parse_variants, reduce_variants
 from ..reducers.variants import SINGLE, variant_table
 from ..stats import bootstrap_mean
 
@@ -55,9 +56,6 @@ def usable_variants(text: str, width: int) -> tuple[ReducerVariant, ...]:
     Raises:
         InvalidSpecError, UnknownReducerError: ``text`` names a bad variant (:func:`parse_variants`).
     """
-    from ..errors import ReducerLayoutError
-    from ..reducers import get_reducer
-
     kept = []
     for variant in parse_variants(text):
         if variant.reducer != SINGLE:

@@ -22,6 +22,7 @@ import threading
 
 from ..errors import TrajectoryEnsembleError, describe_error
 from ..openpi import cli as openpi_cli
+from ..quoting import BoundedFormatter
 from ..serving.params_file import read_params_file
 
 logger = logging.getLogger("trajectory_ensemble.fleet")
@@ -49,8 +50,9 @@ def run(args: argparse.Namespace) -> int:
     Returns:
         `int`: 0 after a signal; 2 when the parameters, the bind, Ray or the replicas are unusable (printed).
     """
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-                        stream=sys.stderr)
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(BoundedFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=logging.INFO, handlers=[handler])
     from .app import application, parse_autoscale
 
     keys = [k for k in (args.api_key or [os.environ.get(openpi_cli.API_KEY_ENV) or ""]) if k]

@@ -91,11 +91,11 @@ def test_the_oracle_trains_resumes_and_plays_an_episode_through_the_reducers(tin
                   log=lambda line: None)
     assert first["step"] == 20
     with pytest.raises(TrainingError, match="another shape"):
-        train(examples, config, settings, tmp_path, log=lambda line: None)  # another schedule: refused
+        train(examples, config, TrainSettings(**{**settings.__dict__, "lr": 5e-4}), tmp_path, log=lambda line: None)
     lines: list[str] = []
-    record = train(examples, OracleConfig(width=64, blocks=1), TrainSettings(**{**settings.__dict__, "steps": 20}),
-                   tmp_path, log=lines.append)
-    assert record["step"] == 20 and lines[0].startswith("resumed from")
+    record = train(examples, OracleConfig(width=64, blocks=1), settings, tmp_path, log=lines.append)
+    assert lines[0] == "the run's end moves from step 20 to 30" and lines[1].startswith("resumed from")
+    assert record["step"] == 30 and [h["from_step"] for h in record["data_history"]] == [0, 20]
     net, saved = load_oracle(tmp_path)
     assert saved["examples"] == len(examples.chunks) and np.isfinite(saved["loss"])
     # One short episode per method, paired: every method's first group is the same draw.
@@ -119,3 +119,24 @@ def test_reducers_are_the_products_by_name_on_normalized_candidates():
 def test_eval_refuses_training_starts(tmp_path):
     assert oracle_main(["eval", "--checkpoint", str(tmp_path), "--seed", "5"]) == 1
     assert oracle_main(["eval", "--checkpoint", str(tmp_path)]) == 1  # no oracle there: named, not a traceback
+
+
+def test_eval_split_by_method_merges_into_one_record(tiny_episodes, tmp_path):
+    config = OracleConfig(width=32, blocks=1)
+    train(build_examples(tiny_episodes, config), config, TrainSettings(steps=5, batch=8, warmup=2), tmp_path / "run",
+          log=lambda line: None)
+    common = ["eval", "--checkpoint", str(tmp_path / "run"), "--starts", "1", "--noise-seeds", "3", "--count", "2",
+              "--max-steps", "8"]
+    assert oracle_main(common + ["--reducers", "single", "--json", str(tmp_path / "a.json")]) == 0
+    assert oracle_main(common + ["--reducers", "mean,mode", "--json", str(tmp_path / "b.json")]) == 0
+    assert oracle_main(["merge", str(tmp_path / "a.json"), str(tmp_path / "b.json"), "--json",
+                    str(tmp_path / "m.json")]) == 0
+    merged = json.loads((tmp_path / "m.json").read_text())
+    assert list(merged["methods"]) == ["single", "mean", "mode"] and set(merged["versus_single"]) == {"mean", "mode"}
+    assert merged["commit"] and merged["date"] and "| `mode`@2 |" in (tmp_path / "m.md").read_text()
+    assert oracle_main(["merge", str(tmp_path / "a.json"), str(tmp_path / "a.json"), "--json",
+                    str(tmp_path / "x.json")]) == 1  # one method twice: refused
+    assert oracle_main(["compare", str(tmp_path / "a.json"), str(tmp_path / "m.json"), "--json",
+                        str(tmp_path / "c.json")]) == 0  # the same episodes: no difference
+    compared = json.loads((tmp_path / "c.json").read_text())["methods"]
+    assert list(compared) == ["single"] and compared["single"]["coverage_diff_mean"] == 0.0

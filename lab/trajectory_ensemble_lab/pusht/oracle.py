@@ -277,6 +277,8 @@ def train(examples: Examples, config: OracleConfig, settings: TrainSettings, wor
           log: Callable[[str], None] = print, meta: dict[str, Any] | None = None) -> dict[str, Any]:
     """Train the oracle, resuming from ``work_dir/resume.pt`` when a run with the same shape left one.
 
+    A resumed run may get more examples than it started with (the record's ``data_history`` lists them by step).
+
     The EMA weights are written as ``work_dir/oracle.safetensors`` with ``oracle.json`` (shape, settings, data
     size, step) at every checkpoint and at the end, so an evaluation can read a run still in progress.
 
@@ -299,12 +301,17 @@ def train(examples: Examples, config: OracleConfig, settings: TrainSettings, wor
     generator = torch.Generator().manual_seed(settings.seed)
     rng = np.random.default_rng(settings.seed)
     start, seconds = 0, 0.0
+    history: list[dict[str, int]] = []
     resume = work_dir / RESUME
     if resume.exists():
         state = torch.load(resume, weights_only=True)
-        if state["config"] != asdict(config) or state["settings"] != asdict(settings):
+        # The step count may change (a run cut short or extended on a loaded machine: the cosine follows the new
+        # end from where it is); anything else would be another run.
+        if state["config"] != asdict(config) or {**state["settings"], "steps": settings.steps} != asdict(settings):
             raise TrainingError(f"{resume} is a run with another shape or schedule ({state['config']}, "
                                 f"{state['settings']}); use another --work-dir")
+        if state["settings"]["steps"] != settings.steps:
+            log(f"the run's end moves from step {state['settings']['steps']} to {settings.steps}")
         net.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         for e, saved in zip(ema, state["ema"]):
@@ -312,9 +319,13 @@ def train(examples: Examples, config: OracleConfig, settings: TrainSettings, wor
         generator.set_state(state["generator"])
         rng = np.random.default_rng(settings.seed + state["step"])
         start, seconds = int(state["step"]), float(state["seconds"])
+        if (work_dir / CONFIG).exists():
+            history = json.loads((work_dir / CONFIG).read_text(encoding="utf-8")).get("data_history", [])
         log(f"resumed from {resume} at step {start}")
     params = list(net.parameters())
     count = len(examples.chunks)
+    # A run resumed on a grown data set (generation still running when it started) says so in its record.
+    history.append({"from_step": start, "examples": count, "episodes": examples.episodes, "steps": settings.steps})
     log(f"oracle: {sum(p.numel() for p in params)} parameters, {count} examples from {examples.episodes} episodes "
         f"({examples.dart_episodes} DART), batch {settings.batch}, steps {start}..{settings.steps}")
     record: dict[str, Any] = {}
@@ -327,7 +338,8 @@ def train(examples: Examples, config: OracleConfig, settings: TrainSettings, wor
                   "train_seconds": round(seconds, 1), "parameters": sum(p.numel() for p in params),
                   "examples": count, "episodes": examples.episodes, "dart_episodes": examples.dart_episodes,
                   "dart_examples": examples.dart_examples, "passes": round(step * settings.batch / count, 2),
-                  "loss": loss_window[-1] if loss_window else None, "data": meta or {}, "seeds": examples.seeds}
+                  "loss": loss_window[-1] if loss_window else None, "data": meta or {}, "data_history": history,
+                  "seeds": examples.seeds}
         (work_dir / CONFIG).write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
         torch.save({"config": asdict(config), "settings": asdict(settings), "model": net.state_dict(),
                     "optimizer": optimizer.state_dict(), "ema": ema, "generator": generator.get_state(),

@@ -9,7 +9,9 @@
 flow MLP of :mod:`.oracle` on one torch thread and resumes from ``--work-dir``'s checkpoint when one is there.
 ``eval`` plays each method on validation starts ``--seed .. --seed + --starts - 1``, each with every noise seed
 (:mod:`.oracle_eval`), and writes the record (date, commit, the checkpoint's record, per-method figures, paired
-differences against ``single``) to ``--json`` and its table to the ``.md`` beside it.
+differences against ``single``) to ``--json`` and its table to the ``.md`` beside it. ``merge`` joins the records of
+one evaluation split by method (two processes on two cores) into one; ``compare`` pairs two evaluations of the
+same starts and noise seeds method by method (a lever against the baseline settings).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -26,8 +29,8 @@ from trajectory_ensemble_node.provenance import git_commit, utc_now
 
 from . import HELDOUT_SEED_BASE, VALIDATION_SEED_BASE
 from .oracle import DEFAULT_STEPS, OracleConfig, TrainSettings, build_examples, load_oracle, train
-from .oracle_eval import REDUCERS, Execution, evaluate, markdown
-from .sim import PushTError
+from .oracle_eval import REDUCERS, Evaluation, Execution, OracleEpisode, evaluate, markdown, paired_versus
+from .sim import MAX_STEPS, PushTError
 from .state_demos import read_episodes
 
 
@@ -74,14 +77,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     e.add_argument("--execute-near-goal", type=int, default=None,
                    help="rows executed per chunk once coverage reaches --near-goal (default: --execute)")
     e.add_argument("--near-goal", type=float, default=0.8)
+    e.add_argument("--max-steps", type=int, default=MAX_STEPS, help="step cap per episode (the env's 300)")
     e.add_argument("--json", type=Path, default=None, help="write the record here, and its table beside it (.md)")
     e.add_argument("--threads", type=int, default=1)
+    c = sub.add_parser("compare", help="paired differences of one method between two evaluations (a lever)")
+    c.add_argument("base", type=Path, help="eval --json record of the baseline settings")
+    c.add_argument("other", type=Path, help="eval --json record of the lever, same starts and noise seeds")
+    c.add_argument("--json", type=Path, default=None, help="write the comparison here")
+    m = sub.add_parser("merge", help="one record from evaluations of one checkpoint split by method")
+    m.add_argument("records", type=Path, nargs="+", help="eval --json records")
+    m.add_argument("--json", type=Path, required=True, help="the merged record (and its .md beside it)")
 
 
 def run(args: argparse.Namespace) -> int:
     """Run ``pusht-oracle``; 0 done, 1 a setting or input was refused (printed as ``NAME (code): message``)."""
     try:
-        return _train(args) if args.action == "train" else _eval(args)
+        return {"train": _train, "eval": _eval, "merge": _merge, "compare": _compare}[args.action](args)
     except TrajectoryEnsembleError as error:
         print(f"error: {describe_error(error)}", file=sys.stderr)
         return 1
@@ -116,31 +127,83 @@ def _eval(args: argparse.Namespace) -> int:
     provenance = {"date": utc_now(), "commit": git_commit()}
     net, record = load_oracle(args.checkpoint)
     execution = Execution(count=args.count, steps=args.denoise_steps, execute=args.execute,
-                          execute_near_goal=args.execute_near_goal, near_goal=args.near_goal)
+                          execute_near_goal=args.execute_near_goal, near_goal=args.near_goal, max_steps=args.max_steps)
     starts = range(args.seed, args.seed + args.starts)
     result = evaluate(net, starts, args.noise_seeds, args.reducers, execution,
                       log=lambda line: print(line, flush=True))
-    figures = result.figures()
     oracle = {k: v for k, v in record.items() if k != "seeds"}
-    document = {**provenance, "settings": {"checkpoint": str(args.checkpoint), "starts": [starts[0], starts[-1]],
-                                           "noise_seeds": list(args.noise_seeds), "count": args.count,
-                                           "denoise_steps": args.denoise_steps, "execute": args.execute,
-                                           "execute_near_goal": args.execute_near_goal, "near_goal": args.near_goal,
-                                           "reduced_in": "normalized units, minmax [0, 512] -> [-1, 1]"},
-                "oracle": oracle, **figures}
-    table = markdown(figures, args.count)
+    settings = {"checkpoint": str(args.checkpoint), "starts": [starts[0], starts[-1]],
+                "noise_seeds": list(args.noise_seeds), "count": args.count, "denoise_steps": args.denoise_steps,
+                "execute": args.execute, "execute_near_goal": args.execute_near_goal, "near_goal": args.near_goal,
+                "max_steps": args.max_steps, "reduced_in": "normalized units, minmax [0, 512] -> [-1, 1]"}
+    _report({**provenance, "settings": settings, "oracle": oracle}, result, args.json)
+    return 0
+
+
+def _report(head: dict[str, Any], result: Evaluation, path: Path | None) -> None:
+    """Print the table; write the record (``head`` plus the figures) to ``path`` and the table beside it."""
+    settings, oracle = head["settings"], head["oracle"]
+    figures = result.figures()
+    table = markdown(figures, settings["count"])
     print(table, flush=True)
+    if path is None:
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({**head, **figures}, indent=1) + "\n", encoding="utf-8")
+    first, last = settings["starts"]
+    near = settings["execute_near_goal"]
+    text = (f"# PushT state oracle: reducers on validation starts {first}..{last}\n\n"
+            f"Date {head['date']}, commit {head['commit']}; checkpoint `{settings['checkpoint']}` (step "
+            f"{oracle['step']}, {oracle['examples']} examples from {oracle['episodes']} episodes, "
+            f"{oracle['dart_episodes']} with DART); N = {settings['count']}, {settings['denoise_steps']} Euler steps, "
+            f"{settings['execute']} rows executed" + (f" ({near} from coverage {settings['near_goal']})" if near else "")
+            + f"; noise seeds {settings['noise_seeds']}.\n\n")
+    path.with_suffix(".md").write_text(text + table, encoding="utf-8")
+
+
+def _merge(args: argparse.Namespace) -> int:
+    documents = [json.loads(Path(p).read_text(encoding="utf-8")) for p in args.records]
+    first = documents[0]
+    for path, doc in zip(args.records, documents):
+        if doc["settings"] != first["settings"] or doc["oracle"]["step"] != first["oracle"]["step"]:
+            raise PushTError(f"{str(path)!r} is another evaluation (settings or checkpoint step differ from "
+                             f"{str(args.records[0])!r}); merge records of one evaluation split by method")
+    result = Evaluation()
+    for doc in documents:
+        for name, figures in doc["methods"].items():
+            if name in result.episodes:
+                raise PushTError(f"method {name!r} is in more than one record; split an evaluation by method")
+            result.episodes[name] = [OracleEpisode(**row) for row in figures["per_episode"]]
+    order = [m for m in REDUCERS if m in result.episodes] + [m for m in result.episodes if m not in REDUCERS]
+    result.episodes = {m: result.episodes[m] for m in order}
+    head = {"date": min(d["date"] for d in documents), "commit": first["commit"], "settings": first["settings"],
+            "oracle": first["oracle"], "merged_from": [str(p) for p in args.records]}
+    _report(head, result, args.json)
+    return 0
+
+
+def _compare(args: argparse.Namespace) -> int:
+    base, other = (json.loads(Path(p).read_text(encoding="utf-8")) for p in (args.base, args.other))
+    shared = [m for m in other["methods"] if m in base["methods"]]
+    if not shared:
+        raise PushTError(f"{str(args.base)!r} and {str(args.other)!r} share no method")
+    rows = {m: [OracleEpisode(**r) for r in doc["methods"][m]["per_episode"]] for doc in (base,) for m in shared}
+    result = {"date": utc_now(), "commit": git_commit(), "base": str(args.base), "other": str(args.other),
+              "base_settings": base["settings"], "other_settings": other["settings"], "methods": {}}
+    for m in shared:
+        versus = paired_versus(rows[m], [OracleEpisode(**r) for r in other["methods"][m]["per_episode"]])
+        result["methods"][m] = {"base_coverage": base["methods"][m]["coverage_mean"],
+                                "other_coverage": other["methods"][m]["coverage_mean"],
+                                "base_successes": base["methods"][m]["successes"],
+                                "other_successes": other["methods"][m]["successes"], **versus}
+        low, high = versus["coverage_diff_ci95"]
+        print(f"{m}: coverage {result['methods'][m]['base_coverage']:.3f} -> {result['methods'][m]['other_coverage']:.3f}"
+              f" (paired {versus['coverage_diff_mean']:+.3f}, {low:+.3f}..{high:+.3f}); successes "
+              f"{result['methods'][m]['base_successes']} -> {result['methods'][m]['other_successes']} of "
+              f"{versus['episodes']}", flush=True)
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(document, indent=1) + "\n", encoding="utf-8")
-        head = (f"# PushT state oracle: reducers on validation starts {starts[0]}..{starts[-1]}\n\n"
-                f"Date {provenance['date']}, commit {provenance['commit']}; checkpoint `{args.checkpoint}` (step "
-                f"{record['step']}, {record['examples']} examples from {record['episodes']} episodes, "
-                f"{record['dart_episodes']} with DART); N = {args.count}, {args.denoise_steps} Euler steps, "
-                f"{args.execute} rows executed"
-                + (f" ({args.execute_near_goal} from coverage {args.near_goal})" if args.execute_near_goal else "")
-                + f"; noise seeds {list(args.noise_seeds)}.\n\n")
-        args.json.with_suffix(".md").write_text(head + table, encoding="utf-8")
+        args.json.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
     return 0
 
 

@@ -215,9 +215,9 @@ def load_for_training(init: Path | None, seed: int, bag_paths: Sequence[Path]) -
     """The saved pipeline ``init``, or (``None``) a fresh :data:`PUSHT_CONFIG` one from ``seed``, its latents
     normalized on the bags' frames."""
     if init is not None:
-        from trajectory_ensemble_node.catalog import load_model
+        from trajectory_ensemble_node.catalog import load_pipeline
 
-        pipe, _ = load_model(str(init), "cpu", "float32")
+        pipe, _ = load_pipeline(str(init), "cpu", "float32")
         print(f"initialized from {init}", flush=True)
         return pipe
     return fresh_pipeline(PUSHT_CONFIG, seed, normalization_images(bag_paths), PUSHT_FORMAT,

@@ -19,7 +19,7 @@ from trajectory_ensemble_lab.pusht.oracle_eval import Execution, evaluate, paire
 from trajectory_ensemble_lab.pusht.sim import PushTError, make_env, read_state
 from trajectory_ensemble_lab.pusht.state_demos import read_episode, read_episodes, write_episode
 from trajectory_ensemble_lab.training import TrainingError
-from trajectory_ensemble_node.reducers import get_reducer
+from trajectory_ensemble_node.reducers import configured_reducer, get_reducer
 
 START, EXPERT, STEPS = 10, 2, 40
 
@@ -112,6 +112,8 @@ def test_reducers_are_the_products_by_name_on_normalized_candidates():
     group = torch.tensor([[[0.1, 0.1]] * 4, [[0.12, 0.1]] * 4, [[-0.9, 0.5]] * 4])
     torch.testing.assert_close(reduce_group("mode", group), get_reducer("mode")(group))
     torch.testing.assert_close(reduce_group("single", group), group[0])
+    torch.testing.assert_close(reduce_group("mode@0.05", group), configured_reducer("mode", 0.05)(group))
+    torch.testing.assert_close(reduce_group("mode@0.05", group), group[:2].mean(0))  # the two close ones
     with pytest.raises(PushTError, match="previous chunk"):
         reduce_group("mode_continuity", group)
 

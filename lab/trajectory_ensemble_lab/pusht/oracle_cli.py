@@ -187,15 +187,17 @@ def _compare(args: argparse.Namespace) -> int:
     shared = [m for m in other["methods"] if m in base["methods"]]
     if not shared:
         raise PushTError(f"{str(args.base)!r} and {str(args.other)!r} share no method")
-    rows = {m: [OracleEpisode(**r) for r in doc["methods"][m]["per_episode"]] for doc in (base,) for m in shared}
     result = {"date": utc_now(), "commit": git_commit(), "base": str(args.base), "other": str(args.other),
               "base_settings": base["settings"], "other_settings": other["settings"], "methods": {}}
     for m in shared:
-        versus = paired_versus(rows[m], [OracleEpisode(**r) for r in other["methods"][m]["per_episode"]])
-        result["methods"][m] = {"base_coverage": base["methods"][m]["coverage_mean"],
-                                "other_coverage": other["methods"][m]["coverage_mean"],
-                                "base_successes": base["methods"][m]["successes"],
-                                "other_successes": other["methods"][m]["successes"], **versus}
+        a, b = ([OracleEpisode(**r) for r in doc["methods"][m]["per_episode"]] for doc in (base, other))
+        keys = {(e.env_seed, e.noise_seed) for e in a} & {(e.env_seed, e.noise_seed) for e in b}
+        a, b = ([e for e in eps if (e.env_seed, e.noise_seed) in keys] for eps in (a, b))
+        versus = paired_versus(a, b)  # on the episodes both played only
+        result["methods"][m] = {"base_coverage": round(sum(e.max_coverage for e in a) / len(a), 4),
+                                "other_coverage": round(sum(e.max_coverage for e in b) / len(b), 4),
+                                "base_successes": sum(e.success for e in a),
+                                "other_successes": sum(e.success for e in b), **versus}
         low, high = versus["coverage_diff_ci95"]
         print(f"{m}: coverage {result['methods'][m]['base_coverage']:.3f} -> {result['methods'][m]['other_coverage']:.3f}"
               f" (paired {versus['coverage_diff_mean']:+.3f}, {low:+.3f}..{high:+.3f}); successes "

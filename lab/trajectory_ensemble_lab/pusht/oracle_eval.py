@@ -19,7 +19,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from trajectory_ensemble_node.reducers import get_reducer
+from trajectory_ensemble_node.reducers import configured_reducer
+from trajectory_ensemble_node.reducers.variants import SINGLE, parse_variants
 from trajectory_ensemble_node.stats import bootstrap_mean, wilson
 
 from .evaluate import EXECUTE
@@ -81,15 +82,17 @@ class Execution:
 
 def reduce_group(method: str, candidates: torch.Tensor) -> torch.Tensor:
     """One chunk from a group ``[N, H, 2]`` (normalized units): candidate 0 for ``single``, else the product's
-    reducer named ``method``.
+    reducer named ``method`` (a variant name as the product parses it: ``mode@0.05`` is ``mode`` at a fixed cut).
 
     Raises:
         UnknownReducerError: ``method`` names no registered reducer.
+        InvalidSpecError: a malformed variant name.
         PushTError: the reducer needs an execution context (the continuity reducers), which this loop has none of.
     """
-    if method == "single":
+    (variant,) = parse_variants([method])
+    if variant.reducer == SINGLE:
         return candidates[0]
-    reducer = get_reducer(method)
+    reducer = configured_reducer(variant.reducer, variant.mode_threshold)
     if reducer.uses_context:
         raise PushTError(f"reducer {method!r} needs the previous chunk; the oracle evaluates context-free reducers")
     return reducer(candidates)

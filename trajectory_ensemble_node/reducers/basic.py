@@ -23,8 +23,9 @@ on PushT's ``minmax`` over [0, 512]), which is why the default is :data:`MODE_RE
 MODE_RELATIVE_FACTOR = 2.0
 """The relative rule's cut, as a multiple of the group's median ``k``-th nearest-neighbour RMS distance
 (:func:`relative_mode_threshold`). 2.0 is the smallest of 1.25, 1.5, 1.75, 2.0 at which bimodal groups with
-isotropic noise inside each mode are never split into fragments (so the majority mode wins); on 200 validation toy
-scenes the factors from 1.0 to 2.5 differ by a few scenes (``docs/python-api.md#reducers``)."""
+isotropic noise inside each mode are never split into fragments (so the majority mode wins); on 200 toy scenes no
+results file uses, the factors from 1.0 to 2.5 differ by a few scenes (``bench/results/mode_factor-toy.json``,
+``docs/python-api.md#modes-cut``)."""
 
 
 POSE_GRIPPER_BLOCK = 10
@@ -161,10 +162,10 @@ def relative_mode_threshold(candidates: torch.Tensor, factor: float = MODE_RELAT
 
     ``N <= 2``: 0 (two candidates carry no scale to judge their distance by, so only identical ones merge).
     Otherwise, with ``k = max(1, N // 4)``: ``MODE_RELATIVE_FACTOR`` (2.0) times the median over candidates of the
-    RMS distance to their ``k``-th nearest other candidate (even ``N``: the mean of the two middle values). Any mode
-    holding at least ``k + 1`` candidates, and half the group does, so the scale is a distance inside modes, not
-    between them. It is in the units of the candidates: multiplying every candidate by ``c != 0`` multiplies it by
-    ``|c|``.
+    RMS distance to their ``k``-th nearest other candidate (even ``N``: the mean of the two middle values). A
+    candidate in a mode of at least ``k + 1`` members has its ``k``-th nearest neighbour inside that mode; while such
+    modes hold more than half the group, the median is a distance inside modes, not between them. It is in the units
+    of the candidates: multiplying every candidate by ``c != 0`` multiplies it by ``|c|``.
 
     Args:
         candidates (`torch.Tensor` of shape `[N, H, D]`): Finite candidates.

@@ -55,6 +55,10 @@ def report_duplicates(node: Any, previous: int) -> int:
     return max(count, 1)
 
 
+PATH_CHARS = 4096
+"""Characters of a path quoted whole (Linux's PATH_MAX): an operator's own argument, not a client's value."""
+
+
 def check_params_files(node: Any, argv: Sequence[str]) -> None:
     """Warn for each ``--params-file`` with no section that applies to this node (ROS ignores it silently).
 
@@ -65,10 +69,11 @@ def check_params_files(node: Any, argv: Sequence[str]) -> None:
     name = node.get_fully_qualified_name()
     for path, sections in unmatched_params_files(params_files_from_args(argv), name):
         node.get_logger().warning(
-            f"params file {quote_value(path)} has no section for this node ({name}); its sections {sections} apply "
-            "to other "
+            # The operator's own path, quoted whole up to what a path can hold.
+            f"params file {quote_value(path, PATH_CHARS)} has no section for this node ({name}); its sections "
+            f"{sections} apply to other "
             f"nodes, so every parameter they set is ignored here and this node runs on defaults "
-            f"(key the file by {quote_value(name)} or '/**/{node.get_name()}')"
+            f"(key the file by {quote_value(name, PATH_CHARS)} or '/**/{node.get_name()}')"
         )
 
 

@@ -158,6 +158,9 @@ def _report(head: dict[str, Any], result: Evaluation, path: Path | None) -> None
             f"{oracle['dart_episodes']} with DART); N = {settings['count']}, {settings['denoise_steps']} Euler steps, "
             f"{settings['execute']} rows executed" + (f" ({near} from coverage {settings['near_goal']})" if near else "")
             + f"; noise seeds {settings['noise_seeds']}.\n\n")
+    for part in head.get("merged_from", []):
+        text += f"- {', '.join(part['methods'])}: run {part['date']}, commit {part['commit']}\n"
+    text += "\n" if head.get("merged_from") else ""
     path.with_suffix(".md").write_text(text + table, encoding="utf-8")
 
 
@@ -177,7 +180,9 @@ def _merge(args: argparse.Namespace) -> int:
     order = [m for m in REDUCERS if m in result.episodes] + [m for m in result.episodes if m not in REDUCERS]
     result.episodes = {m: result.episodes[m] for m in order}
     head = {"date": min(d["date"] for d in documents), "commit": first["commit"], "settings": first["settings"],
-            "oracle": first["oracle"], "merged_from": [str(p) for p in args.records]}
+            "oracle": first["oracle"],
+            "merged_from": [{"record": str(p), "date": d["date"], "commit": d["commit"], "methods": list(d["methods"])}
+                            for p, d in zip(args.records, documents)]}
     _report(head, result, args.json)
     return 0
 

@@ -20,8 +20,9 @@ from trajectory_ensemble_node.quoting import MAX_MESSAGE_CHARS, QUOTE_CHARS, bou
 REPO_ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = REPO_ROOT / "trajectory_ensemble_node"
 FACE_MODULES = ("openpi/*.py", "remote/*.py", "serving/planning.py", "serving/input_limits.py", "ros/goals.py",
-                "ros/guards.py", "ros/node.py")
-"""Modules whose refusals and log lines name what a client (or a remote server) sent."""
+                "ros/guards.py", "ros/node.py", "contract.py", "reducers/registry.py")
+"""Modules whose refusals and log lines name what a client (or a remote server) sent: the faces, and the spec and
+reducer checks that every face and the Python API reach with a client's values."""
 LOG_METHODS = {"debug", "info", "warning", "error", "exception", "critical", "fatal"}
 
 

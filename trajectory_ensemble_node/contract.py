@@ -28,6 +28,7 @@ from .errors import (
     PartialGroupError,
     ReducerLayoutError,
 )
+from .quoting import quote_value
 from .reducers import available_reducers, check_finite, get_reducer
 from .seeding import SEED_POLICIES, check_seed
 
@@ -72,11 +73,11 @@ def check_count(count: object, max_count: int) -> int:
     """
     if not _is_int(count):
         raise CandidateCountError(
-            f"candidate_count must be an int, got {count!r} of type {type(count).__name__}; nothing was run"
+            f"candidate_count must be an int, got {quote_value(count)} of type {type(count).__name__}; nothing was run"
         )
     if not 1 <= count <= max_count:
         raise CandidateCountError(
-            f"candidate_count {count!r} is outside [1, max_candidates={max_count}]; nothing was run"
+            f"candidate_count {quote_value(count)} is outside [1, max_candidates={max_count}]; nothing was run"
         )
     return count
 
@@ -122,7 +123,7 @@ def check_reducer(
         valid = allowed_reducers(valid_reducers)
         if reducer not in valid:
             raise ReducerLayoutError(
-                f"reducer {reducer!r} is not valid for this model's action space; valid: {', '.join(valid)}"
+                f"reducer {quote_value(reducer)} is not valid for this model's action space; valid: {', '.join(valid)}"
             )
     try:
         implementation.check_layout(action_dim)
@@ -227,7 +228,7 @@ class CandidateTrajectorySpec:
 
     def __post_init__(self) -> None:
         if not _is_int(self.max_count) or self.max_count < 1:
-            raise InvalidSpecError(f"max_count must be an int >= 1, got {self.max_count!r}")
+            raise InvalidSpecError(f"max_count must be an int >= 1, got {quote_value(self.max_count)}")
         check_count(self.count, self.max_count)
         if self.reducer == "none":
             if self.count > 1:
@@ -238,9 +239,9 @@ class CandidateTrajectorySpec:
         else:
             get_reducer(self.reducer)
         if not isinstance(self.return_candidates, bool):
-            raise InvalidSpecError(f"return_candidates must be a bool, got {self.return_candidates!r}")
+            raise InvalidSpecError(f"return_candidates must be a bool, got {quote_value(self.return_candidates)}")
         if self.seed_policy not in SEED_POLICIES:
-            raise InvalidSpecError(f"seed_policy must be one of {SEED_POLICIES}, got {self.seed_policy!r}")
+            raise InvalidSpecError(f"seed_policy must be one of {SEED_POLICIES}, got {quote_value(self.seed_policy)}")
 
 
 @dataclass(frozen=True)
@@ -263,19 +264,19 @@ class CandidateGroup:
 
     def __post_init__(self) -> None:
         if not isinstance(self.request_id, str) or not self.request_id:
-            raise InvalidSpecError(f"request_id must be a non-empty string, got {self.request_id!r}")
+            raise InvalidSpecError(f"request_id must be a non-empty string, got {quote_value(self.request_id)}")
         ids = self.candidate_ids
         if isinstance(ids, list):
             ids = tuple(ids)
             object.__setattr__(self, "candidate_ids", ids)
         if not isinstance(ids, tuple) or not ids:
-            raise InvalidSpecError(f"candidate_ids must be a non-empty tuple of ints, got {self.candidate_ids!r}")
+            raise InvalidSpecError(f"candidate_ids must be a non-empty tuple of ints, got {quote_value(self.candidate_ids)}")
         if not all(_is_int(i) and i >= 0 for i in ids):
-            raise InvalidSpecError(f"candidate_ids must be non-negative ints, got {ids!r}")
+            raise InvalidSpecError(f"candidate_ids must be non-negative ints, got {quote_value(ids)}")
         if any(a >= b for a, b in zip(ids, ids[1:])):
-            raise InvalidSpecError(f"candidate_ids must be unique and ascending, got {ids!r}")
+            raise InvalidSpecError(f"candidate_ids must be unique and ascending, got {quote_value(ids)}")
         if self.public_output not in PUBLIC_OUTPUTS:
-            raise InvalidSpecError(f"public_output must be one of {PUBLIC_OUTPUTS}, got {self.public_output!r}")
+            raise InvalidSpecError(f"public_output must be one of {PUBLIC_OUTPUTS}, got {quote_value(self.public_output)}")
 
     @classmethod
     def for_spec(cls, request_id: str, spec: CandidateTrajectorySpec) -> CandidateGroup:
@@ -390,25 +391,25 @@ class EnsembleResult:
         group, size = self.group, self.group.size
         if self.spec.count != size:
             raise PartialGroupError(
-                f"request {group.request_id!r}: spec.count={self.spec.count} but the group has {size} candidate(s)"
+                f"request {quote_value(group.request_id)}: spec.count={self.spec.count} but the group has {size} candidate(s)"
             )
         ids = tuple(self.candidate_ids)
         if ids != group.candidate_ids:
             raise PartialGroupError(
-                f"request {group.request_id!r}: result candidate_ids {ids!r} do not match the group's "
-                f"{group.candidate_ids!r}"
+                f"request {quote_value(group.request_id)}: result candidate_ids {quote_value(ids)} do not match the group's "
+                f"{quote_value(group.candidate_ids)}"
             )
         seeds = tuple(self.seeds)
         if len(seeds) != size:
             raise PartialGroupError(
-                f"request {group.request_id!r}: {len(seeds)} seed(s) for {size} candidate(s): {seeds!r}"
+                f"request {quote_value(group.request_id)}: {len(seeds)} seed(s) for {size} candidate(s): {quote_value(seeds)}"
             )
         for index, seed in enumerate(seeds):
             check_seed(seed, name=f"seeds[{index}]")
         base_seed = seeds[0] if self.base_seed is None else check_seed(self.base_seed)
         if base_seed != seeds[0]:
             raise PartialGroupError(
-                f"request {group.request_id!r}: base_seed {base_seed!r} must equal seeds[0] {seeds[0]!r}"
+                f"request {quote_value(group.request_id)}: base_seed {quote_value(base_seed)} must equal seeds[0] {quote_value(seeds[0])}"
             )
         self._check_tensors()
         object.__setattr__(self, "candidate_ids", ids)
@@ -428,29 +429,29 @@ class EnsembleResult:
     def _check_tensors(self) -> None:
         rid, size, action, candidates = self.group.request_id, self.group.size, self.action, self.candidates
         if not isinstance(action, torch.Tensor) or action.ndim != 2 or not action.is_floating_point():
-            got = f"shape {tuple(action.shape)}, {action.dtype}" if isinstance(action, torch.Tensor) else repr(action)
-            raise PartialGroupError(f"request {rid!r}: action must be a floating tensor [H, D], got {got}")
+            got = f"shape {tuple(action.shape)}, {action.dtype}" if isinstance(action, torch.Tensor) else quote_value(action)
+            raise PartialGroupError(f"request {quote_value(rid)}: action must be a floating tensor [H, D], got {got}")
         if candidates is None:
             if self.spec.return_candidates:
-                raise PartialGroupError(f"request {rid!r}: return_candidates=True but no candidates were given")
+                raise PartialGroupError(f"request {quote_value(rid)}: return_candidates=True but no candidates were given")
         else:
             if not isinstance(candidates, torch.Tensor) or candidates.ndim != 3:
                 got = tuple(candidates.shape) if isinstance(candidates, torch.Tensor) else repr(candidates)
-                raise PartialGroupError(f"request {rid!r}: candidates must be a tensor [N, H, D], got {got}")
+                raise PartialGroupError(f"request {quote_value(rid)}: candidates must be a tensor [N, H, D], got {got}")
             if candidates.shape[0] != size or candidates.shape[1:] != action.shape:
                 raise PartialGroupError(
-                    f"request {rid!r}: candidates have shape {tuple(candidates.shape)}, expected "
+                    f"request {quote_value(rid)}: candidates have shape {tuple(candidates.shape)}, expected "
                     f"{(size, *action.shape)} for {size} candidate(s) and action {tuple(action.shape)}"
                 )
             # The plain path must publish its one candidate untouched.
             if self.spec.reducer == "none" and not torch.equal(candidates[0], action):
-                raise PartialGroupError(f"request {rid!r}: with reducer 'none' the action must equal candidate 0")
+                raise PartialGroupError(f"request {quote_value(rid)}: with reducer 'none' the action must equal candidate 0")
         valid = self.candidate_valid
         if valid is not None:
             valid = tuple(bool(v) for v in valid)
             if len(valid) != size or not any(valid):
                 raise PartialGroupError(
-                    f"request {rid!r}: candidate_valid {valid!r} must flag {size} candidate(s), at least one valid"
+                    f"request {quote_value(rid)}: candidate_valid {quote_value(valid)} must flag {size} candidate(s), at least one valid"
                 )
             object.__setattr__(self, "candidate_valid", valid)
             if candidates is not None:
@@ -462,7 +463,7 @@ class EnsembleResult:
             if candidates is not None:
                 check_finite(candidates, "candidates")
         except NonFiniteCandidatesError as error:
-            raise NonFiniteCandidatesError(f"request {rid!r}: {error}") from None
+            raise NonFiniteCandidatesError(f"request {quote_value(rid)}: {error}") from None
 
     @property
     def request_id(self) -> str:

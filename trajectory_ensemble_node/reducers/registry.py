@@ -10,6 +10,7 @@ import dataclasses
 import functools
 
 from ..errors import InvalidSpecError, UnknownReducerError
+from ..quoting import quote_value
 from . import basic, continuity
 from .types import Reducer
 
@@ -35,9 +36,9 @@ def register_reducer(reducer: Reducer, *, replace: bool = False) -> Reducer:
         InvalidSpecError: If ``reducer`` is not a :class:`Reducer`, or the name is taken and ``replace`` is False.
     """
     if not isinstance(reducer, Reducer):
-        raise InvalidSpecError(f"register_reducer expects a Reducer, got {reducer!r}")
+        raise InvalidSpecError(f"register_reducer expects a Reducer, got {quote_value(reducer)}")
     if reducer.name in _REGISTRY and not replace:
-        raise InvalidSpecError(f"reducer {reducer.name!r} is already registered; pass replace=True to replace it")
+        raise InvalidSpecError(f"reducer {quote_value(reducer.name)} is already registered; pass replace=True to replace it")
     _REGISTRY[reducer.name] = reducer
     return reducer
 
@@ -58,7 +59,7 @@ def get_reducer(name: str) -> Reducer:
         return _REGISTRY[name]
     except (KeyError, TypeError):
         raise UnknownReducerError(
-            f"unknown reducer {name!r}; registered reducers: {', '.join(available_reducers())}"
+            f"unknown reducer {quote_value(name)}; registered reducers: {', '.join(available_reducers())}"
         ) from None
 
 

@@ -25,4 +25,6 @@ COMMANDS: dict[str, tuple[str, str]] = {
                    "the product's Python lines and files per folder at two commits (bench/results/code-sizes.md)"),
     "pusht-oracle": ("trajectory_ensemble_lab.pusht.oracle_cli",
                      "the PushT state oracle (lab only): train it, and measure the product's reducers on it"),
+    "pusht-encoder": ("trajectory_ensemble_lab.pusht.encoder",
+                      "train the PushT pipeline's VAE encoder to read the agent and the T (lab readout), gate it"),
 }

@@ -42,7 +42,7 @@ from ..training import TrainingError
 from ..training.augment import add_prefix_arguments
 from ..training.dataset import EncodedDataset, ExampleFormat, LabelledState, concat_datasets, encode_states
 from ..training.fit import add_fit_arguments, fit
-from ..training.pipeline import fresh_pipeline
+from ..training.pipeline import fresh_pipeline, normalize_latents
 from . import INSTRUCTION
 from .recording import EPISODES_KEY, RecordedEpisode, read_demo_bag
 from .sim import CONTROL_HZ
@@ -211,17 +211,46 @@ def build_pusht_dataset(pipe: Cosmos3OmniPipeline, bag_paths: Sequence[Path], *,
     return parts[0] if len(parts) == 1 else concat_datasets(parts)
 
 
-def load_for_training(init: Path | None, seed: int, bag_paths: Sequence[Path]) -> Cosmos3OmniPipeline:
+def install_encoder(pipe: Cosmos3OmniPipeline, bundle: Path, images: Sequence[np.ndarray]) -> None:
+    """Put the VAE of ``bundle`` (a ``pusht-encoder train`` bundle, :func:`.encoder.save_bundle`) into ``pipe`` and
+    normalize its latents per channel on ``images``, as a fresh pipeline's are (``train-pusht --encoder``).
+
+    Args:
+        pipe (`Cosmos3OmniPipeline`): The pipeline to train; its VAE is replaced in place.
+        bundle (`Path`): The trained encoder's bundle.
+        images (`Sequence[np.ndarray]`): Frames ``[96, 96, 3]`` uint8 for the normalization.
+
+    Raises:
+        TrainingError: the bundle's VAE has another shape than ``pipe``'s.
+    """
+    from trajectory_ensemble_node.catalog import load_pipeline
+
+    trained, _ = load_pipeline(str(bundle), "cpu", "float32")
+    ours = {k: tuple(v.shape) for k, v in pipe.vae.state_dict().items()}
+    if {k: tuple(v.shape) for k, v in trained.vae.state_dict().items()} != ours:
+        raise TrainingError(f"the VAE of {str(bundle)!r} has other weights' shapes than the pipeline's")
+    with torch.no_grad():
+        pipe.vae.load_state_dict({k: v.to(pipe.vae.dtype) for k, v in trained.vae.state_dict().items()})
+        normalize_latents(pipe, list(images), PUSHT_FORMAT)
+
+
+def load_for_training(init: Path | None, seed: int, bag_paths: Sequence[Path],
+                      encoder: Path | None = None) -> Cosmos3OmniPipeline:
     """The saved pipeline ``init``, or (``None``) a fresh :data:`PUSHT_CONFIG` one from ``seed``, its latents
-    normalized on the bags' frames."""
+    normalized on the bags' frames; with ``encoder`` (a ``pusht-encoder train`` bundle), that bundle's VAE in place
+    of its own, normalized on the bags' frames (the latent cache is keyed by the VAE, so nothing stale is reused)."""
     if init is not None:
         from trajectory_ensemble_node.catalog import load_pipeline
 
         pipe, _ = load_pipeline(str(init), "cpu", "float32")
         print(f"initialized from {init}", flush=True)
-        return pipe
-    return fresh_pipeline(PUSHT_CONFIG, seed, normalization_images(bag_paths), PUSHT_FORMAT,
-                          log=lambda message: print(message, flush=True))
+    else:
+        pipe = fresh_pipeline(PUSHT_CONFIG, seed, normalization_images(bag_paths), PUSHT_FORMAT,
+                              log=lambda message: print(message, flush=True))
+    if encoder is not None:
+        install_encoder(pipe, encoder, normalization_images(bag_paths))
+        print(f"VAE from {encoder}", flush=True)
+    return pipe
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -236,6 +265,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="train the vision term on each example's 17 following frames (about 1.1 s of VAE per "
                              "example on one core); default: toward the latent mean")
     parser.add_argument("--stride", type=int, default=1, help="control steps between training examples")
+    parser.add_argument("--encoder", type=Path, default=None,
+                        help="a pusht-encoder train bundle whose trained VAE replaces the pipeline's (the latents "
+                             "are re-encoded: the cache is keyed by the VAE's weights)")
     add_fit_arguments(parser, steps=20000, batch=32, lr=3e-4, vision_weight=0.1, checkpoint_every=1000,
                       freeze_text=True)
     add_prefix_arguments(parser, CHUNK)
@@ -268,7 +300,7 @@ def _train(args: argparse.Namespace) -> int:
     episodes = listed_episodes(bag_paths)
     print(f"{len(bag_paths)} bags, {len(episodes)} episodes, {sum(int(e['steps']) for e in episodes)} steps",
           flush=True)
-    pipe = load_for_training(args.init, args.seed, bag_paths)
+    pipe = load_for_training(args.init, args.seed, bag_paths, args.encoder)
     dataset = build_pusht_dataset(pipe, bag_paths, clips=args.clips, stride=args.stride, cache_dir=work_dir,
                                   log=lambda message: print(message, flush=True))
     encode_s = time.perf_counter() - started

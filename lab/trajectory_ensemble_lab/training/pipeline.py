@@ -55,8 +55,11 @@ def normalize_latents(pipe: Cosmos3OmniPipeline, images: Iterable[np.ndarray],
     normalize latents per channel; doing the same here makes scene differences O(1). The statistics go into the VAE
     config, so ``_encode_video`` applies them in training and in serving alike, and the saved pipeline carries them.
 
+    The statistics are of the raw latents: any normalization ``pipe`` already has is set to the identity first
+    (a loaded pipeline whose VAE was trained again is normalized anew, not on top of its old statistics).
+
     Args:
-        pipe (`Cosmos3OmniPipeline`): Pipeline whose VAE normalization is still the identity.
+        pipe (`Cosmos3OmniPipeline`): Pipeline whose VAE latents to normalize.
         images (`Iterable[np.ndarray]`): Training observations ``[H, W, 3]`` uint8 whose latents give the statistics.
         example_format (`ExampleFormat`): How the policy is called (the conditioning they are encoded with).
 
@@ -64,6 +67,8 @@ def normalize_latents(pipe: Cosmos3OmniPipeline, images: Iterable[np.ndarray],
         `tuple`: per-channel means and stds (``z_dim`` floats each).
     """
     fmt = example_format
+    channels = int(pipe.vae.config.z_dim)
+    _set_latent_normalization(pipe, [0.0] * channels, [1.0] * channels)
     latents = torch.cat([
         encode_conditioning(
             pipe, prompt=fmt.instruction, negative_prompt=None, action=fmt.action_condition(image),
@@ -73,11 +78,15 @@ def normalize_latents(pipe: Cosmos3OmniPipeline, images: Iterable[np.ndarray],
     ])
     mean = [float(m) for m in latents.mean(dim=(0, 2, 3, 4))]
     std = [float(s) for s in latents.std(dim=(0, 2, 3, 4))]
+    _set_latent_normalization(pipe, mean, std)
+    return mean, std
+
+
+def _set_latent_normalization(pipe: Cosmos3OmniPipeline, mean: list[float], std: list[float]) -> None:
     pipe.vae.register_to_config(latents_mean=mean, latents_std=std)
     # The pipeline caches these at construction (as from_pretrained will rebuild them from the saved config).
     pipe._vae_latents_mean = torch.tensor(mean, dtype=pipe.vae.dtype)
     pipe._vae_latents_inv_std = 1.0 / torch.tensor(std, dtype=pipe.vae.dtype)
-    return mean, std
 
 
 def fresh_pipeline(config: TinyCosmos3Config, seed: int, images: Iterable[np.ndarray], example_format: ExampleFormat,

@@ -146,3 +146,14 @@ def test_the_commands_train_save_and_gate_with_a_dated_record(trained, checkpoin
     assert result["passed"] is False and result["frames"] == 4 and result["validation_starts"] == [100_000]
     assert result["date"] and result["commit"] and result["agent_mean_px"] > pusht_encoder.GATE_PX
     assert result["training"]["steps"] == 2 and result["training"]["frames"] == 4
+
+
+def test_frozen_trains_the_readout_alone_and_leaves_the_encoder_as_it_was(trained, checkpoint, tmp_path):
+    frames, targets = trained[2], trained[3]
+    pipe, _ = load_pipeline(str(checkpoint), "cpu", "float32")
+    pipe.vae.float()
+    before = {k: v.clone() for k, v in pipe.vae.state_dict().items()}
+    readout = pusht_encoder.train(pipe, frames, targets, steps=3, batch=4, lr=1e-3, work_dir=tmp_path, frozen=True,
+                                  log=lambda m: None)
+    assert all(torch.equal(before[k], v) for k, v in pipe.vae.state_dict().items())
+    assert torch.load(tmp_path / "checkpoint.pt", weights_only=True)["step"] == 3 and readout.net[2].weight.numel()

@@ -189,7 +189,8 @@ def _checkpoint_path(work_dir: Path) -> Path:
 
 
 def train(pipe: Cosmos3OmniPipeline, frames: torch.Tensor, targets: torch.Tensor, *, steps: int, batch: int,
-          lr: float, work_dir: Path, seed: int = 0, checkpoint_every: int = 100, log=print) -> Readout:
+          lr: float, work_dir: Path, seed: int = 0, checkpoint_every: int = 100, frozen: bool = False,
+          log=print) -> Readout:
     """Train the VAE's encoder and a :class:`Readout` on ``frames`` / ``targets`` for ``steps`` steps in all.
 
     Resumes from ``work_dir/checkpoint.pt`` when it exists (encoder, readout, optimizer, step), and writes it every
@@ -201,19 +202,20 @@ def train(pipe: Cosmos3OmniPipeline, frames: torch.Tensor, targets: torch.Tensor
         steps (`int`), batch (`int`), lr (`float`): Total steps, frames per step, AdamW's peak rate (cosine decay).
         work_dir (`Path`): Where the checkpoint lives.
         seed (`int`): Seed of the readout's init and the batch order.
+        frozen (`bool`): Train the readout alone on the encoder as it is (the baseline the gate compares with).
     """
     if steps < 1 or batch < 1 or not lr > 0:
         raise PushTError(f"steps, batch and lr must be positive, got {steps!r}, {batch!r}, {lr!r}")
     torch.manual_seed(seed)
     work_dir.mkdir(parents=True, exist_ok=True)
     pipe.vae.requires_grad_(False)
-    params = encoder_parameters(pipe)
+    params = [] if frozen else encoder_parameters(pipe)
     for p in params:
         p.requires_grad_(True)
     with torch.no_grad():
         readout = Readout(raw_latents(pipe, frames[:1])[0].numel())
-    optimizer = torch.optim.AdamW([{"params": params, "lr": lr}, {"params": readout.parameters(), "lr": 3 * lr}],
-                                  weight_decay=1e-4)
+    groups = [{"params": params, "lr": lr}] if params else []
+    optimizer = torch.optim.AdamW([*groups, {"params": readout.parameters(), "lr": 3 * lr}], weight_decay=1e-4)
     peaks = [group["lr"] for group in optimizer.param_groups]
     step = 0
     ckpt = _checkpoint_path(work_dir)
@@ -346,6 +348,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     tr.add_argument("--lr", type=float, default=3e-4)
     tr.add_argument("--checkpoint-every", type=int, default=50)
     tr.add_argument("--seed", type=int, default=0)
+    tr.add_argument("--frozen", action="store_true",
+                    help="train the readout alone on the encoder as it is (the random VAE's baseline)")
     gate = sub.add_parser("gate", help="read agent and T positions on validation frames through the saved bundle")
     gate.add_argument("--bundle", type=Path, default=DEFAULT_DIR / "bundle")
     gate.add_argument("--frames", type=Path, default=DEFAULT_DIR / "val_frames.npz")
@@ -379,13 +383,13 @@ def _train(args: argparse.Namespace) -> int:
     pipe.vae.float()
     print(f"{len(frames)} frames from {len(set(starts.tolist()))} starts; init {args.init}", flush=True)
     readout = train(pipe, frames, targets, steps=args.steps, batch=args.batch, lr=args.lr, work_dir=args.work_dir,
-                    seed=args.seed, checkpoint_every=args.checkpoint_every,
+                    seed=args.seed, checkpoint_every=args.checkpoint_every, frozen=args.frozen,
                     log=lambda message: print(message, flush=True))
     size = save_bundle(pipe, readout, frames, args.out)
     step = int(torch.load(_checkpoint_path(args.work_dir), weights_only=True)["step"])
     summary = {"init": args.init, "frames": len(frames), "starts": len(set(starts.tolist())),
                "first_start": int(starts.min()), "last_start": int(starts.max()), "steps": step,
-               "batch": args.batch, "lr": args.lr, "bundle_bytes": size}
+               "batch": args.batch, "lr": args.lr, "frozen_encoder": args.frozen, "bundle_bytes": size}
     summary_path(args.out).write_text(json.dumps(summary, indent=1) + "\n")
     print(f"saved {args.out} ({size / 1e6:.2f} MB) after {step} steps", flush=True)
     return 0

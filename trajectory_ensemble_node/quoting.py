@@ -64,7 +64,7 @@ def quote_value(value: Any, limit: int = QUOTE_CHARS, *, typed: bool = False) ->
     name = type(value).__name__
     try:
         text = repr(value)
-    except Exception:  # noqa: BLE001 - an int of 5,000 digits refuses repr; name its type instead
+    except ValueError:  # an int past sys.get_int_max_str_digits refuses repr; name its type instead
         return f"{name} too long to show"
     if len(text) > limit:
         return f"{name} starting {text[:limit]}..."

@@ -162,7 +162,7 @@ def test_cleanup_leaves_no_reference_to_the_model_and_returns_its_memory(tmp_pat
         node = TrajectoryEnsembleNode(context=context, namespace="/cleanup_test",
                                       parameter_overrides=[Parameter(k, value=v) for k, v in overrides.items()])
         try:
-            model = node.serving.model
+            model = node.host.model
             refs = [weakref.ref(model), weakref.ref(model.pipe), weakref.ref(model.pipe.transformer)]
             weights = sum(p.numel() * p.element_size() for p in model.pipe.transformer.parameters())
             del model
@@ -172,7 +172,7 @@ def test_cleanup_leaves_no_reference_to_the_model_and_returns_its_memory(tmp_pat
             node.trigger_cleanup()
             gc.collect()
             trim_heap()
-            assert node.lifecycle_state() == "unconfigured" and node.serving is None
+            assert node.lifecycle_state() == "unconfigured" and node.host is None
             assert [ref() for ref in refs] == [None, None, None]
             released = _rss_bytes()
             assert loaded - released > weights / 2, (before, loaded, released, weights)

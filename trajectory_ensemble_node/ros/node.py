@@ -109,7 +109,7 @@ class TrajectoryEnsembleNode(LifecycleNode):
         self.params = node_params.declare(self)
         p = self.params
         self.notice = model_notice(p.model)
-        self.serving: ModelHost | None = None
+        self.host: ModelHost | None = None
         self.readiness = READINESS_UNCONFIGURED
         self.configure_error: TrajectoryEnsembleError | None = None
         self._active = False
@@ -167,17 +167,17 @@ class TrajectoryEnsembleNode(LifecycleNode):
         p = self.params
         self._startup(f"loading model {p.model!r} on {p.device} ({p.dtype})")
         try:
-            serving = ModelHost(self, p, self._cb, simulated_time=self.simulated_time, log=self._startup,
+            host = ModelHost(self, p, self._cb, simulated_time=self.simulated_time, log=self._startup,
                               on_phase=self._set_readiness)
         except TrajectoryEnsembleError as error:
             self.configure_error, self.readiness = error, READINESS_UNCONFIGURED
             self.get_logger().error(f"configure failed: {describe_error(error)}")
             return TransitionCallbackReturn.FAILURE
-        self.serving, self.notice, self.configure_error = serving, serving.notice, None
+        self.host, self.notice, self.configure_error = host, host.notice, None
         self.readiness = READY
         warn_raw_reducer(self, p.reducer, p.action_stats_file)
         self._startup(f"configured: {p.domain_name} (width {p.action_dim}), chunk {p.chunk_size}, "
-                      f"{p.num_inference_steps} steps, {p.candidate_count}x {p.reducer}, device {serving.device}")
+                      f"{p.num_inference_steps} steps, {p.candidate_count}x {p.reducer}, device {host.device}")
         return TransitionCallbackReturn.SUCCESS
 
     def _set_readiness(self, readiness: str) -> None:
@@ -185,14 +185,14 @@ class TrajectoryEnsembleNode(LifecycleNode):
         self.publish_diagnostics()
 
     def on_activate(self, state: LifecycleState) -> TransitionCallbackReturn:
-        assert self.serving is not None
-        self.serving.subscribe()
+        assert self.host is not None
+        self.host.subscribe()
         self._active = True
         p = self.params
         self._startup(
-            f"ready: action {self.resolve_topic_name('~/generate_trajectory')}, images {self.serving.image_topics}, "
+            f"ready: action {self.resolve_topic_name('~/generate_trajectory')}, images {self.host.image_topics}, "
             f"{p.domain_name} (width {p.action_dim}), chunk {p.chunk_size}, {p.num_inference_steps} steps, "
-            f"{p.candidate_count}x {p.reducer}, goal_policy {p.goal_policy}, device {self.serving.device}"
+            f"{p.candidate_count}x {p.reducer}, goal_policy {p.goal_policy}, device {self.host.device}"
         )
         return TransitionCallbackReturn.SUCCESS
 
@@ -213,8 +213,8 @@ class TrajectoryEnsembleNode(LifecycleNode):
 
     def _stop_serving(self, state: GoalState, why: str) -> None:
         self._active = False
-        if self.serving is not None:
-            self.serving.unsubscribe()
+        if self.host is not None:
+            self.host.unsubscribe()
         stopped = self.tracker.stop_all(state, why)
         if stopped:
             self.get_logger().info(f"{why}: {stopped} goal(s) ended")
@@ -224,9 +224,9 @@ class TrajectoryEnsembleNode(LifecycleNode):
         self.tracker.stop_all(GoalState.INACTIVE, why)
         # The stopped goals' threads end at once (their groups are canceled); none touches the model after this.
         self.tracker.wait_idle(CLEANUP_WAIT_S)
-        serving, self.serving = self.serving, None
-        if serving is not None:
-            serving.release()
+        host, self.host = self.host, None
+        if host is not None:
+            host.release()
         self.readiness = READINESS_UNCONFIGURED
 
     def lifecycle_state(self) -> str:
@@ -235,7 +235,7 @@ class TrajectoryEnsembleNode(LifecycleNode):
 
     def _on_set_parameters(self, changes: Sequence[Any]) -> Any:
         return set_parameters(changes, sim_time=self.sim_time, logger=self.get_logger(),
-                              faults=self.serving.faults if self.serving is not None else None)
+                              faults=self.host.faults if self.host is not None else None)
 
     # --- action server ---------------------------------------------------------------------------------------------
 
@@ -264,52 +264,52 @@ class TrajectoryEnsembleNode(LifecycleNode):
 
     def _goal_stopped(self, record: GoalRecord) -> None:
         # A goal stopped from outside may be waiting for its frame: wake it (the tracker wakes its own waits).
-        serving = self.serving
-        if serving is not None:
-            serving.observations.wake_waiters()
+        host = self.host
+        if host is not None:
+            host.observations.wake_waiters()
 
-    def _start(self, goal_handle: ServerGoalHandle, record: GoalRecord, serving: ModelHost) -> None:
+    def _start(self, goal_handle: ServerGoalHandle, record: GoalRecord, host: ModelHost) -> None:
         """The one path from acceptance to the engine: validate, await the frame, build, admit, submit.
 
         Args:
             goal_handle (`ServerGoalHandle`): The accepted goal.
             record (`GoalRecord`): Its record; gets ``plan``, ``observation`` and the group handle.
-            serving (`ModelHost`): The configured model.
+            host (`ModelHost`): The configured model.
 
         Raises:
             TrajectoryEnsembleError: every refusal (before admission), and the stops (cancel, preemption, ...).
         """
-        record.plan = serving.plan(goal_handle.request)
+        record.plan = host.plan(goal_handle.request)
         warn_raw_reducer(self, record.plan.spec.reducer, self.params.action_stats_file)
         # Right after activation the camera has not been heard yet: wait for its first frame (startup_goal_wait_s).
-        self.first_observation.await_first(record.goal_id, serving.observations, stopped=record.stop_error)
+        self.first_observation.await_first(record.goal_id, host.observations, stopped=record.stop_error)
         wanted = record.plan.min_observation_stamp_ns
-        if wanted and not serving.observations.has_stamp(wanted):
-            serving.observations.wait_for_stamp(wanted, self.params.observation_wait_s, record.stop_error)
+        if wanted and not host.observations.has_stamp(wanted):
+            host.observations.wait_for_stamp(wanted, self.params.observation_wait_s, record.stop_error)
         # Everything that can refuse the goal runs before admission, so a bad goal never preempts a good one.
-        observation, request = serving.build(record)
+        observation, request = host.build(record)
         if self.tracker.admit(record):
             # It waited in the queue: decided again on the observation as it is now (it may refuse now, too).
-            observation, request = serving.build(record)
+            observation, request = host.build(record)
         record.observation = observation
-        record.attach(serving.model.submit_request(request))
+        record.attach(host.model.submit_request(request))
 
     def readiness_now(self) -> str:
         """``readiness`` as ``/diagnostics`` reports it: the configure phase, then what an active node waits for."""
-        serving = self.serving
-        if self.readiness != READY or not self._active or serving is None:
+        host = self.host
+        if self.readiness != READY or not self._active or host is None:
             return self.readiness
-        return readiness_text(serving.observations.silent())
+        return readiness_text(host.observations.silent())
 
     def _execute(self, goal_handle: ServerGoalHandle) -> GenerateTrajectory.Result:
         goal_id = goal_id_str(goal_handle.goal_id)
         record = self.tracker.find(goal_id) or self.tracker.register(goal_id)
-        serving = self.serving
+        host = self.host
         try:
-            if not self._active or serving is None:
+            if not self._active or host is None:
                 raise NotActiveError(goal_id, f"the node is {self.lifecycle_state()}, not active: goals are served "
                                               "once it is configured and activated")
-            self._start(goal_handle, record, serving)
+            self._start(goal_handle, record, host)
             assert record.handle is not None
             self._relay_feedback(goal_handle, record)
             stop = record.stop_error()
@@ -319,7 +319,7 @@ class TrajectoryEnsembleNode(LifecycleNode):
             stop = record.claim_success()
             if stop is not None:
                 raise stop  # stopped after the last step: never publish it
-            return self._succeed(goal_handle, record, serving, result)
+            return self._succeed(goal_handle, record, host, result)
         except Exception as error:  # noqa: BLE001 - whatever happens, the goal must reach a terminal state
             if not isinstance(error, TrajectoryEnsembleError):
                 self.get_logger().error(bound_text(f"goal {goal_id}: unexpected {type(error).__name__}: {error}"))
@@ -344,14 +344,14 @@ class TrajectoryEnsembleNode(LifecycleNode):
             goal_handle.publish_feedback(GenerateTrajectory.Feedback(
                 step=step, total_steps=steps, stage=event.stage, frozen_actions=frozen, guidance=guidance))
 
-    def _succeed(self, goal_handle: ServerGoalHandle, record: GoalRecord, serving: ModelHost,
+    def _succeed(self, goal_handle: ServerGoalHandle, record: GoalRecord, host: ModelHost,
                  result: EnsembleResult) -> GenerateTrajectory.Result:
         plan, observation = record.plan, record.observation
         assert plan is not None
-        trajectory, candidates = serving.outputs.publish(
-            result, observation, normalized=serving.model.normalizer_for(self.params.domain_name) is None,
+        trajectory, candidates = host.outputs.publish(
+            result, observation, normalized=host.model.normalizer_for(self.params.domain_name) is None,
             publish_candidates=plan.return_candidates or self.params.publish_candidates,
-            model_space=serving.model_space)
+            model_space=host.model_space)
         # goal_ms counts from acceptance, so executor scheduling delays show up in node_overhead_ms.
         goal_ms = (time.monotonic() - record.accepted) * 1000.0
         metrics = dict(result.metrics)
@@ -361,12 +361,12 @@ class TrajectoryEnsembleNode(LifecycleNode):
         metrics["observation_age_ms"] = observation.age_s * 1000.0
         decision = record.continuity
         status = metrics["continuity"] = decision.status if decision is not None else ""
-        serving.uncertainty_window.observe(metrics, continued=status == CONTINUED)
+        host.uncertainty_window.observe(metrics, continued=status == CONTINUED)
         if decision is not None and decision.latency_s is not None:
             metrics["frozen_latency_ms"] = decision.latency_s * 1000.0
         if decision is not None and decision.status not in (CONTINUED, NOT_REQUESTED):
             self.after_result.log(self.get_logger(), "info", f"goal {record.goal_id}: started fresh ({decision.status})")
-        serving.remember(record, result, metrics)
+        host.remember(record, result, metrics)
         context = decision.context if decision is not None else None
         response = success_result(trajectory, metrics, base_seed=result.base_seed,
                                   continuity_status=status,
@@ -412,10 +412,10 @@ class TrajectoryEnsembleNode(LifecycleNode):
             self.after_result.log(self.get_logger(), "warning",
                                   f"goal {record.goal_id} aborted ({ErrorCode(code).name}): {message}")
         plan, decision = record.plan, record.continuity
-        serving = self.serving
+        host = self.host
         # TOO_FEW_VALID_CANDIDATES says which checks dropped them.
         return failure_result(code, message, base_seed=plan.base_seed if plan else 0,
-                              weights_version=serving.model.weights_version if serving is not None else 0,
+                              weights_version=host.model.weights_version if host is not None else 0,
                               counts=getattr(error, "counts", None),
                               continuity_status=decision.status if decision is not None else NOT_SERVED)
 
@@ -423,15 +423,15 @@ class TrajectoryEnsembleNode(LifecycleNode):
 
     def _on_update_weights(self, request: UpdateWeights.Request, response: UpdateWeights.Response
                            ) -> UpdateWeights.Response:
-        serving = self.serving
-        if serving is None:
+        host = self.host
+        if host is None:
             response.success = False
             response.message = f"the node is {self.lifecycle_state()}: no model to update (configure it first)"
             return response
-        response = serve_update(serving.model, self.params, request, response, self.get_logger(),
+        response = serve_update(host.model, self.params, request, response, self.get_logger(),
                                 timeout=WEIGHT_UPDATE_TIMEOUT_S)
         # A chunk from the old weights is no policy's plan any more: the next continuation starts fresh.
-        if response.success and serving.memory.drop(WEIGHTS_UPDATED):
+        if response.success and host.memory.drop(WEIGHTS_UPDATED):
             self.get_logger().info("continuity: the remembered chunk is dropped (weights updated)")
         return response
 
@@ -441,13 +441,13 @@ class TrajectoryEnsembleNode(LifecycleNode):
         """Publish ``/diagnostics`` now (the 1 Hz timer; and :data:`AFTER_RESULT_S` after every goal)."""
         with self._lock:
             last_metrics, last_error = dict(self._last_metrics), self._last_error
-        if self.configure_error is not None and self.serving is None:
+        if self.configure_error is not None and self.host is None:
             last_error = f"configure failed: {describe_error(self.configure_error)}"
-        serving, p = self.serving, self.params
-        model = serving.model if serving is not None else None
-        observations = serving.observations if serving is not None else None
+        host, p = self.host, self.params
+        model = host.model if host is not None else None
+        observations = host.observations if host is not None else None
         inputs = DiagnosticsInputs(
-            node_name=self.get_name(), hardware_id=serving.device if serving is not None else p.device,
+            node_name=self.get_name(), hardware_id=host.device if host is not None else p.device,
             model=p.model, notice=self.notice,
             weights_version=model.weights_version if model is not None else 0,
             engine_alive=model.is_alive if model is not None else False,
@@ -481,10 +481,10 @@ class TrajectoryEnsembleNode(LifecycleNode):
         """Refuse new goals and end every running or waiting goal (SHUTDOWN); the engine thread stops."""
         self._active = False
         self.tracker.close()
-        serving = self.serving
-        if serving is None:
+        host = self.host
+        if host is None:
             return
         # On its own thread: the engine stops only after the step it is in (an encode can take seconds), and the
         # executor must keep spinning meanwhile so the goals' SHUTDOWN results reach their clients.
-        threading.Thread(target=serving.model.stop, kwargs={"timeout": 2.0}, name="engine-stop", daemon=True).start()
+        threading.Thread(target=host.model.stop, kwargs={"timeout": 2.0}, name="engine-stop", daemon=True).start()
 

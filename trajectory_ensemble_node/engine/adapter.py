@@ -53,8 +53,13 @@ class AdapterCapabilities:
 
 
 @runtime_checkable
-class GroupState(Protocol):
-    """Adapter-owned state of one admitted group (or one sequential-fallback part of it)."""
+class DenoiseState(Protocol):
+    """Adapter-owned denoising state of one admitted group (or one sequential-fallback part of it).
+
+    Its latents, velocities and stepper as the group steps; the engine holds it as ``GroupRun.state`` and hands it
+    back to the adapter. Not :class:`~trajectory_ensemble_node.engine.status.GroupStatus`, which says how far a group
+    got and how it ended.
+    """
 
     count: int
     step_index: int
@@ -63,7 +68,7 @@ class GroupState(Protocol):
 
 @dataclass(frozen=True)
 class Slice:
-    """Candidates ``[start, stop)`` of one group state, to be run in one physical forward."""
+    """Candidates ``[start, stop)`` of one group's denoise state, to be run in one physical forward."""
 
     state: Any
     start: int
@@ -111,7 +116,7 @@ class CandidateModelAdapter(Protocol):
     @property
     def weights_version(self) -> int: ...
 
-    def prepare(self, payload: Any, generators: Sequence[torch.Generator]) -> GroupState:
+    def prepare(self, payload: Any, generators: Sequence[torch.Generator]) -> DenoiseState:
         """Encode (or reuse) the payload's candidate-invariant conditioning; draw each candidate's noise."""
         ...
 
@@ -124,14 +129,14 @@ class CandidateModelAdapter(Protocol):
         """
         ...
 
-    def step(self, state: GroupState) -> None:
+    def step(self, state: DenoiseState) -> None:
         """Advance a group by one denoising step once all of its candidates' velocities are in."""
         ...
 
-    def finish(self, state: GroupState) -> CandidateOutput:
+    def finish(self, state: DenoiseState) -> CandidateOutput:
         """Post-process a finished group's candidates."""
         ...
 
-    def release(self, state: GroupState) -> None:
+    def release(self, state: DenoiseState) -> None:
         """Drop a group's buffers (called for finished, canceled and failed groups)."""
         ...

@@ -25,7 +25,7 @@ class GroupRun:
     sequential: bool
     submitted_ms: float
     admitted_ms: float = 0.0
-    state: Any = None
+    state: Any = None  # the adapter's DenoiseState, from its prepare
     part: int = 0  # sequential fallback: index of the candidate now running
     outputs: list[CandidateOutput] = field(default_factory=list)
     physical_forwards: int = 0

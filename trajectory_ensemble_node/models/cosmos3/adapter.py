@@ -66,7 +66,7 @@ class Cosmos3Request:
 
 
 @dataclass
-class Cosmos3GroupState:
+class Cosmos3DenoiseState:
     """Stacked candidate latents and stepper state of one admitted group."""
 
     request: Cosmos3Request
@@ -240,7 +240,7 @@ class Cosmos3Adapter:
                                             flow_shift=request.rollout.flow_shift, use_native_flow_schedule=native)
         return RolloutStepper(request.rollout, scheduler, conditioning, generators)
 
-    def prepare(self, payload: Cosmos3Request, generators: Sequence[torch.Generator]) -> Cosmos3GroupState:
+    def prepare(self, payload: Cosmos3Request, generators: Sequence[torch.Generator]) -> Cosmos3DenoiseState:
         conditioning = self.encode(payload)
         guidance = None
         if payload.context is not None:
@@ -253,7 +253,7 @@ class Cosmos3Adapter:
         # Built after the initial noise: rollout SDE noise continues each candidate's own generator stream.
         stepper = self.make_stepper(payload, conditioning, generators)
         branches = len(conditioning.branches)
-        state = Cosmos3GroupState(
+        state = Cosmos3DenoiseState(
             request=payload,
             conditioning=conditioning,
             stepper=stepper,
@@ -275,9 +275,9 @@ class Cosmos3Adapter:
         """
         dtype = self.model_dtype
         passes: tuple[list[PackItem], list[PackItem]] = ([], [])
-        targets: tuple[list[tuple[Cosmos3GroupState, int, int, int, torch.Tensor | None]], ...] = ([], [])
+        targets: tuple[list[tuple[Cosmos3DenoiseState, int, int, int, torch.Tensor | None]], ...] = ([], [])
         for piece in slices:
-            state: Cosmos3GroupState = piece.state
+            state: Cosmos3DenoiseState = piece.state
             timestep = state.stepper.timesteps[state.step_index].item()
             vision = state.vision[piece.start : piece.stop].to(device=self.device, dtype=dtype)
             leaf = None
@@ -318,7 +318,7 @@ class Cosmos3Adapter:
     def _run_pass(
         self,
         items: list[PackItem],
-        targets: list[tuple[Cosmos3GroupState, int, int, int, torch.Tensor | None]],
+        targets: list[tuple[Cosmos3DenoiseState, int, int, int, torch.Tensor | None]],
         should_abort: Callable[[], bool] | None,
     ) -> None:
         cache = self.prefix_cache
@@ -349,7 +349,7 @@ class Cosmos3Adapter:
     def _store(
         self,
         packed: Any,
-        targets: list[tuple[Cosmos3GroupState, int, int, int, torch.Tensor | None]],
+        targets: list[tuple[Cosmos3DenoiseState, int, int, int, torch.Tensor | None]],
         preds_vision: torch.Tensor,
         preds_action: torch.Tensor,
     ) -> None:
@@ -380,7 +380,7 @@ class Cosmos3Adapter:
         velocity_a[:, :, conditioning.raw_action_dim :] = 0
         return velocity_v.float(), velocity_a.float()
 
-    def combined_velocity(self, state: Cosmos3GroupState) -> tuple[torch.Tensor, torch.Tensor]:
+    def combined_velocity(self, state: Cosmos3DenoiseState) -> tuple[torch.Tensor, torch.Tensor]:
         """Classifier-free guidance over the stacked candidates (elementwise, as upstream)."""
         cond_v, cond_a = state.velocity_vision[0], state.velocity_action[0]
         if len(state.conditioning.branches) == 1:
@@ -389,7 +389,7 @@ class Cosmos3Adapter:
         uncond_v, uncond_a = state.velocity_vision[1], state.velocity_action[1]
         return uncond_v + scale * (cond_v - uncond_v), uncond_a + scale * (cond_a - uncond_a)
 
-    def step(self, state: Cosmos3GroupState) -> None:
+    def step(self, state: Cosmos3DenoiseState) -> None:
         velocity_v, velocity_a = self.combined_velocity(state)
         has_noisy_action = state.conditioning.has_noisy_action
         guidance = state.guidance
@@ -415,7 +415,7 @@ class Cosmos3Adapter:
         state.velocity_action = [None] * len(state.velocity_action)
         state.step_index += 1
 
-    def reschedule(self, state: Cosmos3GroupState, steps: int) -> None:
+    def reschedule(self, state: Cosmos3DenoiseState, steps: int) -> None:
         """Deadlines: before the first step, run the group with ``steps`` steps (the schedule of a ``steps`` request).
 
         Raises:
@@ -433,13 +433,13 @@ class Cosmos3Adapter:
         state.num_steps = steps
         state.anytime = True
 
-    def enable_anytime(self, state: Cosmos3GroupState) -> None:
+    def enable_anytime(self, state: Cosmos3DenoiseState) -> None:
         """Keep each step's clean-action estimate so the group can stop early (costs one ``[N, A, D]`` tensor)."""
         if state.request.rollout is not None:
             raise InvalidSpecError("a rollout cannot stop early: its log-probs need the full grid")
         state.anytime = True
 
-    def finish_now(self, state: Cosmos3GroupState) -> None:
+    def finish_now(self, state: Cosmos3DenoiseState) -> None:
         """Deadlines: end the group at the step just taken, its candidates being that step's clean estimate."""
         if state.clean_action is None:
             raise InvalidSpecError("no clean-action estimate to finish from (no step taken, or anytime was off)")
@@ -449,7 +449,7 @@ class Cosmos3Adapter:
         state.action = action
         state.num_steps = state.step_index
 
-    def finish(self, state: Cosmos3GroupState) -> CandidateOutput:
+    def finish(self, state: Cosmos3DenoiseState) -> CandidateOutput:
         candidates = state.action[:, :, : state.conditioning.raw_action_dim].detach().to("cpu", torch.float32)
         extras: dict[str, Any] = {"num_inference_steps": state.num_steps}
         if state.conditioning.state_clipped is not None:
@@ -471,7 +471,7 @@ class Cosmos3Adapter:
             )
         return CandidateOutput(candidates=candidates, extras=extras)
 
-    def release(self, state: Cosmos3GroupState) -> None:
+    def release(self, state: Cosmos3DenoiseState) -> None:
         state.velocity_vision = []
         state.velocity_action = []
         if self.prefix_cache is not None:

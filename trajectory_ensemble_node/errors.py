@@ -21,7 +21,7 @@ class AbortReason(str, enum.Enum):
     PREEMPTED = "preempted"
     FAILED = "failed"
     SHUTDOWN = "shutdown"
-    DEACTIVATED = "deactivated"
+    NOT_ACTIVE = "deactivated"  # the value is public: it ends the message of a group canceled this way
 
 
 class TrajectoryEnsembleError(Exception):
@@ -161,7 +161,7 @@ class NotActiveError(GroupAbortedError):
     """The node was not active when the goal came, or was deactivated (or cleaned up) before it finished."""
 
     code = ErrorCode.NOT_ACTIVE
-    reason = AbortReason.DEACTIVATED
+    reason = AbortReason.NOT_ACTIVE
 
 
 class WeightUpdateError(TrajectoryEnsembleError, ValueError):

@@ -54,7 +54,7 @@ def old_service_count(error: BaseException | None) -> str:
 _OLD_KIND_STATE = {"refusal": GoalState.REFUSED, "observation": GoalState.REFUSED,
                    "configuration": GoalState.REFUSED, "engine failure": GoalState.FAILED}
 _OLD_LIFECYCLE_STATE = {ErrorCode.CANCELED: GoalState.CANCELED, ErrorCode.PREEMPTED: GoalState.PREEMPTED,
-                        ErrorCode.SHUTDOWN: GoalState.SHUTDOWN, ErrorCode.NOT_ACTIVE: GoalState.INACTIVE}
+                        ErrorCode.SHUTDOWN: GoalState.SHUTDOWN, ErrorCode.NOT_ACTIVE: GoalState.NOT_ACTIVE}
 
 
 def old_terminal_state(code: int) -> GoalState:
@@ -69,14 +69,14 @@ def old_terminal_state(code: int) -> GoalState:
 OLD_OUTCOME_COUNTER = {
     GoalState.SUCCEEDED: "succeeded", GoalState.REFUSED: "aborted", GoalState.FAILED: "aborted",
     GoalState.CANCELED: "canceled", GoalState.PREEMPTED: "preempted", GoalState.SHUTDOWN: "aborted",
-    GoalState.INACTIVE: "aborted",
+    GoalState.NOT_ACTIVE: "aborted",
 }
 OLD_GOAL_OUTCOMES = ("succeeded", "aborted", "canceled", "preempted", "rejected")
 OLD_STOPS = {
     GoalState.CANCELED: (GroupCanceledError, AbortReason.CANCELED),
     GoalState.PREEMPTED: (GroupPreemptedError, AbortReason.PREEMPTED),
     GoalState.SHUTDOWN: (EngineShutdownError, AbortReason.SHUTDOWN),
-    GoalState.INACTIVE: (NotActiveError, AbortReason.DEACTIVATED),
+    GoalState.NOT_ACTIVE: (NotActiveError, AbortReason.NOT_ACTIVE),
 }
 
 

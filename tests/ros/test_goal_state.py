@@ -20,11 +20,11 @@ from trajectory_ensemble_node.ros.goal_state import (
 S = GoalState
 LEGAL = {
     (S.ACCEPTED, S.QUEUED), (S.ACCEPTED, S.RUNNING), (S.ACCEPTED, S.REFUSED), (S.ACCEPTED, S.FAILED),
-    (S.ACCEPTED, S.CANCELED), (S.ACCEPTED, S.PREEMPTED), (S.ACCEPTED, S.SHUTDOWN), (S.ACCEPTED, S.INACTIVE),
+    (S.ACCEPTED, S.CANCELED), (S.ACCEPTED, S.PREEMPTED), (S.ACCEPTED, S.SHUTDOWN), (S.ACCEPTED, S.NOT_ACTIVE),
     (S.QUEUED, S.RUNNING), (S.QUEUED, S.REFUSED), (S.QUEUED, S.FAILED), (S.QUEUED, S.CANCELED),
-    (S.QUEUED, S.SHUTDOWN), (S.QUEUED, S.INACTIVE),
+    (S.QUEUED, S.SHUTDOWN), (S.QUEUED, S.NOT_ACTIVE),
     (S.RUNNING, S.SUCCEEDED), (S.RUNNING, S.REFUSED), (S.RUNNING, S.FAILED), (S.RUNNING, S.CANCELED),
-    (S.RUNNING, S.PREEMPTED), (S.RUNNING, S.SHUTDOWN), (S.RUNNING, S.INACTIVE),
+    (S.RUNNING, S.PREEMPTED), (S.RUNNING, S.SHUTDOWN), (S.RUNNING, S.NOT_ACTIVE),
 }
 """Written out by hand, independently of TRANSITIONS: the lifecycle the node's docs describe."""
 
@@ -45,7 +45,7 @@ def test_the_table_is_the_documented_lifecycle():
     assert set(TRANSITIONS) == set(S)
     # A goal reaches a terminal state from every live state, and only RUNNING may succeed.
     for state in set(S) - TERMINAL:
-        assert {S.CANCELED, S.SHUTDOWN, S.INACTIVE, S.REFUSED, S.FAILED} <= TRANSITIONS[state]
+        assert {S.CANCELED, S.SHUTDOWN, S.NOT_ACTIVE, S.REFUSED, S.FAILED} <= TRANSITIONS[state]
     assert [a for a, b in LEGAL if b is S.SUCCEEDED] == [S.RUNNING]
     # Nothing goes back: no transition into ACCEPTED, none from QUEUED or RUNNING to an earlier state.
     assert all(b is not S.ACCEPTED for _, b in LEGAL)
@@ -60,7 +60,7 @@ def test_each_error_code_ends_a_goal_in_the_state_of_its_kind():
         if code == ErrorCode.OK:
             assert state is S.SUCCEEDED
         elif code == ErrorCode.NOT_ACTIVE:
-            assert state is S.INACTIVE
+            assert state is S.NOT_ACTIVE
         elif kinds[code.name] == "lifecycle":
             assert state.value == code.name.lower()  # CANCELED, PREEMPTED, SHUTDOWN
         elif kinds[code.name] == "engine failure":

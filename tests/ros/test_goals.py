@@ -179,11 +179,11 @@ def test_a_stop_that_came_first_names_the_end_and_a_later_one_is_refused():
     tracker.admit(record)
     handle = FakeHandle()
     record.attach(handle)
-    assert tracker.stop_all(GoalState.INACTIVE, "the node was deactivated") == 1
+    assert tracker.stop_all(GoalState.NOT_ACTIVE, "the node was deactivated") == 1
     assert handle.cancels == [("deactivated", "the node was deactivated")]
     assert isinstance(record.stop_error(), NotActiveError) and record.stop_error().code == ErrorCode.NOT_ACTIVE
     assert record.request_cancel() is False  # too late: it already ended
-    assert record.finish(ErrorCode.ENGINE_FAILURE) is GoalState.INACTIVE  # the engine's error does not rename it
+    assert record.finish(ErrorCode.ENGINE_FAILURE) is GoalState.NOT_ACTIVE  # the engine's error does not rename it
     assert isinstance(record.claim_success(), NotActiveError)
     with pytest.raises(ValueError, match="is stopped as one of"):
         tracker.register("B").stop(GoalState.SUCCEEDED, "no")

@@ -14,7 +14,7 @@ status                     finish reason    service count   goal counter    erro
 ``FINISHED_CANCELED``      ``CANCELED``     ``canceled``    ``canceled``    ``CANCELED``
 ``FINISHED_PREEMPTED``     ``PREEMPTED``    ``preempted``   ``preempted``   ``PREEMPTED``
 ``FINISHED_SHUTDOWN``      ``SHUTDOWN``     ``shutdown``    ``aborted``     ``SHUTDOWN``
-``FINISHED_DEACTIVATED``   ``DEACTIVATED``  ``failed``      ``aborted``     ``NOT_ACTIVE``
+``FINISHED_NOT_ACTIVE``    ``NOT_ACTIVE``   ``failed``      ``aborted``     ``NOT_ACTIVE``
 =========================  ===============  ==============  ==============  ===============================
 
 The service count is :meth:`~trajectory_ensemble_node.service.EnsembleService.outcome_counts`; the goal counter is the
@@ -50,7 +50,7 @@ class GroupStatus(str, enum.Enum):
     FINISHED_CANCELED = "finished_canceled"
     FINISHED_PREEMPTED = "finished_preempted"
     FINISHED_SHUTDOWN = "finished_shutdown"
-    FINISHED_DEACTIVATED = "finished_deactivated"
+    FINISHED_NOT_ACTIVE = "finished_deactivated"
 
     @property
     def finished(self) -> bool:
@@ -79,13 +79,13 @@ FINISHED = tuple(status for status in GroupStatus if status.finished)
 _REASONS = {
     GroupStatus.FINISHED_FAILED: AbortReason.FAILED, GroupStatus.FINISHED_CANCELED: AbortReason.CANCELED,
     GroupStatus.FINISHED_PREEMPTED: AbortReason.PREEMPTED, GroupStatus.FINISHED_SHUTDOWN: AbortReason.SHUTDOWN,
-    GroupStatus.FINISHED_DEACTIVATED: AbortReason.DEACTIVATED,
+    GroupStatus.FINISHED_NOT_ACTIVE: AbortReason.NOT_ACTIVE,
 }
 _SERVICE_COUNTER = {
     GroupStatus.FINISHED_SUCCEEDED: "succeeded", GroupStatus.FINISHED_REFUSED: "failed",
     GroupStatus.FINISHED_FAILED: "failed", GroupStatus.FINISHED_CANCELED: "canceled",
     GroupStatus.FINISHED_PREEMPTED: "preempted", GroupStatus.FINISHED_SHUTDOWN: "shutdown",
-    GroupStatus.FINISHED_DEACTIVATED: "failed",
+    GroupStatus.FINISHED_NOT_ACTIVE: "failed",
 }
 # Only a client's own cancel or a preemption is counted apart; every other goal that ended without a trajectory
 # is "aborted" (the action server's own word).
@@ -93,7 +93,7 @@ _GOAL_COUNTER = {
     GroupStatus.FINISHED_SUCCEEDED: "succeeded", GroupStatus.FINISHED_REFUSED: "aborted",
     GroupStatus.FINISHED_FAILED: "aborted", GroupStatus.FINISHED_CANCELED: "canceled",
     GroupStatus.FINISHED_PREEMPTED: "preempted", GroupStatus.FINISHED_SHUTDOWN: "aborted",
-    GroupStatus.FINISHED_DEACTIVATED: "aborted",
+    GroupStatus.FINISHED_NOT_ACTIVE: "aborted",
 }
 
 REJECTED = "rejected"
@@ -104,7 +104,7 @@ GOAL_COUNTERS = (*dict.fromkeys(status.goal_counter for status in FINISHED), REJ
 
 _BY_CODE = {ErrorCode.OK: GroupStatus.FINISHED_SUCCEEDED, ErrorCode.CANCELED: GroupStatus.FINISHED_CANCELED,
             ErrorCode.PREEMPTED: GroupStatus.FINISHED_PREEMPTED, ErrorCode.SHUTDOWN: GroupStatus.FINISHED_SHUTDOWN,
-            ErrorCode.NOT_ACTIVE: GroupStatus.FINISHED_DEACTIVATED}
+            ErrorCode.NOT_ACTIVE: GroupStatus.FINISHED_NOT_ACTIVE}
 _BY_KIND = {"refusal": GroupStatus.FINISHED_REFUSED, "observation": GroupStatus.FINISHED_REFUSED,
             "configuration": GroupStatus.FINISHED_REFUSED, "engine failure": GroupStatus.FINISHED_FAILED}
 _CODE_KIND = {name: kind for name, _, kind, _ in error_table()}
@@ -112,7 +112,7 @@ _CODE_KIND = {name: kind for name, _, kind, _ in error_table()}
 ABORT_ERRORS: dict[AbortReason, type[GroupAbortedError]] = {
     AbortReason.CANCELED: GroupCanceledError, AbortReason.PREEMPTED: GroupPreemptedError,
     AbortReason.FAILED: GroupFailedError, AbortReason.SHUTDOWN: EngineShutdownError,
-    AbortReason.DEACTIVATED: NotActiveError,
+    AbortReason.NOT_ACTIVE: NotActiveError,
 }
 """The named error a group aborted for each reason ends with."""
 

@@ -2,18 +2,18 @@
 
 Every accepted ``GenerateTrajectory`` goal is in exactly one :class:`GoalState`:
 
-============  ======================================================================================================
-``ACCEPTED``  the action server accepted it; it is being validated, or waits for its frame
-``QUEUED``    valid, and waiting for a slot (``goal_policy: queue``)
-``RUNNING``   admitted: its candidate group is submitted to the engine
-``SUCCEEDED`` committed to publishing its result; from here nothing can cancel or preempt it
-``REFUSED``   ended before any model work with a refusal, observation or configuration code
-``FAILED``    the engine failed its group (an engine-failure code); nothing was published
-``CANCELED``  the client canceled it
-``PREEMPTED`` a newer goal took its slot (``goal_policy: preempt``)
-``SHUTDOWN``  the node shut down first
-``INACTIVE``  the node was not active when it came, or was deactivated before it finished (lifecycle)
-============  ======================================================================================================
+==============  ====================================================================================================
+``ACCEPTED``    the action server accepted it; it is being validated, or waits for its frame
+``QUEUED``      valid, and waiting for a slot (``goal_policy: queue``)
+``RUNNING``     admitted: its candidate group is submitted to the engine
+``SUCCEEDED``   committed to publishing its result; from here nothing can cancel or preempt it
+``REFUSED``     ended before any model work with a refusal, observation or configuration code
+``FAILED``      the engine failed its group (an engine-failure code); nothing was published
+``CANCELED``    the client canceled it
+``PREEMPTED``   a newer goal took its slot (``goal_policy: preempt``)
+``SHUTDOWN``    the node shut down first
+``NOT_ACTIVE``  the node was not active when it came, or was deactivated before it finished (lifecycle)
+==============  ====================================================================================================
 
 The terminal states are the ways a goal ends, one for each finished
 :class:`~trajectory_ensemble_node.engine.status.GroupStatus` (vLLM's habit: one named reason for every way a request
@@ -44,15 +44,15 @@ class GoalState(str, enum.Enum):
     CANCELED = "canceled"
     PREEMPTED = "preempted"
     SHUTDOWN = "shutdown"
-    INACTIVE = "inactive"
+    NOT_ACTIVE = "inactive"
 
 
 TERMINAL = frozenset({GoalState.SUCCEEDED, GoalState.REFUSED, GoalState.FAILED, GoalState.CANCELED,
-                      GoalState.PREEMPTED, GoalState.SHUTDOWN, GoalState.INACTIVE})
+                      GoalState.PREEMPTED, GoalState.SHUTDOWN, GoalState.NOT_ACTIVE})
 """States a goal never leaves."""
 
 _ENDINGS = frozenset({GoalState.REFUSED, GoalState.FAILED, GoalState.CANCELED, GoalState.SHUTDOWN,
-                      GoalState.INACTIVE})
+                      GoalState.NOT_ACTIVE})
 """Ways any live goal can end: validation or its frame refuses it, an unexpected error fails it, the client cancels,
 the node stops or is deactivated."""
 
@@ -97,7 +97,7 @@ GOAL_STATE_OF: dict[GroupStatus, GoalState] = {
     GroupStatus.FINISHED_SUCCEEDED: GoalState.SUCCEEDED, GroupStatus.FINISHED_REFUSED: GoalState.REFUSED,
     GroupStatus.FINISHED_FAILED: GoalState.FAILED, GroupStatus.FINISHED_CANCELED: GoalState.CANCELED,
     GroupStatus.FINISHED_PREEMPTED: GoalState.PREEMPTED, GroupStatus.FINISHED_SHUTDOWN: GoalState.SHUTDOWN,
-    GroupStatus.FINISHED_DEACTIVATED: GoalState.INACTIVE,
+    GroupStatus.FINISHED_NOT_ACTIVE: GoalState.NOT_ACTIVE,
 }
 """The terminal goal state of each way a group ends: a goal's ending is its group's status seen from the node."""
 

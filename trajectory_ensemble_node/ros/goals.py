@@ -87,7 +87,7 @@ def plan_goal(
 _STOPS: dict[GoalState, tuple[type[GroupAbortedError], AbortReason]] = {
     GOAL_STATE_OF[status]: (ABORT_ERRORS[status.reason], status.reason) for status in (
         GroupStatus.FINISHED_CANCELED, GroupStatus.FINISHED_PREEMPTED, GroupStatus.FINISHED_SHUTDOWN,
-        GroupStatus.FINISHED_DEACTIVATED) if status.reason is not None
+        GroupStatus.FINISHED_NOT_ACTIVE) if status.reason is not None
 }
 """The states another thread can stop a goal in, with the error it ends with and the reason its group is canceled."""
 
@@ -173,7 +173,7 @@ class GoalRecord:
         """End the goal from outside its thread: cancel its group at the next step and wake its thread now.
 
         Args:
-            state (`GoalState`): ``CANCELED``, ``PREEMPTED``, ``SHUTDOWN`` or ``INACTIVE``.
+            state (`GoalState`): ``CANCELED``, ``PREEMPTED``, ``SHUTDOWN`` or ``NOT_ACTIVE``.
             why (`str`): The message the goal ends with.
 
         Returns:
@@ -358,7 +358,7 @@ class GoalTracker:
     # --- node -------------------------------------------------------------------------------------------------------
 
     def stop_all(self, state: GoalState, why: str) -> int:
-        """Stop every running or waiting goal (``SHUTDOWN`` or ``INACTIVE``); returns how many were stopped."""
+        """Stop every running or waiting goal (``SHUTDOWN`` or ``NOT_ACTIVE``); returns how many were stopped."""
         with self._cond:
             records = list(self._active.values())
         return sum(record.stop(state, why) for record in records)

@@ -197,7 +197,7 @@ class TrajectoryEnsembleNode(LifecycleNode):
         return TransitionCallbackReturn.SUCCESS
 
     def on_deactivate(self, state: LifecycleState) -> TransitionCallbackReturn:
-        self._stop_serving(GoalState.INACTIVE, "the node was deactivated")
+        self._stop_serving(GoalState.NOT_ACTIVE, "the node was deactivated")
         self._startup("deactivated: goals end NOT_ACTIVE until the node is activated again")
         return TransitionCallbackReturn.SUCCESS
 
@@ -221,7 +221,7 @@ class TrajectoryEnsembleNode(LifecycleNode):
 
     def _release(self, why: str) -> None:
         self._active = False
-        self.tracker.stop_all(GoalState.INACTIVE, why)
+        self.tracker.stop_all(GoalState.NOT_ACTIVE, why)
         # The stopped goals' threads end at once (their groups are canceled); none touches the model after this.
         self.tracker.wait_idle(CLEANUP_WAIT_S)
         host, self.host = self.host, None

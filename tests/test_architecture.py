@@ -5,12 +5,14 @@ lab, at module level or inside functions, by ``ast``) has no cycle, neither betw
 ``engine/`` imports no model package; ``models/`` imports neither the toy task, the node nor the tools; code outside
 ``models/cosmos3`` imports only what ``models.cosmos3`` exports; the product never imports the lab; only the node,
 the tools and the lab's ROS modules import rclpy; the two faces are apart (``openpi/`` never imports ``ros/``, nor
-``ros/`` ``openpi/``); and ``serving/``, the layer both faces share, imports neither face. No module stands a
-``SimpleNamespace`` in for a message.
+``ros/`` ``openpi/``, and neither imports ``fleet/``); ``serving/``, the layer both faces share, imports neither face;
+``remote/`` is a served model, not a face, and imports no face (``ros/``, ``openpi/``, ``fleet/``), nor does
+``wire/``, the codec and schemas they all speak; ``fleet/``, a backend of the OpenPI face, never imports ``ros/``. No
+module stands a ``SimpleNamespace`` in for a message.
 
-At run time: every module of the ROS-free packages (the core, ``serving/``, ``engine/``, ``models/``, ``openpi/``, the
-service and the catalog) imports in a fresh interpreter where any rclpy import fails, so not even a transitive import
-pulls it in. No list of exceptions inside ``ros/`` is kept: what needs no rclpy lives outside it.
+At run time: every module of the ROS-free packages (the core, ``serving/``, ``engine/``, ``models/``, ``wire/``,
+``openpi/``, ``remote/``, the service and the catalog) imports in a fresh interpreter where any rclpy import fails, so
+not even a transitive import pulls it in. No list of exceptions inside ``ros/`` is kept: what needs no rclpy lives outside it.
 """
 
 from __future__ import annotations
@@ -44,7 +46,10 @@ LAB_RCLPY_ALLOWED = ("bench.ros_floor", "bench.ros_overhead", "bench.closed_loop
 PUSHT_STACK = ("gym_pusht", "gymnasium", "pymunk", "pygame")
 """gym-pusht and what it brings: the lab's and ``make test``'s, never a dependency of the product's wheel."""
 
-ROS_FREE_PACKAGES = ("core", "serving", "engine", "models", "openpi", "remote", "service", "catalog")
+FACES = ("ros", "openpi", "fleet")
+"""The ways in (the node, ``serve-openpi``, and ``serve-ray`` in front of the OpenPI face): what ``remote/`` and
+``wire/`` never import."""
+ROS_FREE_PACKAGES = ("core", "serving", "engine", "models", "wire", "openpi", "remote", "service", "catalog")
 """Packages (as :func:`package_of` names them) whose every module imports with rclpy blocked."""
 
 
@@ -195,6 +200,15 @@ def violations(sources: Mapping[str, str]) -> list[str]:
                 found.append(f"{module} imports {target}: the node never imports the OpenPI face (faces apart)")
             if _within(module, "serving") and _within(target, "ros", "openpi"):
                 found.append(f"{module} imports {target}: serving/ is shared by the faces and imports neither")
+            if _within(module, "ros", "openpi") and _within(target, "fleet"):
+                found.append(f"{module} imports {target}: neither face imports fleet/ (a backend behind the OpenPI "
+                             "face)")
+            if _within(module, "remote") and _within(target, *FACES):
+                found.append(f"{module} imports {target}: remote/ is a served model, not a face; it imports no face")
+            if _within(module, "wire") and _within(target, *FACES, "remote"):
+                found.append(f"{module} imports {target}: wire/ is neutral ground; it imports no face nor remote/")
+            if _within(module, "fleet") and _within(target, "ros"):
+                found.append(f"{module} imports {target}: fleet/, a backend of the OpenPI face, never imports the node")
     found += [f"file cycle: {' <-> '.join(cycle)}" for cycle in file_cycles(graph)]
     return found
 
@@ -288,6 +302,45 @@ def test_the_faces_check_finds_planted_imports():
     assert f"{PACKAGE}.serving.params imports {PACKAGE}.ros.goals: serving/ is shared" in found
     assert f"{PACKAGE}.serving.planning imports {PACKAGE}.openpi.extras: serving/ is shared" in found
     assert f"{PACKAGE}.serving.frames imports rclpy" in found
+
+
+def test_the_served_model_and_backend_checks_find_planted_imports():
+    # Guards the guard: remote/ reaching each face, the wire package reaching a face or remote/, either face reaching
+    # fleet/, and fleet/ reaching the node, in the spellings the graph reads; fleet/ importing the OpenPI face (it
+    # is that face's backend) and everything importing wire/ stay allowed.
+    fake = {
+        PACKAGE: "",
+        f"{PACKAGE}.ros": "",
+        f"{PACKAGE}.ros.goals": "",
+        f"{PACKAGE}.ros.node": "from ..wire import codec\ndef f():\n    from ..fleet import backend\n",
+        f"{PACKAGE}.openpi": "",
+        f"{PACKAGE}.openpi.policy": "import trajectory_ensemble_node.fleet.protocol\n",
+        f"{PACKAGE}.openpi.server": "from ..wire import codec\n",
+        f"{PACKAGE}.fleet": "",
+        f"{PACKAGE}.fleet.backend": "from ..openpi.policy import Job\n",
+        f"{PACKAGE}.fleet.protocol": "from ..ros import goals\n",
+        f"{PACKAGE}.remote": "",
+        f"{PACKAGE}.remote.client": "from ..openpi import server\nfrom ..wire.codec import pack\n",
+        f"{PACKAGE}.remote.engine": "def f():\n    from trajectory_ensemble_node.ros.goals import x\n",
+        f"{PACKAGE}.remote.groups": "from ..fleet import protocol\n",
+        f"{PACKAGE}.wire": "",
+        f"{PACKAGE}.wire.codec": "",
+        f"{PACKAGE}.wire.schemas": "from ..openpi.policy import Job\nfrom ..remote import client\n",
+    }
+    found = violations(fake)
+    expected = [
+        f"{PACKAGE}.ros.node imports {PACKAGE}.fleet.backend: neither face imports fleet/",
+        f"{PACKAGE}.openpi.policy imports {PACKAGE}.fleet.protocol: neither face imports fleet/",
+        f"{PACKAGE}.remote.client imports {PACKAGE}.openpi.server: remote/ is a served model, not a face",
+        f"{PACKAGE}.remote.engine imports {PACKAGE}.ros.goals: remote/ is a served model, not a face",
+        f"{PACKAGE}.remote.groups imports {PACKAGE}.fleet.protocol: remote/ is a served model, not a face",
+        f"{PACKAGE}.wire.schemas imports {PACKAGE}.openpi.policy: wire/ is neutral ground",
+        f"{PACKAGE}.wire.schemas imports {PACKAGE}.remote.client: wire/ is neutral ground",
+        f"{PACKAGE}.fleet.protocol imports {PACKAGE}.ros.goals: fleet/, a backend of the OpenPI face, never imports",
+    ]
+    for line in expected:
+        assert sum(f.startswith(line) for f in found) == 1, (line, found)
+    assert not [f for f in found if f.startswith(f"{PACKAGE}.fleet.backend ") or "imports " + f"{PACKAGE}.wire" in f]
 
 
 # --- no message look-alikes -----------------------------------------------------------------------------------------
@@ -444,8 +497,8 @@ def ros_free_modules(sources: Mapping[str, str]) -> list[str]:
 def test_the_ros_free_packages_are_listed_whole():
     modules = ros_free_modules(package_sources())
     for expected in ("serving.params", "serving.planning", "serving.model_factory", "serving.observation_buffer",
-                     "openpi.cli", "openpi.server", "engine.scheduler", "models.cosmos3", "service", "catalog",
-                     "errors", "reducers"):
+                     "openpi.cli", "openpi.server", "wire.codec", "wire.schemas", "remote.client", "engine.scheduler",
+                     "models.cosmos3", "service", "catalog", "errors", "reducers"):
         assert f"{PACKAGE}.{expected}" in modules
     assert not [m for m in modules if _within(m, "ros", "tools", "toy")]
 

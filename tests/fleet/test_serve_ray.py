@@ -24,7 +24,8 @@ from _openpi_harness import raw_client, serving, toy_image, wait_until
 
 from trajectory_ensemble_node.errors import ErrorCode
 from trajectory_ensemble_node.fleet.protocol import REPLICA_ACTOR
-from trajectory_ensemble_node.openpi import OpenPIPolicy, parse_error_frame
+from trajectory_ensemble_node.openpi import OpenPIPolicy
+from trajectory_ensemble_node.wire.codec import parse_error_frame
 from trajectory_ensemble_node.serving.faults import STEP_DELAY_ENV
 from trajectory_ensemble_node.serving.model_factory import TESTING_ENV
 from trajectory_ensemble_node.serving.params import validate

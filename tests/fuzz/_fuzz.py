@@ -15,7 +15,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 
 from trajectory_ensemble_node.errors import ErrorCode, TrajectoryEnsembleError, describe_error
-from trajectory_ensemble_node.openpi import wire
+from trajectory_ensemble_node.wire import codec
 
 PROFILE_ENV = "TRAJECTORY_ENSEMBLE_FUZZ_PROFILE"
 COUNTS_ENV = "TRAJECTORY_ENSEMBLE_FUZZ_COUNTS"
@@ -73,7 +73,7 @@ large_bytes = LARGE_SIZES.map(lambda n: b"\x00\xff" * (n // 2))
 def check_reply_size(error: BaseException) -> str:
     """Fail unless the error frame of ``error`` (what a client of ``serve-openpi`` would get) is at most
     :data:`MAX_REFUSAL_BYTES`; returns the frame."""
-    frame = wire.error_frame(error)
+    frame = codec.error_frame(error)
     assert len(frame.encode()) <= MAX_REFUSAL_BYTES, \
         f"a {len(frame.encode())}-byte error frame: {frame[:200]}..."
     return frame

@@ -29,7 +29,7 @@ sys.path.insert(0, str(FUZZ))
 from _fuzz import COUNTS_ENV, EXAMPLES, PROFILE_ENV  # noqa: E402
 
 TARGETS = {
-    "wire": ("`test_fuzz_wire.py`", "`openpi/wire.py` `unpack`: random bytes, nested msgpack, 20,000-deep nesting, "
+    "wire": ("`test_fuzz_wire.py`", "`wire/codec.py` `unpack`: random bytes, nested msgpack, 20,000-deep nesting, "
              "huge container headers, ndarray/npgeneric maps with wrong dtype, shape and data"),
     "wire_arrays": ("`test_fuzz_wire.py`", "`unpack` of well-formed arrays of every accepted dtype: decoded exactly"),
     "schemas": ("`test_fuzz_schemas.py`", "`get_schema(name).parse` for `toy` and `droid` (both count here): wrong "

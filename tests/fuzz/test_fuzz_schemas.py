@@ -1,4 +1,4 @@
-"""Fuzz the OpenPI observation schemas (``openpi/schemas.py``): ``get_schema(name).parse`` for every schema.
+"""Fuzz the OpenPI observation schemas (``wire/schemas.py``): ``get_schema(name).parse`` for every schema.
 
 Requests are generated the way the wire hands them over (numpy arrays of the accepted dtypes, numpy scalars, plain
 msgpack values): the right keys with wrong types, dtypes and shapes, NaN/Inf state, ragged lists, tiny, thin and
@@ -21,7 +21,7 @@ from hypothesis.extra import numpy as hnp
 
 from trajectory_ensemble_node.errors import ErrorCode
 from trajectory_ensemble_node.openpi.extras import EXTRA_KEYS
-from trajectory_ensemble_node.openpi.schemas import SCHEMAS, ParsedObservation, get_schema
+from trajectory_ensemble_node.wire.schemas import SCHEMAS, ParsedObservation, get_schema
 from trajectory_ensemble_node.serving.input_limits import InputLimits
 
 pytestmark = pytest.mark.timeout(TIMEOUT_S)

@@ -24,8 +24,9 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from trajectory_ensemble_node.errors import ErrorCode, TrajectoryEnsembleError
-from trajectory_ensemble_node.openpi import OpenPIPolicy, OpenPIServer, ServerLimits, ServerThread, parse_error_frame
-from trajectory_ensemble_node.openpi import wire
+from trajectory_ensemble_node.openpi import OpenPIPolicy, OpenPIServer, ServerLimits, ServerThread
+from trajectory_ensemble_node.wire import codec
+from trajectory_ensemble_node.wire.codec import parse_error_frame
 from trajectory_ensemble_node.serving.params import validate
 from trajectory_ensemble_node.toy import heldout_scenes, render
 
@@ -114,7 +115,7 @@ def requests(draw: st.DrawFn) -> bytes:
     for key in draw(st.lists(st.text(max_size=10), max_size=1)) if not draw(st.integers(0, 3)) else ():
         request.setdefault(key, draw(junk))
     try:
-        return wire.pack(request)
+        return codec.pack(request)
     except (TypeError, ValueError, OverflowError):
         return msgpack.packb({"observation/image": 7})  # a value msgpack cannot carry: send something else wrong
 
@@ -169,5 +170,5 @@ def test_the_error_frame_of_any_named_error_reads_back_with_its_code() -> None:
     for code in ErrorCode:
         error = type("Named", (TrajectoryEnsembleError,), {"code": code})("message")
         assert check_named(error) == code
-        payload = parse_error_frame(wire.error_frame(error))
+        payload = parse_error_frame(codec.error_frame(error))
         assert (payload["error"], payload["code"]) == (code.name, int(code))

@@ -1,4 +1,4 @@
-"""Fuzz the OpenPI wire decoder (``openpi/wire.py:unpack``) with generated hostile frames.
+"""Fuzz the OpenPI wire decoder (``wire/codec.py:unpack``) with generated hostile frames.
 
 Random bytes, valid msgpack of arbitrary nested structure, deep nesting, containers whose headers declare more
 elements than the frame holds, and openpi-client's ``__ndarray__`` / ``__npgeneric__`` marker maps with wrong
@@ -23,7 +23,7 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from trajectory_ensemble_node.errors import ErrorCode
-from trajectory_ensemble_node.openpi import wire
+from trajectory_ensemble_node.wire import codec
 
 pytestmark = pytest.mark.timeout(TIMEOUT_S)  # a hang in the decoder fails here, not at the suite's 600 s
 
@@ -129,7 +129,7 @@ def _check_decoded(value: Any) -> None:
 
 def _unpack_outcome(frame: bytes | str) -> dict[str, Any] | None:
     try:
-        obj = wire.unpack(frame)
+        obj = codec.unpack(frame)
     except Exception as error:  # noqa: BLE001 - the property: only named errors
         check_named(error, WIRE_CODES)
         return None

@@ -14,7 +14,7 @@ import pytest
 from _openpi_harness import serving, toy_image
 
 from trajectory_ensemble_node.errors import ErrorCode
-from trajectory_ensemble_node.openpi import parse_error_frame
+from trajectory_ensemble_node.wire.codec import parse_error_frame
 
 websockets_sync = pytest.importorskip("websockets.sync.client")
 msgpack_numpy = pytest.importorskip("openpi_client.msgpack_numpy")

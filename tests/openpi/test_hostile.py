@@ -29,7 +29,7 @@ import pytest
 from _openpi_harness import raw_client, server_process, serving, toy_image, wait_until
 
 from trajectory_ensemble_node.errors import ErrorCode
-from trajectory_ensemble_node.openpi import parse_error_frame
+from trajectory_ensemble_node.wire.codec import parse_error_frame
 
 psutil = pytest.importorskip("psutil")
 msgpack_numpy = pytest.importorskip("openpi_client.msgpack_numpy")

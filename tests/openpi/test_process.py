@@ -21,7 +21,7 @@ websockets_sync = pytest.importorskip("websockets.sync.client")
 msgpack_numpy = pytest.importorskip("openpi_client.msgpack_numpy")
 from websockets.exceptions import ConnectionClosed
 
-from trajectory_ensemble_node.openpi import parse_error_frame
+from trajectory_ensemble_node.wire.codec import parse_error_frame
 from trajectory_ensemble_node.openpi.cli import EXIT_DEADLINE_S
 
 pytestmark = [

@@ -22,7 +22,7 @@ from trajectory_ensemble_node.errors import (
     UnknownReducerError,
 )
 from trajectory_ensemble_node.openpi.extras import EXTRA_KEYS, parse_extras, plan_request
-from trajectory_ensemble_node.openpi.schemas import DROID_VIEWS, compose_droid, get_schema
+from trajectory_ensemble_node.wire.schemas import DROID_VIEWS, compose_droid, get_schema
 from trajectory_ensemble_node.ros.goals import plan_goal
 from trajectory_ensemble_node.serving.input_limits import InputLimits
 from trajectory_ensemble_node.serving.params import validate

@@ -17,7 +17,9 @@ import pytest
 from _openpi_harness import raw_client, serving, toy_image, wait_until
 
 from trajectory_ensemble_node.errors import ErrorCode
-from trajectory_ensemble_node.openpi import OpenPIPolicy, get_schema, parse_error_frame
+from trajectory_ensemble_node.openpi import OpenPIPolicy
+from trajectory_ensemble_node.wire.codec import parse_error_frame
+from trajectory_ensemble_node.wire.schemas import get_schema
 
 websockets_sync = pytest.importorskip("websockets.sync.client")
 msgpack_numpy = pytest.importorskip("openpi_client.msgpack_numpy")

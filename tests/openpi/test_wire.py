@@ -13,7 +13,7 @@ from trajectory_ensemble_node.errors import (
     InvalidMessageError,
     UnknownReducerError,
 )
-from trajectory_ensemble_node.openpi import wire
+from trajectory_ensemble_node.wire import codec
 
 msgpack_numpy = pytest.importorskip("openpi_client.msgpack_numpy")
 
@@ -27,7 +27,7 @@ def test_what_openpi_client_packs_is_read_back_exactly():
         "seed": 2**64 - 1,
         "return_candidates": True,
     }
-    decoded = wire.unpack(msgpack_numpy.packb(obs))
+    decoded = codec.unpack(msgpack_numpy.packb(obs))
     assert decoded.keys() == obs.keys()
     np.testing.assert_array_equal(decoded["observation/image"], obs["observation/image"])
     assert decoded["observation/image"].dtype == np.uint8
@@ -40,7 +40,7 @@ def test_what_openpi_client_packs_is_read_back_exactly():
 def test_what_we_pack_openpi_client_unpacks_exactly():
     reply = {"actions": np.random.default_rng(0).standard_normal((8, 2)).astype(np.float32),
              "valid": np.array([True, False]), "base_seed": 7, "metrics": {"total_ms": 1.5, "fallback_reason": None}}
-    decoded = msgpack_numpy.unpackb(wire.pack(reply))
+    decoded = msgpack_numpy.unpackb(codec.pack(reply))
     np.testing.assert_array_equal(decoded["actions"], reply["actions"])
     assert decoded["actions"].dtype == np.float32 and decoded["valid"].tolist() == [True, False]
     assert decoded["base_seed"] == 7 and decoded["metrics"] == {"total_ms": 1.5, "fallback_reason": None}
@@ -48,7 +48,7 @@ def test_what_we_pack_openpi_client_unpacks_exactly():
 
 def test_markers_spelled_as_text_keys_are_read_too():
     frame = msgpack.packb({"a": {"__ndarray__": True, "data": b"\x01\x02", "dtype": "|u1", "shape": [2]}})
-    np.testing.assert_array_equal(wire.unpack(frame)["a"], np.array([1, 2], np.uint8))
+    np.testing.assert_array_equal(codec.unpack(frame)["a"], np.array([1, 2], np.uint8))
 
 
 def _array(dtype: str, shape, data: bytes) -> bytes:
@@ -71,30 +71,30 @@ def _array(dtype: str, shape, data: bytes) -> bytes:
 ])
 def test_a_malformed_frame_is_a_named_error_quoting_what_was_wrong(frame, quoted):
     with pytest.raises(InvalidMessageError) as caught:
-        wire.unpack(frame)
+        codec.unpack(frame)
     assert quoted in str(caught.value)
     assert caught.value.code == ErrorCode.INVALID_MESSAGE
 
 
 def test_an_array_from_the_wire_is_a_copy_free_read_only_view():
     # Nothing downstream may write into the message's buffer.
-    decoded = wire.unpack(msgpack_numpy.packb({"x": np.zeros(3, np.float32)}))["x"]
+    decoded = codec.unpack(msgpack_numpy.packb({"x": np.zeros(3, np.float32)}))["x"]
     assert not decoded.flags.writeable
 
 
 def test_the_error_frame_names_the_code_and_quotes_the_message_but_never_a_traceback():
-    frame = json.loads(wire.error_frame(UnknownReducerError("unknown reducer 'nope'")))
+    frame = json.loads(codec.error_frame(UnknownReducerError("unknown reducer 'nope'")))
     assert frame == {"error": "UNKNOWN_REDUCER", "code": 12, "type": "UnknownReducerError",
                      "message": "unknown reducer 'nope'"}
     try:
         raise KeyError("secret internal detail")
     except KeyError as error:
-        internal = wire.parse_error_frame(wire.error_frame(error))
+        internal = codec.parse_error_frame(codec.error_frame(error))
     assert internal["error"] == "ENGINE_FAILURE" and "secret" not in json.dumps(internal)
     assert "Traceback" not in json.dumps(internal)
 
 
-LIMITS = wire.DecodeLimits.for_request(keys=12, max_message_bytes=16 * 2**20, max_image_bytes=1000)
+LIMITS = codec.DecodeLimits.for_request(keys=12, max_message_bytes=16 * 2**20, max_image_bytes=1000)
 
 
 @pytest.mark.parametrize(("frame", "quoted"), [
@@ -108,7 +108,7 @@ LIMITS = wire.DecodeLimits.for_request(keys=12, max_message_bytes=16 * 2**20, ma
 ])
 def test_a_frame_past_a_decoding_bound_is_refused_naming_the_bound(frame, quoted):
     with pytest.raises(InvalidMessageError) as caught:
-        wire.unpack(frame, LIMITS)
+        codec.unpack(frame, LIMITS)
     assert quoted in str(caught.value) and caught.value.code == ErrorCode.INVALID_MESSAGE
 
 
@@ -118,6 +118,6 @@ def test_what_a_droid_client_sends_fits_the_bounds_derived_for_its_schema():
            "observation/wrist_image_left": np.zeros((180, 320, 3), np.uint8),
            "observation/joint_position": [0.1] * 7, "observation/gripper_position": np.zeros(1),
            "prompt": "pick up the cup", "session_id": "ep-1", "seed": 3, "num_candidates": 8}
-    limits = wire.DecodeLimits.for_request(keys=18, max_message_bytes=16 * 2**20, max_image_bytes=64 * 2**20)
-    decoded = wire.unpack(msgpack_numpy.packb(obs), limits)
+    limits = codec.DecodeLimits.for_request(keys=18, max_message_bytes=16 * 2**20, max_image_bytes=64 * 2**20)
+    decoded = codec.unpack(msgpack_numpy.packb(obs), limits)
     assert decoded.keys() == obs.keys() and decoded["observation/joint_position"] == [0.1] * 7

@@ -14,7 +14,9 @@ import pytest
 from _openpi_harness import serving, toy_image
 
 from trajectory_ensemble_node.errors import ErrorCode
-from trajectory_ensemble_node.openpi import OpenPIPolicy, get_schema, parse_error_frame
+from trajectory_ensemble_node.openpi import OpenPIPolicy
+from trajectory_ensemble_node.wire.codec import parse_error_frame
+from trajectory_ensemble_node.wire.schemas import get_schema
 from trajectory_ensemble_node.serving.input_limits import MIN_IMAGE_SIDE, min_image_side
 
 websockets_sync = pytest.importorskip("websockets.sync.client")

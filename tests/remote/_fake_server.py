@@ -17,7 +17,7 @@ import numpy as np
 from websockets.frames import Opcode
 from websockets.server import ServerProtocol
 
-from trajectory_ensemble_node.openpi import wire
+from trajectory_ensemble_node.wire import codec
 from trajectory_ensemble_node.seeding import candidate_seeds
 
 
@@ -35,7 +35,7 @@ class FakeConnection:
         while True:
             for event in self.protocol.events_received():
                 if getattr(event, "opcode", None) == Opcode.BINARY:
-                    return wire.unpack(event.data)
+                    return codec.unpack(event.data)
             try:
                 data = self.sock.recv(1 << 16)
             except OSError:
@@ -74,7 +74,7 @@ def good_reply(request: dict[str, Any], shape: tuple[int, int], **overrides: Any
         reply["candidates"] = np.zeros((count, *shape), np.float32)
         reply["valid"] = np.ones(count, bool)
     reply.update(overrides)
-    return wire.pack(reply)
+    return codec.pack(reply)
 
 
 class FakeServer:
@@ -86,7 +86,7 @@ class FakeServer:
     """
 
     def __init__(self, metadata: dict[str, Any], behaviour: Behaviour, port: int = 0) -> None:
-        self.metadata, self.behaviour = wire.pack(metadata), behaviour
+        self.metadata, self.behaviour = codec.pack(metadata), behaviour
         self.listener = socket.create_server(("127.0.0.1", port))
         self.port = self.listener.getsockname()[1]
         self.stop = threading.Event()

@@ -175,8 +175,8 @@ HOSTILE = {
 
 
 def wire_pack(value: Any) -> bytes:
-    from trajectory_ensemble_node.openpi import wire
-    return wire.pack(value)
+    from trajectory_ensemble_node.wire import codec
+    return codec.pack(value)
 
 
 @pytest.mark.parametrize("case", sorted(HOSTILE))

@@ -17,7 +17,7 @@ from trajectory_ensemble_node.errors import (
     RemoteRefusalError,
     RemoteSchemaError,
 )
-from trajectory_ensemble_node.openpi import wire
+from trajectory_ensemble_node.wire import codec
 from trajectory_ensemble_node.openpi.extras import parse_extras
 from trajectory_ensemble_node.remote.client import check_metadata, error_from_frame, samples_per_request
 from trajectory_ensemble_node.remote.groups import context_extra
@@ -36,7 +36,7 @@ def test_the_context_extra_becomes_the_execution_context_it_describes():
     assert (got.previous_stamp, got.stamp, got.dt, got.frozen, got.guidance) == (10.0, 10.25, 0.125, 1, "mask")
     assert got.shift == 2
     # What the node sends is what the server reads back, bit for bit.
-    again = parse_extras(wire.unpack(wire.pack({"context": context_extra(got)}))).context
+    again = parse_extras(codec.unpack(codec.pack({"context": context_extra(got)}))).context
     assert torch.equal(again.previous, got.previous)
     assert (again.previous_stamp, again.stamp, again.dt, again.frozen, again.guidance, again.max_guidance_weight) == (
         got.previous_stamp, got.stamp, got.dt, got.frozen, got.guidance, got.max_guidance_weight)
@@ -66,9 +66,9 @@ def test_a_context_is_no_map_or_combined_with_continue_previous_is_refused():
 
 
 def test_error_frames_come_back_as_the_class_and_code_the_server_sent():
-    canceled = error_from_frame(wire.error_frame(GroupCanceledError("g-1", "client went away")), "g-1")
+    canceled = error_from_frame(codec.error_frame(GroupCanceledError("g-1", "client went away")), "g-1")
     assert type(canceled) is GroupCanceledError and canceled.request_id == "g-1"
-    long = error_from_frame(wire.error_frame(InstructionTooLongError("too long")), "g-2")
+    long = error_from_frame(codec.error_frame(InstructionTooLongError("too long")), "g-2")
     assert type(long) is InstructionTooLongError and str(long) == "too long"
     unknown = error_from_frame('{"error": "X", "code": 17, "type": "SomeOtherError", "message": "m"}', "g-3")
     assert type(unknown) is RemoteRefusalError and unknown.code == ErrorCode.UNAUTHORIZED

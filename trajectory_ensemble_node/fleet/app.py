@@ -28,11 +28,11 @@ from ..catalog import model_notice
 from ..errors import ParameterError
 from ..openpi.cli import API_KEY_ENV, check_bind, ready_line
 from ..openpi.policy import OpenPIPolicy
-from ..openpi.schemas import get_schema
 from ..openpi.server import OpenPIServer, ServerLimits, ServerThread
 from ..serving import model_factory
 from ..serving import params as node_params
 from ..serving.params_file import read_params_file
+from ..wire.schemas import get_schema
 from .backend import RayBackend
 from .replica import EngineReplica
 

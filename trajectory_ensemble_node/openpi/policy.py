@@ -45,7 +45,7 @@ from ..serving.input_limits import InputLimits, TokenCounter, check_instruction,
 from ..serving.planning import GoalPlan
 from ..uncertainty import UncertaintyReport
 from .extras import EXTRA_KEYS, RequestExtras, parse_extras, plan_request
-from .schemas import ObservationSchema, ParsedObservation, get_schema
+from ..wire.schemas import ObservationSchema, ParsedObservation, get_schema
 from .sessions import Caller, SessionKey, SessionStore, decide, remember, session_key
 
 SERVER_NAME = "trajectory_ensemble"

@@ -14,7 +14,8 @@ engine's thread:
   run one after another (a client that sends several before reading gets its replies in that order). Its sessions
   are its owner's, private to it unless a request asks for ``session_scope: "key"`` (docs/security.md).
 - **Decoding** runs on a small pool of its own, never on the event loop nor the build thread, within bounds derived
-  from the schema and the limits (:class:`.wire.DecodeLimits`): a hostile frame costs about what a normal one does.
+  from the schema and the limits (:class:`~..wire.codec.DecodeLimits`): a hostile frame costs about what a normal
+  one does.
 - **Co-batching**: requests of different connections are submitted to the one engine as they come, up to
   ``max_concurrent`` at once, so they share physical forwards (the engine packs unrelated groups into one batch per
   denoising step, each token at its own timestep). Up to ``max_queued`` more wait in arrival order; past that a
@@ -36,8 +37,8 @@ engine's thread:
   the process has exited, a connect is refused by the host. The engine itself belongs to the caller (``serve-openpi``
   stops it after :meth:`~OpenPIServer.run`).
 
-Errors are text frames (:func:`.wire.error_frame`); the connection stays open for the next request. No traceback is
-ever sent.
+Errors are text frames (:func:`~..wire.codec.error_frame`); the connection stays open for the next request. No
+traceback is ever sent.
 """
 
 from __future__ import annotations
@@ -71,7 +72,7 @@ from ..errors import (
 )
 from ..quoting import bound_text, quote_value
 from ..serving.params import NodeParams
-from . import wire
+from ..wire import codec
 from .connections import ConnectionTable, KeyRing
 from .gate import AdmissionGate, InboundBudget
 from .extras import EXTRA_KEYS
@@ -172,7 +173,7 @@ class OpenPIServer:
         self.keys = KeyRing([api_key] if isinstance(api_key, str) else list(api_key or ()))
         self.connections = ConnectionTable(limits.max_connections, limits.max_connections_per_client,
                                            limits.handshake_idle_s)
-        self.decode_limits = wire.DecodeLimits.for_request(
+        self.decode_limits = codec.DecodeLimits.for_request(
             keys=len(policy.schema.keys()) + len(EXTRA_KEYS), max_message_bytes=limits.max_message_bytes,
             max_image_bytes=policy.params.max_image_bytes)
         self.gate = AdmissionGate(limits.max_concurrent, limits.max_queued)
@@ -188,7 +189,7 @@ class OpenPIServer:
         self._builder = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="openpi-build")
         self._decoder = concurrent.futures.ThreadPoolExecutor(max_workers=DECODE_THREADS,
                                                               thread_name_prefix="openpi-decode")
-        self._metadata = wire.pack(policy.metadata(asdict(limits)))
+        self._metadata = codec.pack(policy.metadata(asdict(limits)))
 
     def stats(self) -> dict[str, Any]:
         """Counts of the server (connections, requests, replies, error frames, refusals) and of the engine's groups.
@@ -319,7 +320,7 @@ class OpenPIServer:
                     del raw
                     self.counts["error_frames"] += 1
                     self.counts["refused_inbound"] += 1
-                    await ws.send(wire.error_frame(self.inbound.refusal()))
+                    await ws.send(codec.error_frame(self.inbound.refusal()))
                     continue
                 size = len(raw)
                 self.inbound.take(size)
@@ -378,11 +379,11 @@ class OpenPIServer:
         closed = asyncio.ensure_future(ws.wait_closed())
         try:
             # Off the loop: even a bounded decode of a large frame must not delay health checks or other clients.
-            obs = await asyncio.get_running_loop().run_in_executor(self._decoder, wire.unpack, raw,
-                                                                   self.decode_limits)
+            obs = await asyncio.get_running_loop().run_in_executor(self._decoder, codec.unpack, raw,
+                                                                    self.decode_limits)
             del raw  # the frame's bytes go now; the inbound budget counts them until the request is answered
             if obs.get("endpoint") == "reset":
-                return wire.pack(self.policy.reset(obs, caller=caller))
+                return codec.pack(self.policy.reset(obs, caller=caller))
             job = self.policy.prepare(obs, request_id=request_id, caller=caller, arrival=started)
             if self._stopping:
                 raise EngineShutdownError(request_id, "the server is shutting down; nothing was served")
@@ -417,15 +418,15 @@ class OpenPIServer:
                 timing["prev_total_ms"] = previous_total_ms
             reply["server_timing"] = timing
             self.counts["replies"] += 1
-            return wire.pack(reply)
+            return codec.pack(reply)
         except TrajectoryEnsembleError as error:
             self.counts["error_frames"] += 1
             logger.info("openpi: %s refused: %s: %s", request_id, type(error).__name__, bound_text(str(error)))
-            return wire.error_frame(error)
+            return codec.error_frame(error)
         except Exception as error:
             self.counts["error_frames"] += 1
             logger.exception("openpi: %s failed unexpectedly", request_id)
-            return wire.error_frame(error)
+            return codec.error_frame(error)
         finally:
             closed.cancel()
             self._inflight -= 1

@@ -3,9 +3,9 @@
 One :class:`Connection` per request in flight: the wire answers the requests of one connection in order, and aborting
 a connection is how a request is canceled (the server cancels the group of a client that left and counts it as
 ``canceled_on_disconnect``). A connection is never closed politely: a close handshake waits on the server, and a
-frozen server would add its whole close timeout to a deadline, a timeout or a cancel; the TCP connection is aborted. The codec is the server's own (:mod:`..openpi.wire`), the key goes in ``Authorization:
-Api-Key <key>``, and the handshake metadata is checked against the node's parameters (:func:`check_metadata`) before
-anything is sent.
+frozen server would add its whole close timeout to a deadline, a timeout or a cancel; the TCP connection is aborted.
+The codec is the server's own (:mod:`..wire.codec`), the key goes in ``Authorization: Api-Key <key>``, and the
+handshake metadata is checked against the node's parameters (:func:`check_metadata`) before anything is sent.
 
 Every failure is a named error: the server's own refusals come back as the class and code its error frame names
 (:func:`error_from_frame`); the network's are :class:`~..errors.RemoteUnreachableError` (connect or handshake),
@@ -44,15 +44,15 @@ from ..errors import (
     TrajectoryEnsembleError,
     rebuild_error,
 )
-from ..openpi import wire
 from ..quoting import QUOTE_CHARS, bound_text, quote_value
-from ..openpi.schemas import get_schema
 from ..serving.params import NodeParams
+from ..wire import codec
+from ..wire.schemas import get_schema
 
 logger = logging.getLogger(__name__)
 
-REPLY_LIMITS = wire.DecodeLimits(max_map_len=4096, max_array_len=4096, max_str_len=64 * 1024 * 1024,
-                                 max_bin_len=256 * 1024 * 1024, max_entries=1 << 20, max_depth=8)
+REPLY_LIMITS = codec.DecodeLimits(max_map_len=4096, max_array_len=4096, max_str_len=64 * 1024 * 1024,
+                                  max_bin_len=256 * 1024 * 1024, max_entries=1 << 20, max_depth=8)
 """Bounds of a reply frame: a reply carries a metrics map, seeds and ``[N, H, D]`` candidates, larger than a
 request's, but still from a server this node was configured to trust."""
 MAX_REPLY_BYTES = 16 * 1024 * 1024
@@ -77,11 +77,11 @@ def error_from_frame(text: str, request_id: str) -> TrajectoryEnsembleError:
     """The named error a server's text frame reports, as the same class and code where this package has it.
 
     Args:
-        text (`str`): The text frame (:func:`~..openpi.wire.error_frame`'s JSON).
+        text (`str`): The text frame (:func:`~..wire.codec.error_frame`'s JSON).
         request_id (`str`): The group it ended (for the group errors, which carry one).
     """
     try:
-        frame = wire.parse_error_frame(text)
+        frame = codec.parse_error_frame(text)
     except ValueError:
         return RemoteRefusalError(int(ErrorCode.ENGINE_FAILURE), "UnknownFrame", quote_value(text, 200))
     # The server's words, bounded: a hostile one may send megabytes.
@@ -204,7 +204,7 @@ class Connection:
         """
         deadline = time.monotonic() + max(timeout_s, 0.0)
         try:
-            self.ws.send(wire.pack(dict(obs)))
+            self.ws.send(codec.pack(dict(obs)))
             raw = self._receive(deadline, timeout_s, request_id)
         except TrajectoryEnsembleError:
             raise  # named already (RemoteTimeoutError is an OSError too)
@@ -214,7 +214,7 @@ class Connection:
         if isinstance(raw, str):
             raise error_from_frame(raw, request_id)
         try:
-            return wire.unpack(raw, REPLY_LIMITS)
+            return codec.unpack(raw, REPLY_LIMITS)
         except InvalidMessageError as error:
             raise RemoteSchemaError(f"request {request_id}: the reply of {self.url} is no reply frame: "
                                     f"{bound_text(str(error))}") from None
@@ -313,7 +313,7 @@ def open_connection(url: str, *, api_key: str | None, timeout_s: float,
         if isinstance(raw, str):
             raise RemoteUnreachableError(f"the remote engine at {url} sent a text frame instead of its metadata: "
                                          f"{quote_value(raw, 200)}")
-        metadata = wire.unpack(raw, REPLY_LIMITS)
+        metadata = codec.unpack(raw, REPLY_LIMITS)
     except (TimeoutError, ConnectionClosed, OSError, TrajectoryEnsembleError) as error:
         connection = Connection(ws, {}, url, max_reply_bytes)
         connection.abort()

@@ -42,13 +42,13 @@ from ..errors import (
     RemoteUnreachableError,
     TrajectoryEnsembleError,
 )
-from ..openpi.schemas import get_schema
 from ..quoting import bound_text
 from ..reducers import available_reducers, get_reducer
 from ..safety import load_limits
 from ..seeding import candidate_seeds, fresh_base_seed
 from ..serving.params import NodeParams
 from ..serving.startup_checks import load_action_stats, load_uncertainty_threshold
+from ..wire.schemas import get_schema
 from .client import Connection, check_metadata, max_reply_bytes, open_connection, samples_per_request
 from .groups import RemotePayload, check_actions, reduce_samples, request_frame, result_from_reply
 

@@ -35,6 +35,7 @@ class ErrorCode(enum.IntEnum):
     INVALID_FRAME = 23
     OBSERVATION_NOT_RECEIVED = 24
     OBSERVATION_SCHEMA = 25
+    STATE_SKEW = 26
     # Model / engine (ROLLOUT_FAILURE and UNSUPPORTED_MODE are refusals: nothing was run).
     NON_FINITE_CANDIDATES = 30
     ENGINE_FAILURE = 31
@@ -106,8 +107,11 @@ _TABLE: dict[ErrorCode, tuple[str, str]] = {
     ErrorCode.OBSERVATION_NOT_RECEIVED: ("observation", "No frame stamped at or after the goal's "
                                                         "min_observation_stamp arrived within observation_wait_s."),
     ErrorCode.OBSERVATION_SCHEMA: ("observation", "An OpenPI request misses a key its observation schema needs, has a "
-                                                  "key it does not know, or an array of the wrong dtype or shape; "
-                                                  "nothing was run."),
+                                                  "key it does not know, or an array of the wrong dtype or shape (or "
+                                                  "the node's joint state lacks a joint the model reads); nothing was "
+                                                  "run."),
+    ErrorCode.STATE_SKEW: ("observation", "The joint state nearest the image's stamp is further from it than "
+                                          "max_state_skew_s (a model that takes state); nothing was run."),
     ErrorCode.NON_FINITE_CANDIDATES: ("engine failure", "The model produced NaN or Inf actions; nothing was "
                                                         "published."),
     ErrorCode.ENGINE_FAILURE: ("engine failure", "The model failed while running the goal; nothing was published."),

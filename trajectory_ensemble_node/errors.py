@@ -288,6 +288,13 @@ class NonFiniteStateError(ObservationError):
     code = ErrorCode.NON_FINITE_STATE
 
 
+class StateSkewError(ObservationError):
+    """The joint state nearest the image's stamp is further from it than ``max_state_skew_s``: state and image would
+    not be of the same moment."""
+
+    code = ErrorCode.STATE_SKEW
+
+
 # --- the OpenPI websocket server (openpi/) --------------------------------------------------------------------------
 
 

@@ -62,7 +62,8 @@ def _expected_stamps(frames: list[tuple[int, int]]) -> list[int]:
 
 
 class _StandIn:
-    """Serves GenerateTrajectory under ``/standin`` from the latest image stamp, publishing like the node does."""
+    """Serves GenerateTrajectory under ``/standin`` from the latest image stamp, publishing like the node does; records
+    the joint states it receives, and refuses the goals listed in ``refuse`` (goal index -> error code) once each."""
 
     def __init__(self) -> None:
         import rclpy
@@ -70,7 +71,7 @@ class _StandIn:
         from rclpy.callback_groups import ReentrantCallbackGroup
         from rclpy.executors import MultiThreadedExecutor
         from rclpy.qos import qos_profile_sensor_data
-        from sensor_msgs.msg import Image
+        from sensor_msgs.msg import Image, JointState
         from trajectory_ensemble_msgs.action import GenerateTrajectory
         from trajectory_ensemble_msgs.msg import ActionTrajectory, CandidateArray
 
@@ -80,8 +81,13 @@ class _StandIn:
         self.node = rclpy.create_node("standin", namespace="/", context=self.context)
         self.latest: Any = None
         self.goals: list[Any] = []
+        self.states: list[tuple[int, list[str], list[float]]] = []
+        self.refuse: dict[int, int] = {}
         group = ReentrantCallbackGroup()
         self.node.create_subscription(Image, "/standin/observation/image", self._on_image, qos_profile_sensor_data)
+        self.node.create_subscription(
+            JointState, "/standin/observation/state",
+            lambda m: self.states.append((bags.stamp_ns(m), list(m.name), list(m.position))), qos_profile_sensor_data)
         self.traj_pub = self.node.create_publisher(ActionTrajectory, "/standin/trajectory", 10)
         self.cand_pub = self.node.create_publisher(CandidateArray, "/standin/candidates", 10)
         self.msgs = (ActionTrajectory, CandidateArray)
@@ -99,6 +105,10 @@ class _StandIn:
         ActionTrajectory, CandidateArray = self.msgs
         goal = handle.request
         self.goals.append((goal.candidate_count, goal.seed, goal.return_candidates))
+        code = self.refuse.pop(len(self.goals) - 1, None)
+        if code is not None:
+            handle.abort()
+            return self.Result(error_code=code, error_message="refused by the stand-in")
         time.sleep(0.3)  # "model time": longer than the frame period, so the bag clock must pause
         n, horizon, dim = max(goal.candidate_count, 1), 4, 2
         cands = np.random.default_rng(goal.seed).normal(size=(n, horizon, dim)).astype(np.float32)
@@ -180,6 +190,39 @@ def test_replay_fails_clearly_without_node(tmp_path: Path, ros_env: dict[str, st
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert lines == [lines[0]] and lines[0].startswith("error: node not reachable: no action server "
                                                        "/nobody_here/generate_trajectory after 3 s"), proc.stderr
+
+
+def test_replay_feeds_the_bags_joint_states_and_sends_them_again_when_a_goal_lacked_one(
+        tmp_path: Path, standin: _StandIn) -> None:
+    """The bag's ``/joint_states`` reach the node's ``~/observation/state`` with their own stamps and values; a goal
+    refused for want of its frame's state (``STATE_SKEW``) gets the frame and state published again, then served."""
+    from trajectory_ensemble_node.errors import ErrorCode
+    from trajectory_ensemble_node.replay.playback import ReplayOptions
+    from trajectory_ensemble_node.replay.replay import finish, replay
+
+    frames = _write_bag(tmp_path / "in", frames=4, size=32)
+    standin.refuse = {1: int(ErrorCode.STATE_SKEW)}
+    opts = ReplayOptions(bag=tmp_path / "in", out=tmp_path / "out", rate=2.0, goal_every_s=GOAL_EVERY_S,
+                         goal_offset_s=GOAL_OFFSET_S, candidates=2, seed=3, node_namespace="/standin",
+                         storage="sqlite3")
+    lines: list[str] = []
+    report = replay(opts, log=lines.append)
+    assert finish(report, opts, log=lines.append) == 0, lines
+    expected = _expected_stamps(frames)
+    assert [g.status for g in report.goals] == ["SUCCEEDED"] * len(expected)
+    # Goal 2 ran twice (refused, then served from its frame): one goal more than scheduled, the same seed again.
+    assert [seed for _, seed, _ in standin.goals] == [3, 4, 4] + [3 + i for i in range(2, len(expected))]
+    resent = [line for line in lines if "publishing it again" in line]
+    assert len(resent) == 1 and "the joint state of the frame stamped" in resent[0], lines
+    received = {stamp: (names, positions) for stamp, names, positions in standin.states}
+    assert sorted(received) == [stamp for _, stamp in frames]
+    for i, (_, stamp) in enumerate(frames):
+        assert received[stamp][0] == ["j0", "j1"]
+        np.testing.assert_allclose(received[stamp][1], [0.1 * i, -0.1 * i])
+    # The state of goal 2's frame arrived twice; the output bag records the states as played.
+    assert [s for s, _, _ in standin.states].count(expected[1]) == 2
+    recorded = bags.read_messages(report.bag_path, "/standin/observation/state")
+    assert [bags.stamp_ns(m) for _, m in recorded] == [stamp for _, stamp in frames]
 
 
 @pytest.mark.slow

@@ -44,3 +44,26 @@ def test_clock_jumps_are_reported_under_sim_time_only():
     inputs.clock_jumps = {"backward": 2, "forward": 1}
     values = {kv.key: kv.value for kv in diagnostics.observations_status(inputs).values}
     assert (values["clock_jumps_backward"], values["clock_jumps_forward"]) == ("2", "1")
+
+
+def test_the_joint_states_age_is_shown_and_a_model_that_takes_state_warns_without_it():
+    inputs = diagnostics.DiagnosticsInputs(node_name="n", hardware_id="cpu", model="tiny", notice="x",
+                                           weights_version=0, engine_alive=True, image_topics=("/img",),
+                                           observation_ages={"/img": 0.1, "/state": None}, state_topic="/state",
+                                           max_observation_age_s=1.0)
+    status = diagnostics.observations_status(inputs)
+    values = {kv.key: kv.value for kv in status.values}
+    # A model without state: the age is shown, its absence is no fault.
+    assert values["state_age_s"] == "never" and "state_names" not in values
+    assert status.level == diagnostics.OK
+    inputs.state_names = ("agent_x", "agent_y")
+    status = diagnostics.observations_status(inputs)
+    values = {kv.key: kv.value for kv in status.values}
+    assert status.level == diagnostics.WARN and "no joint state yet on /state" in status.message
+    assert values["state_names"] == "agent_x, agent_y"
+    inputs.observation_ages = {"/img": 0.1, "/state": 2.5}
+    status = diagnostics.observations_status(inputs)
+    assert status.level == diagnostics.WARN and "/state stale (2.50 s)" in status.message
+    assert {kv.key: kv.value for kv in status.values}["state_age_s"] == "2.500"
+    inputs.observation_ages = {"/img": 0.1, "/state": 0.02}
+    assert diagnostics.observations_status(inputs).level == diagnostics.OK

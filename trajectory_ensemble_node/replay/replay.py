@@ -9,7 +9,9 @@ pause were pressed in ``ros2 bag play``: a model slower than real time then serv
 preempting itself (``goal_policy: preempt``), and each goal is served from the frame that was current when it was
 sent: the goal names that frame's stamp (``min_observation_stamp``), so the node waits for a frame the goal overtook,
 and a frame the node never received (``OBSERVATION_NOT_RECEIVED``) is published again, at most
-:data:`FRAME_RESENDS` times.
+:data:`FRAME_RESENDS` times. The bag's joint states are the observation of a model that takes state: such a node
+pairs each frame with the state stamped nearest it, and a goal it refuses for want of the frame's state
+(``STATE_SKEW``: the state sample was dropped on the way) gets the latest joint state published again the same way.
 
 Outputs under ``--out``: ``bag/`` (rosbag2, mcap with zstd chunks by default, or ``--storage sqlite3``) holding the
 replayed observations and the node's ``<ns>/trajectory`` (plus ``<ns>/candidates`` with ``--return-candidates``),
@@ -64,9 +66,12 @@ goal arrives: frames and goals travel on separate DDS readers, and a loaded node
 DRAIN_S = 2.0
 """How long to wait after the last goal for its ``~/trajectory`` message to arrive."""
 FRAME_RESENDS = 2
-"""How often a goal is sent again, after its frame is published again, when the node never received that frame
-(``OBSERVATION_NOT_RECEIVED``): the node's camera subscription is best effort, and DDS may drop a sample on a loaded
-host. A drop is the transport's, not the policy's, so a replay does not count it against the goal."""
+"""How often a goal is sent again, after its frame (and the latest joint state) is published again, when the node
+never received that frame (``OBSERVATION_NOT_RECEIVED``) or has no joint state near its stamp (``STATE_SKEW``): the
+node's observation subscriptions are best effort, and DDS may drop a sample on a loaded host. A drop is the
+transport's, not the policy's, so a replay does not count it against the goal."""
+RESENT_FOR = {int(ErrorCode.OBSERVATION_NOT_RECEIVED): "frame", int(ErrorCode.STATE_SKEW): "joint state"}
+"""The refusals a replay answers by publishing the observation again, and what the node lacked."""
 OUTPUT_WAIT_S = 0.5
 """How long a succeeded goal keeps the bag clock paused for its ``~/trajectory`` (wall time), so the output is
 logged at the goal's bag time even when the message arrives after the result."""
@@ -199,6 +204,7 @@ def replay(opts: ReplayOptions, log: Any = print) -> ReplayReport:
     check_replay_bag(opts)
     series = _read_reference(opts)
     image_topic = next(t for t, (_, m) in inputs.items() if m == bags.IMAGE_TYPE)
+    state_topic = next((t for t, (_, m) in inputs.items() if m == bags.STATE_TYPE), None)
     scene_seeds = bags.toy_scene_seeds(info)
     out_bag = opts.out / "bag"
     if out_bag.exists():
@@ -219,7 +225,7 @@ def replay(opts: ReplayOptions, log: Any = print) -> ReplayReport:
         recorder = bags.BagRecorder(out_bag, opts.storage,
                                     custom_data={"trajectory_ensemble.replayed_bag": str(opts.bag)})
         schedule = goal_times(info, image_topic, opts)
-        latest: dict[str, Any] = {"stamp": None, "image": None, "data": None, "wall": 0.0}
+        latest: dict[str, Any] = {"stamp": None, "image": None, "data": None, "wall": 0.0, "state": None}
         clock.start()
 
         def send_goal(t_ns: int) -> None:
@@ -230,11 +236,14 @@ def replay(opts: ReplayOptions, log: Any = print) -> ReplayReport:
             session.spin_for(SETTLE_S - (time.monotonic() - latest["wall"]))
             status, result, latency_ms = session.run_goal(opts, len(report.goals), latest["stamp"])
             for _ in range(FRAME_RESENDS):
-                if result is None or int(result.error_code) != ErrorCode.OBSERVATION_NOT_RECEIVED:
+                lacked = RESENT_FOR.get(int(result.error_code)) if result is not None else None
+                if lacked is None or (lacked == "joint state" and latest["state"] is None):
                     break
-                log(f"goal {len(report.goals) + 1}: the node did not receive the frame stamped "
+                log(f"goal {len(report.goals) + 1}: the node did not receive the {lacked} of the frame stamped "
                     f"{latest['stamp'] / 1e9:.9f}; publishing it again")
                 session.publish(image_topic, latest["data"])
+                if latest["state"] is not None:
+                    session.publish(state_topic, latest["state"])
                 session.spin_for(SETTLE_S)
                 status, result, latency_ms = session.run_goal(opts, len(report.goals), latest["stamp"])
             # The topic and the result travel separately; the bag clock waits for both.
@@ -265,6 +274,8 @@ def replay(opts: ReplayOptions, log: Any = print) -> ReplayReport:
             if topic == image_topic:
                 msg = bags.deserialize(data, msgtype)
                 latest.update(stamp=bags.stamp_ns(msg), image=_plottable(msg), data=data, wall=time.monotonic())
+            elif topic == state_topic:
+                latest["state"] = data
         while len(report.goals) < len(schedule):
             send_goal(schedule[len(report.goals)])
         # The node publishes ~/trajectory before the goal succeeds, but the topic and the result travel separately.

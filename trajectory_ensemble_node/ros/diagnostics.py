@@ -11,10 +11,12 @@ One ``DiagnosticArray`` carries three statuses, named ``"<node>: <task>"`` as di
   calibrated alarm rule fired for it (``uncertain``: its candidates disagreed more than
   ``uncertainty_threshold``, or, with a novelty scorer, the rule's scores passed their thresholds).
 - ``<node>: goals``: goals succeeded / aborted / canceled / preempted / rejected, running and waiting.
-- ``<node>: observations``: age of the newest frame per topic, frames received and rejected per cause, joint
+- ``<node>: observations``: age of the newest frame per topic, the joint state's age (``state_age_s``) and, for a
+  model that takes state, the joints it reads (``state_names``), frames received and rejected per cause, joint
   states rejected on arrival (``states_rejected``: ragged), and under
   ``use_sim_time`` the clock jumps seen (``clock_jumps_backward``, ``clock_jumps_forward``). WARN when a topic has
-  delivered nothing yet (or nothing since the clock jumped back) or is older than ``max_observation_age_s``.
+  delivered nothing yet (or nothing since the clock jumped back) or is older than ``max_observation_age_s``: every
+  image topic, and the state topic for a model that takes state.
 
 The node publishes them from a timer on the host's steady clock: they report on the node, so a paused simulator
 does not silence them.
@@ -70,6 +72,8 @@ class DiagnosticsInputs:
         states_rejected (`int`): Joint states refused on arrival (ragged arrays).
         remote (`Mapping[str, Any]`, *optional*): ``engine: openpi``: the remote engine's state (``connected`` /
             ``reconnecting`` / ``unreachable``), last round trip, url, server, model and version; ``None`` = local.
+        state_topic (`str`): Which of ``observation_ages`` is the joint state topic (``""``: none).
+        state_names (`tuple[str, ...]`): The joints a model that takes state reads (empty: it takes none).
     """
 
     node_name: str
@@ -93,6 +97,8 @@ class DiagnosticsInputs:
     readiness: str = "ready"
     states_rejected: int = 0
     remote: Mapping[str, Any] | None = None
+    state_topic: str = ""
+    state_names: tuple[str, ...] = ()
 
 
 REMOTE_KEYS = ("state", "url", "round_trip_ms", "failures", "server", "model", "weights_version",
@@ -185,6 +191,12 @@ def observations_status(inputs: DiagnosticsInputs) -> DiagnosticStatus:
     image_ages = []
     for topic, age in inputs.observation_ages.items():
         values.append(_kv(f"age_s {topic}", "never" if age is None else age))
+        if topic == inputs.state_topic and inputs.state_names:
+            # A model that takes state is as blind without it as without a camera.
+            if age is None:
+                problems.append(f"no joint state yet on {topic}")
+            elif age > inputs.max_observation_age_s:
+                problems.append(f"{topic} stale ({age:.2f} s)")
         if topic not in inputs.image_topics:
             continue
         image_ages.append(age)
@@ -195,6 +207,11 @@ def observations_status(inputs: DiagnosticsInputs) -> DiagnosticStatus:
     known = [a for a in image_ages if a is not None]
     # The observation is as old as its oldest part (see ObservationBuffer.latest).
     values.insert(0, _kv("observation_age_s", max(known) if known and len(known) == len(image_ages) else "never"))
+    if inputs.state_topic in inputs.observation_ages:
+        state_age = inputs.observation_ages[inputs.state_topic]
+        values.insert(1, _kv("state_age_s", "never" if state_age is None else state_age))
+    if inputs.state_names:
+        values.insert(2, _kv("state_names", ", ".join(inputs.state_names)))
     values.append(_kv("max_observation_age_s", inputs.max_observation_age_s))
     values.append(_kv("frames_received", inputs.frames_received))
     if inputs.clock_jumps is not None:

@@ -118,11 +118,15 @@ class ModelHost:
         # Under use_sim_time staleness is judged on the simulated clock, so a slowed-down simulation (or a paused
         # one) is not refused as stale; otherwise on the host's monotonic clock, which never jumps.
         self.sim_time = bool(node.get_parameter("use_sim_time").value)
+        # A model that takes state reads, by name, the joint state of the image's moment (stamped nearest it).
+        capabilities = self.model.capabilities
+        self.state_names = tuple(capabilities.state_names) if capabilities.uses_state else ()
         # Header stamps are on the ROS clock either way: a frame stamped after "now" is never fresh. A frame the model
         # cannot encode is refused on arrival, so it never becomes the frame every later goal fails on.
         self.observations = ObservationBuffer(
             self.image_topics, self.state_topic, stamp_clock=self.now_s,
-            min_image_side=self.limits.min_image_side, **({"clock": self.now_s} if self.sim_time else {}))
+            min_image_side=self.limits.min_image_side, state_names=self.state_names,
+            max_state_skew_s=p.max_state_skew_s, **({"clock": self.now_s} if self.sim_time else {}))
         # A start-jump limit without a current state would pass anything: such goals need a recent state.
         self.requires_state = bool(p.require_state or self.model.capabilities.uses_state or self.start_jump)
         self.memory = ChunkMemory()
@@ -176,6 +180,8 @@ class ModelHost:
             order = order * 2
         side = int(p.resolution_tier)
         image = np.full((side, side, 3), 127, np.uint8)
+        # A model that takes state gets a placeholder state, as it gets a grey frame.
+        state = (0.0,) * len(self.state_names) or None
         lines = []
         for i, count in enumerate(order):
             started = time.monotonic()
@@ -184,7 +190,7 @@ class ModelHost:
             request = self.model.make_request(
                 prompt=p.instruction, action=self.action_condition(image), num_inference_steps=p.num_inference_steps,
                 guidance_scale=p.guidance_scale, fps=p.fps, spec=spec, base_seed=WARMUP_SEED,
-                request_id=f"warm-up-{i}-n{count}")
+                request_id=f"warm-up-{i}-n{count}", state=state)
             outcome = "done"
             try:
                 self.model.wait(self.model.submit_request(request), timeout=WARMUP_TIMEOUT_S)
@@ -327,6 +333,7 @@ class ModelHost:
             num_inference_steps=p.num_inference_steps, guidance_scale=p.guidance_scale, fps=p.fps, spec=plan.spec,
             base_seed=plan.base_seed, request_id=goal_id, rollout=rollout, on_progress=record.on_progress,
             deadline_s=deadline_s, context=decision.context, current_state=self._current_state(observation),
+            state=observation.state_values,
         )
         # What the engine would refuse at submission (an unmeetable deadline, cold or warm) is refused here.
         self.model.check_request(request, refuse_cold=True)

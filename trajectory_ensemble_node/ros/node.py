@@ -359,6 +359,7 @@ class TrajectoryEnsembleNode(LifecycleNode):
         metrics["goal_ms"] = goal_ms
         metrics["node_overhead_ms"] = goal_ms - engine_ms
         metrics["observation_age_ms"] = observation.age_s * 1000.0
+        metrics.update(observation.state_metrics())  # which joint state a model that takes state was served
         decision = record.continuity
         status = metrics["continuity"] = decision.status if decision is not None else ""
         host.uncertainty_window.observe(metrics, continued=status == CONTINUED)
@@ -463,6 +464,8 @@ class TrajectoryEnsembleNode(LifecycleNode):
             lifecycle_state=self.lifecycle_state(), readiness=self.readiness_now(),
             states_rejected=observations.states_rejected() if observations is not None else 0,
             remote=model.status() if isinstance(model, RemoteEngine) else None,
+            state_topic=observations.state_topic if observations is not None else "",
+            state_names=observations.state_names if observations is not None else (),
         )
         try:
             self.diagnostics_pub.publish(build_diagnostics(inputs, self.get_clock().now().to_msg()))

@@ -1,4 +1,4 @@
-"""The observation buffer: the latest good frame per image topic, the latest joint state, stamps and staleness.
+"""The observation buffer: the latest good frame per image topic, recent joint states, stamps and staleness.
 
 Subscriptions hand every incoming message to :class:`ObservationBuffer`; a goal asks it for the current
 :class:`Observation`. A malformed frame (unsupported encoding, wrong ``step``, truncated data, a side the model cannot
@@ -16,6 +16,13 @@ observation produced. Two rules do read the stamp, on the node's ROS clock (``st
 - :meth:`clear` drops every frame and the state when the clock jumps back (the node calls it): until new ones
   arrive, goals are refused with ``NO_OBSERVATION`` and the reason.
 
+A model that takes state (``capabilities.uses_state``) reads the joint state of the image's moment: the buffer
+keeps the last :data:`STATE_HISTORY` joint states and pairs the image with the one whose header stamp is nearest the
+image's (the oldest frame's, with several cameras). A pair further apart than ``max_state_skew_s`` is refused
+(``STATE_SKEW``); the model's joints are then picked from it by name (:func:`.observations.pick_state`). A state
+publisher faster than the camera is what makes the pair close; the newest state must still be recent (staleness, as
+above) and finite. Other models read the newest state, as before.
+
 This module reads message fields only (duck-typed ``sensor_msgs/Image`` and ``sensor_msgs/JointState``, decoded by
 :mod:`.observations`); it does not import rclpy. Waiting for a frame is :mod:`.observation_wait`.
 """
@@ -24,11 +31,12 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import FrameError, NoObservationError, ObservationArrayError, StaleObservationError
+from ..errors import FrameError, NoObservationError, ObservationArrayError, StaleObservationError, StateSkewError
 from .frames import tile_views
 from .input_limits import check_state
 from .observation_wait import ObservationWaits
@@ -40,9 +48,14 @@ from .observations import (
     Observation,
     decode_image,
     decode_state,
+    pick_state,
     stamp_ns,
     stamp_text,
 )
+
+STATE_HISTORY = 256
+"""Joint states kept to pair an image with (the one bound on that history): a quarter second of a 1 kHz arm driver,
+longer than a camera's latency, so the state of the image's moment is still there when the image arrives."""
 
 
 @dataclass
@@ -55,7 +68,7 @@ class _TopicCounters:
 
 
 class ObservationBuffer(ObservationWaits):
-    """Latest good frame per image topic plus the latest joint state. Thread-safe.
+    """Latest good frame per image topic plus the last :data:`STATE_HISTORY` joint states. Thread-safe.
 
     Args:
         image_topics (`Sequence[str]`): Resolved image topic names, in tiling order.
@@ -66,11 +79,16 @@ class ObservationBuffer(ObservationWaits):
             clock), for the future-stamp rule; ``None`` skips it.
         min_image_side (`int`): Frames with a side under this are refused (cause ``dimensions``): the model's bound
             (``InputLimits.min_image_side``); 1 takes every frame that decodes.
+        state_names (`Sequence[str]`): The joints a model that takes state reads, in its order
+            (``capabilities.state_names``); empty for a model without state. With names, every observation pairs the
+            image with the joint state stamped nearest it and carries the picked values (``state_values``).
+        max_state_skew_s (`float`): With ``state_names``: the most the paired stamps may differ, in seconds.
     """
 
     def __init__(
         self, image_topics: Sequence[str], state_topic: str = "", clock: Callable[[], float] = time.monotonic,
-        stamp_clock: Callable[[], float] | None = None, min_image_side: int = 1,
+        stamp_clock: Callable[[], float] | None = None, min_image_side: int = 1, state_names: Sequence[str] = (),
+        max_state_skew_s: float = 0.05,
     ) -> None:
         if not image_topics:
             raise ValueError("ObservationBuffer needs at least one image topic")
@@ -82,7 +100,11 @@ class ObservationBuffer(ObservationWaits):
         self._lock = threading.Lock()
         self._arrived = threading.Condition(self._lock)
         self._frames: dict[str, Frame] = {}
-        self._state: JointStateSample | None = None
+        self._states: deque[JointStateSample] = deque(maxlen=STATE_HISTORY)
+        self.state_names = tuple(state_names)
+        if self.state_names and not max_state_skew_s > 0:
+            raise ValueError(f"max_state_skew_s must be > 0, got {max_state_skew_s!r}")
+        self.max_state_skew_s = max_state_skew_s
         self._counters = {topic: _TopicCounters() for topic in self.image_topics}
         self._state_counters = _TopicCounters(rejected={"shape": 0})
         self._min_image_side = min_image_side
@@ -165,7 +187,7 @@ class ObservationBuffer(ObservationWaits):
                 counters.last_refusal = str(error)
             return error
         with self._lock:
-            self._state = sample
+            self._states.append(sample)
             self._state_counters.received += 1
             self._state_counters.refused_since_good = 0
             self._arrived.notify_all()
@@ -181,9 +203,9 @@ class ObservationBuffer(ObservationWaits):
             `bool`: whether anything was dropped.
         """
         with self._lock:
-            had = bool(self._frames) or self._state is not None
+            had = bool(self._frames) or bool(self._states)
             self._frames.clear()
-            self._state = None
+            self._states.clear()
             self._cleared_because = reason
         return had
 
@@ -194,18 +216,22 @@ class ObservationBuffer(ObservationWaits):
 
         Args:
             max_age_s (`float`): Refuse frames (and the state, when required) that arrived longer ago than this.
-            require_state (`bool`): Also require a recent, finite joint state.
+            require_state (`bool`): Also require a recent, finite joint state (always, with ``state_names``).
 
         Raises:
             NoObservationError: a topic has delivered no good frame yet (or no state, when required).
             StaleObservationError: the newest good frame on a topic is older than ``max_age_s``.
             NonFiniteStateError: the required joint state holds NaN or Inf.
+            StateSkewError: with ``state_names``, no joint state is stamped within ``max_state_skew_s`` of the image.
+            MissingObservationKeyError: with ``state_names``, the paired joint state lacks one of them.
         """
         now = self._clock()
         stamp_now = self._stamp_clock() if self._stamp_clock is not None else None
         with self._lock:
             frames = [self._frames.get(topic) for topic in self.image_topics]
-            state = self._state
+            # Pairing scans the whole history; other models read the newest state only.
+            states = tuple(self._states) if self.state_names else (self._states[-1],) if self._states else ()
+            state = states[-1] if states else None
             cleared = self._cleared_because
         for topic, frame in zip(self.image_topics, frames):
             if frame is None:
@@ -222,23 +248,49 @@ class ObservationBuffer(ObservationWaits):
                     + self._refusals(topic)
                 )
             self._check_not_future(topic, frame, age, stamp_now)
-        if require_state:
-            if state is None:
-                why = self._refusals(self.state_topic)
-                raise NoObservationError(f"no {'usable ' if why else ''}joint state "
-                                         f"{'on' if why else 'received yet on'} {self.state_topic}{why}")
-            age = now - state.received
-            if age > max_age_s or age < 0:
-                raise StaleObservationError(
-                    f"latest joint state on {self.state_topic} is {age:.2f} s old "
-                    f"(max_observation_age_s={max_age_s:g})"
-                )
-            check_state(state, self.state_topic)
         oldest = min(frames, key=lambda f: f.received)  # type: ignore[union-attr]
         image = tile_views([f.image for f in frames])  # type: ignore[union-attr]
-        return Observation(
-            image, oldest.stamp, oldest.frame_id, now - oldest.received, state if require_state else None
-        )
+        if not (require_state or self.state_names):
+            return Observation(image, oldest.stamp, oldest.frame_id, now - oldest.received)
+        if state is None:
+            why = self._refusals(self.state_topic)
+            raise NoObservationError(f"no {'usable ' if why else ''}joint state "
+                                     f"{'on' if why else 'received yet on'} {self.state_topic}{why}")
+        age = now - state.received
+        if age > max_age_s or age < 0:
+            raise StaleObservationError(
+                f"latest joint state on {self.state_topic} is {age:.2f} s old "
+                f"(max_observation_age_s={max_age_s:g})"
+            )
+        # The driver reports a broken joint now: no goal is served, not even from an earlier, finite state.
+        check_state(state, self.state_topic)
+        if not self.state_names:
+            return Observation(image, oldest.stamp, oldest.frame_id, now - oldest.received, state)
+        paired, skew_s = self._pair(states, oldest)
+        check_state(paired, self.state_topic)
+        return Observation(image, oldest.stamp, oldest.frame_id, now - oldest.received, paired,
+                           pick_state(paired, self.state_names), skew_s)
+
+    def _pair(self, states: Sequence[JointStateSample], frame: Frame) -> tuple[JointStateSample, float]:
+        """The joint state stamped nearest ``frame`` (the later one on a tie) and its stamp minus the frame's, in s.
+
+        Raises:
+            StateSkewError: even the nearest is further than ``max_state_skew_s`` from the frame.
+        """
+        image_ns = stamp_ns(frame.stamp)
+        index = min(range(len(states)), key=lambda i: (abs(stamp_ns(states[i].stamp) - image_ns), -i))
+        paired = states[index]
+        skew_s = (stamp_ns(paired.stamp) - image_ns) * 1e-9
+        if abs(skew_s) > self.max_state_skew_s:
+            held = sorted(stamp_ns(s.stamp) for s in states)
+            unstamped = (" (it is stamped 0: does its publisher stamp its messages?)"
+                         if not stamp_ns(paired.stamp) else "")
+            raise StateSkewError(
+                f"the joint state on {self.state_topic} nearest the image on {frame.topic} (stamped "
+                f"{stamp_text(image_ns)}) is stamped {stamp_text(stamp_ns(paired.stamp))}, {abs(skew_s):.3f} s "
+                f"{'after' if skew_s > 0 else 'before'} it (max_state_skew_s={self.max_state_skew_s:g}){unstamped}; "
+                f"{len(states)} joint state(s) kept, stamped {stamp_text(held[0])} .. {stamp_text(held[-1])}")
+        return paired, skew_s
 
     @staticmethod
     def _check_not_future(topic: str, frame: Frame, age: float, stamp_now: float | None) -> None:
@@ -266,7 +318,7 @@ class ObservationBuffer(ObservationWaits):
                 for topic in self.image_topics
             }
             if self.state_topic:
-                ages[self.state_topic] = (now - self._state.received) if self._state is not None else None
+                ages[self.state_topic] = (now - self._states[-1].received) if self._states else None
         return ages
 
     def rejected_counts(self) -> dict[str, int]:

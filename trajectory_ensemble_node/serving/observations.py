@@ -13,7 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import GoalRequestError
+from ..errors import GoalRequestError, ObservationSchemaError
+from ..models.cosmos3 import pick_named
 from .frames import image_to_rgb
 from .input_limits import check_image_dimensions, check_joint_state_shape
 
@@ -84,7 +85,11 @@ class Observation:
             observation is newer than its oldest part).
         frame_id (`str`): Frame id of that frame.
         age_s (`float`): Age of that oldest frame at the time of the call, in seconds.
-        state (`JointStateSample`, *optional*): The latest joint state, when one was asked for.
+        state (`JointStateSample`, *optional*): The joint state, when one was asked for: for a model that takes
+            state, the one stamped nearest ``stamp``; otherwise the latest.
+        state_values (`tuple[float, ...]`, *optional*): For a model that takes state, the positions of its
+            ``state_names`` picked by name from ``state``, in the model's order (what the request carries).
+        state_skew_s (`float`, *optional*): With ``state_values``: ``state``'s stamp minus ``stamp``, in seconds.
     """
 
     image: np.ndarray
@@ -92,6 +97,35 @@ class Observation:
     frame_id: str
     age_s: float
     state: JointStateSample | None = None
+    state_values: tuple[float, ...] | None = None
+    state_skew_s: float | None = None
+
+    def state_metrics(self) -> dict[str, Any]:
+        """What a result reports of the state it was served from: ``state_stamp`` (``sec.nanosec``, exact) and
+        ``state_skew_ms`` (its stamp minus the image's); empty when no state was paired with the image."""
+        if self.state is None or self.state_skew_s is None:
+            return {}
+        return {"state_stamp": stamp_text(stamp_ns(self.state.stamp)), "state_skew_ms": self.state_skew_s * 1000.0}
+
+
+def pick_state(state: JointStateSample, names: Sequence[str]) -> tuple[float, ...]:
+    """The positions of ``names`` (a model's ``capabilities.state_names``) from a joint state, by joint name, in the
+    model's order, by the one rule every face picks by (``models.cosmos3.pick_named``). Non-finite values are the
+    caller's to refuse (``check_state``).
+
+    Args:
+        state (`JointStateSample`): The joint state paired with the image.
+        names (`Sequence[str]`): The joints the model reads, in its order.
+
+    Raises:
+        MissingObservationKeyError: the message lacks a joint the model reads (the topic and the joint are named).
+        ObservationArrayError: the message names such a joint twice.
+    """
+    try:
+        values = pick_named(names, state.names, state.positions.tolist())
+    except ObservationSchemaError as error:
+        raise type(error)(f"joint state on {state.topic}: {error}") from None
+    return tuple(float(v) for v in values)
 
 
 def decode_image(topic: str, msg: Any, received: float, min_image_side: int) -> Frame:

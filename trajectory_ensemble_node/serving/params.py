@@ -97,6 +97,9 @@ PARAMETERS: tuple[ParamSpec, ...] = (
               "refused (NO_OBSERVATION); 0 = refuse at once", ">= 0"),
     ParamSpec("require_state", False, "also refuse goals without a recent, finite ~/observation/state (always on "
               "for models that consume state)"),
+    ParamSpec("max_state_skew_s", 0.05, "a model that takes state pairs the image with the ~/observation/state "
+              "stamped nearest it; goals whose pair is further apart than this (header stamps) are refused "
+              "(STATE_SKEW)", "> 0"),
     ParamSpec("goal_policy", "preempt", "what a new goal does when max_concurrent_goals are running",
               ", ".join(GOAL_POLICIES)),
     ParamSpec("max_concurrent_goals", 1, "goals served at the same time (co-batched when > 1)", ">= 1"),
@@ -226,6 +229,7 @@ class NodeParams:
     observation_wait_s: float
     startup_goal_wait_s: float
     require_state: bool
+    max_state_skew_s: float
     goal_policy: str
     max_concurrent_goals: int
     publish_candidates: bool
@@ -377,6 +381,7 @@ def _check_serving_limits(p: Mapping[str, Any], problems: _Problems) -> None:
     need(p["max_observation_age_s"] > 0, f"max_observation_age_s: must be > 0, got {p['max_observation_age_s']}")
     need(p["observation_wait_s"] >= 0, f"observation_wait_s: must be >= 0, got {p['observation_wait_s']}")
     need(p["startup_goal_wait_s"] >= 0, f"startup_goal_wait_s: must be >= 0, got {p['startup_goal_wait_s']}")
+    need(p["max_state_skew_s"] > 0, f"max_state_skew_s: must be > 0, got {p['max_state_skew_s']}")
     need(p["goal_policy"] in GOAL_POLICIES, f"goal_policy: {p['goal_policy']!r} is not one of {list(GOAL_POLICIES)}")
     need(p["max_concurrent_goals"] >= 1, f"max_concurrent_goals: must be >= 1, got {p['max_concurrent_goals']}")
     need(p["rollout_noise_level"] >= 0, f"rollout_noise_level: must be >= 0, got {p['rollout_noise_level']}")

@@ -38,6 +38,7 @@ from .state import (
     build_state_frame,
     declare_state_input,
     declared_state_input,
+    pick_named,
     read_state_input,
     write_state_input,
 )
@@ -84,6 +85,7 @@ __all__ = [
     "install_fanout",
     "load_directory",
     "observation_embedding",
+    "pick_named",
     "randomize_zero_initialized",
     "read_record",
     "read_state_input",

@@ -152,18 +152,7 @@ class StateInput:
             ObservationArrayError: ``names`` and ``values`` differ in length, or a declared name appears twice.
             NonFiniteStateError: a picked value is NaN or Inf (the message names the channel).
         """
-        names, values = list(names), list(values)
-        if len(names) != len(values):
-            raise ObservationArrayError(f"a state message needs one value per name, got {len(names)} names and "
-                                        f"{len(values)} values")
-        missing = [name for name in self.names if name not in names]
-        if missing:
-            raise MissingObservationKeyError(f"the state has no {missing} (this model reads {list(self.names)}; the "
-                                             f"message names {_quote(names)})")
-        twice = [name for name in self.names if names.count(name) > 1]
-        if twice:
-            raise ObservationArrayError(f"the state names {twice} more than once: {_quote(names)}")
-        return self.check([values[names.index(name)] for name in self.names])
+        return self.check(pick_named(self.names, names, values))
 
     def normalize(self, state: Sequence[float]) -> tuple[torch.Tensor, int]:
         """The checked state in the model's units, clipped to [-1, 1] (the rule in the module docstring).
@@ -179,6 +168,34 @@ class StateInput:
         clipped = int(((values < low) | (values > high)).sum())
         normalized = self.normalizer.normalize(values[None])[0]
         return normalized.clamp(-1.0, 1.0).to(torch.float32), clipped
+
+
+def pick_named(declared: Sequence[str], names: Sequence[str], values: Sequence[Any]) -> list[Any]:
+    """The values of the ``declared`` names, in the declared order, from a named message (any order; extra names are
+    ignored, position never counts). The one rule every face picks a state by: :meth:`StateInput.pick`, and the node
+    from a ``JointState`` by its model's ``capabilities.state_names``. Values are returned as given (unchecked).
+
+    Args:
+        declared (`Sequence[str]`): The names the model reads, in its order.
+        names (`Sequence[str]`): The message's names, any order.
+        values (`Sequence`): One value per name.
+
+    Raises:
+        MissingObservationKeyError: a declared name is absent (the message names it).
+        ObservationArrayError: ``names`` and ``values`` differ in length, or a declared name appears twice.
+    """
+    declared, names, values = list(declared), list(names), list(values)
+    if len(names) != len(values):
+        raise ObservationArrayError(f"a state message needs one value per name, got {len(names)} names and "
+                                    f"{len(values)} values")
+    missing = [name for name in declared if name not in names]
+    if missing:
+        raise MissingObservationKeyError(f"the state has no {missing} (this model reads {declared}; the message "
+                                         f"names {_quote(names)})")
+    twice = [name for name in declared if names.count(name) > 1]
+    if twice:
+        raise ObservationArrayError(f"the state names {twice} more than once: {_quote(names)}")
+    return [values[names.index(name)] for name in declared]
 
 
 def build_state_frame(normalized: torch.Tensor, channels: int, height: int, width: int) -> torch.Tensor:

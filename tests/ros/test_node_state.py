@@ -3,7 +3,7 @@
 One node process serves the module: a tiny checkpoint written here, whose ``action_stats.json`` declares a state input
 (``shoulder``, ``elbow``, ``gripper``), fed from an image topic and a ``JointState`` topic. What a user checks: the
 state changes the actions, the same frame, state and seed give the same bits, the joints are picked by name from a
-shuffled message, a stale pair (``STATE_SKEW``), a missing joint (``OBSERVATION_SCHEMA``) and a NaN
+shuffled message, the node's result is the in-process model's bit for bit, a stale pair (``STATE_SKEW``), a missing joint (``OBSERVATION_SCHEMA``) and a NaN
 (``NON_FINITE_STATE``) are refused by name, the result says which state it was served from (``state_stamp``), and
 ``/diagnostics`` shows the state's age and the joints the model reads.
 """
@@ -16,12 +16,20 @@ import pytest
 pytest.importorskip("rclpy")
 pytest.importorskip("trajectory_ensemble_msgs")
 
-from _node_harness import NS, Stamps, metrics_dict, serve_node, succeeded  # noqa: E402
+from _node_harness import BASE_PARAMS, NS, Stamps, image_msg, metrics_dict, serve_node, succeeded  # noqa: E402
 from action_msgs.msg import GoalStatus  # noqa: E402
+from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import CosmosActionCondition  # noqa: E402
 from sensor_msgs.msg import JointState  # noqa: E402
 
+from trajectory_ensemble_node.catalog import load_pipeline  # noqa: E402
+from trajectory_ensemble_node.contract import CandidateTrajectorySpec  # noqa: E402
 from trajectory_ensemble_node.errors import ErrorCode  # noqa: E402
-from trajectory_ensemble_node.models.cosmos3 import StateInput, build_pipeline, write_state_input  # noqa: E402
+from trajectory_ensemble_node.models.cosmos3 import (  # noqa: E402
+    Cosmos3ActionModel,
+    StateInput,
+    build_pipeline,
+    write_state_input,
+)
 
 pytestmark = [pytest.mark.ros, pytest.mark.slow]
 
@@ -32,6 +40,9 @@ OTHER = {"shoulder": -0.75, "elbow": 0.2, "gripper": 0.01}
 SEED = 17
 SKEW_S = 0.05
 STATE_TOPIC = f"{NS}/observation/state"
+SERVED = {"candidate_count": 2, "num_inference_steps": 2, "max_state_skew_s": SKEW_S,
+          # Generous staleness: goals on two busy cores take seconds, and only the pairing rule is under test here.
+          "max_observation_age_s": 120.0}
 stamps = Stamps(5000)
 
 
@@ -42,10 +53,8 @@ def served(tmp_path_factory, ros_domain_id):
     build_pipeline("tiny", seed=0).save_pretrained(checkpoint, safe_serialization=True)
     write_state_input(checkpoint, StateInput.from_stats(NAMES, "minmax", {"min": LOW, "max": HIGH},
                                                         domain="droid_lerobot"))
-    # Generous staleness: goals on two busy cores take seconds, and only the pairing rule is under test here.
-    yield from serve_node(tmp, ros_domain_id, {"model": str(checkpoint), "candidate_count": 2,
-                                               "num_inference_steps": 2, "max_observation_age_s": 120.0,
-                                               "max_state_skew_s": SKEW_S})
+    for served in serve_node(tmp, ros_domain_id, {"model": str(checkpoint), **SERVED}):
+        yield (*served, checkpoint)
 
 
 @pytest.fixture
@@ -101,6 +110,27 @@ def test_the_state_changes_the_actions_and_the_same_frame_state_and_seed_give_th
     assert actions(again) == actions(first)
     metrics = metrics_dict(again)
     assert metrics["state_stamp"] == f"{again_stamp}.020000000" and metrics["state_skew_ms"] == "20.000"
+
+
+def test_the_nodes_result_is_the_in_process_models_for_the_same_frame_state_and_seed(served):
+    _node, client, checkpoint = served
+    observe(client, STATE)
+    goal = succeeded(client.run_goal(use_seed=True, seed=SEED))
+    # The same checkpoint, frame (the harness's pixels of seed 0), state and seed, in this process, with the node's
+    # settings (BASE_PARAMS and this module's).
+    settings = {**BASE_PARAMS, **SERVED}
+    frame = image_msg(0)
+    rgb = np.frombuffer(bytes(frame.data), dtype=np.uint8).reshape(frame.height, frame.width, 3)
+    pipe, _ = load_pipeline(str(checkpoint), "cpu", "float32")
+    local = Cosmos3ActionModel(pipe, max_batch_candidates=settings["max_batch_candidates"]).generate(
+        prompt=settings["instruction"], num_inference_steps=settings["num_inference_steps"], guidance_scale=1.0,
+        fps=settings["fps"], action=CosmosActionCondition(
+            mode="policy", chunk_size=settings["chunk_size"], domain_name=settings["domain_name"],
+            resolution_tier=256, image=rgb, view_point="ego_view"),
+        spec=CandidateTrajectorySpec(count=2, reducer=settings["reducer"]), base_seed=SEED,
+        state=[STATE[name] for name in NAMES])
+    np.testing.assert_array_equal(np.asarray(goal.trajectory.data, dtype=np.float32).reshape(8, 10),
+                                  local.action.numpy())
 
 
 def test_a_pair_further_apart_than_max_state_skew_is_refused_with_state_skew(client):

@@ -179,7 +179,7 @@ def test_requests_from_different_connections_share_engine_batches(toy_policy, pa
 def test_beyond_the_concurrency_requests_queue_and_past_the_queue_get_a_capacity_error(toy_policy, paced):
     paced(0.1)
     with serving(toy_policy, max_concurrent=1, max_queued=1) as server:
-        gate = server.server.gate
+        gate = server.server.dispatcher.gate
         running, _ = connect(server.url)
         queued, _ = connect(server.url)
         refused, _ = connect(server.url)
@@ -216,7 +216,7 @@ def test_a_client_that_disconnects_mid_request_has_its_group_canceled(toy_policy
         wait_until(lambda: toy_policy.model.outcome_counts().get("canceled", 0) == canceled + 1,
                    what="the engine ending the group canceled")
         assert server.server.stats()["server"]["canceled_on_disconnect"] == 1
-        wait_until(lambda: server.server.gate.active == 0, what="the slot given back")
+        wait_until(lambda: server.server.dispatcher.gate.active == 0, what="the slot given back")
         assert WebsocketClientPolicy(host="127.0.0.1", port=server.port).infer(GOOD)["actions"].shape == (8, 2)
 
 

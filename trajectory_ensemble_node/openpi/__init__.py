@@ -10,7 +10,8 @@ wire's codec and observation schemas live in the neutral :mod:`trajectory_ensemb
 - :mod:`.policy`: one request in, one group submitted, one reply out;
 - :mod:`.connections`: keys and their owner ids, the per-client connection cap, reclaiming idle slots;
 - :mod:`.gate`: the request gate (concurrency and queue);
-- :mod:`.server`: the websocket server (auth, limits, co-batching, shutdown);
+- :mod:`.server`: the websocket server (handshake, auth, connections, limits, shutdown);
+- :mod:`.dispatch`: one request from its frame to its reply (decoding, co-batching, disconnect);
 - :mod:`.cli`: the ``serve-openpi`` command.
 
 See docs/openpi.md.

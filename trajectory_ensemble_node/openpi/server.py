@@ -13,17 +13,8 @@ engine's thread:
 - **A connection**: the metadata dict first, then one reply per request, in request order: a connection's requests
   run one after another (a client that sends several before reading gets its replies in that order). Its sessions
   are its owner's, private to it unless a request asks for ``session_scope: "key"`` (docs/security.md).
-- **Decoding** runs on a small pool of its own, never on the event loop nor the build thread, within bounds derived
-  from the schema and the limits (:class:`~..wire.codec.DecodeLimits`): a hostile frame costs about what a normal
-  one does.
-- **Co-batching**: requests of different connections are submitted to the one engine as they come, up to
-  ``max_concurrent`` at once, so they share physical forwards (the engine packs unrelated groups into one batch per
-  denoising step, each token at its own timestep). Up to ``max_queued`` more wait in arrival order; past that a
-  request gets a ``CAPACITY`` error frame at once. A request holds its slot from its build (the conditioning,
-  encoded ahead on one build thread while the engine denoises the others) to its result, so ``max_concurrent: 1``
-  serves strictly one request at a time.
-- **Disconnect**: a client that goes away mid-request has its group canceled; the engine stops it at its next
-  denoising step (``EnsembleService.outcome_counts()["canceled"]``).
+- **Requests**: each frame a connection reads goes to the :class:`~.dispatch.RequestDispatcher` the server's
+  connections share (decoding off the loop, co-batching across connections, a disconnect canceling its group).
 - **Inbound frames**: each connection's frames wait in the websockets library's own queue, one at most
   (:data:`INBOUND_QUEUE`), and the bytes of frames read and not yet answered are held to ``openpi_max_inbound_bytes``
   across connections (:class:`.gate.InboundBudget`): past it no connection is read from, so clients that pipeline
@@ -32,10 +23,10 @@ engine's thread:
   library's reason, "frame with N bytes exceeds limit of M bytes"); a connection idle for ``idle_timeout_s`` is closed
   with code 1001 and a reason that says so.
 - **Shutdown** (:meth:`OpenPIServer.run` returns once ``stop`` is set): every queued or running request gets a
-  ``SHUTDOWN`` error frame (a running group is canceled at its next step), then the connections close with 1001, and
-  only then the listening socket: until it closes, a new handshake gets HTTP 503 ``SHUTDOWN (42)``; after it, and once
-  the process has exited, a connect is refused by the host. The engine itself belongs to the caller (``serve-openpi``
-  stops it after :meth:`~OpenPIServer.run`).
+  ``SHUTDOWN`` error frame (:meth:`.dispatch.RequestDispatcher.stop`; a running group is canceled at its next step),
+  then the connections close with 1001, and only then the listening socket: until it closes, a new handshake gets
+  HTTP 503 ``SHUTDOWN (42)``; after it, and once the process has exited, a connect is refused by the host. The
+  engine itself belongs to the caller (``serve-openpi`` stops it after :meth:`~OpenPIServer.run`).
 
 Errors are text frames (:func:`~..wire.codec.error_frame`); the connection stays open for the next request. No
 traceback is ever sent.
@@ -45,7 +36,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import concurrent.futures
 import http
 import itertools
 import json
@@ -61,23 +51,14 @@ from websockets.exceptions import ConnectionClosed
 from websockets.frames import CloseCode
 from websockets.protocol import State
 
-from ..engine import GroupHandle
-from ..errors import (
-    AbortReason,
-    AuthenticationError,
-    CapacityError,
-    EngineShutdownError,
-    TrajectoryEnsembleError,
-    describe_error,
-)
+from ..errors import AuthenticationError, CapacityError, EngineShutdownError, TrajectoryEnsembleError, describe_error
 from ..quoting import bound_text, quote_value
 from ..serving.params import NodeParams
 from ..wire import codec
 from .connections import ConnectionTable, KeyRing
-from .gate import AdmissionGate, InboundBudget
-from .extras import EXTRA_KEYS
+from .dispatch import RequestDispatcher, until_closed
+from .gate import InboundBudget
 from .policy import OpenPIPolicy
-from .sessions import Caller
 
 logger = logging.getLogger("trajectory_ensemble.openpi")
 
@@ -90,8 +71,6 @@ STATS_ROUTE = "/stats"
 SHUTDOWN_FLUSH_S = 1.0
 """How long the error frames of a shutdown may take to go out before the connections are closed, and how long their
 closing handshakes may take before the listening socket closes."""
-DECODE_THREADS = 2
-"""Threads decoding frames: a frame never waits for the event loop or the build thread, nor they for it."""
 INBOUND_QUEUE = (0, 0)
 """websockets' ``max_queue`` (high, low) for every connection: reading pauses as soon as one whole frame waits in the
 library's queue, and resumes once the handler has taken it. With the library's default (16 frames), 12 connections
@@ -141,14 +120,6 @@ class ServerLimits:
         return self.max_inbound_bytes or INBOUND_BUDGET_MESSAGES * self.max_message_bytes
 
 
-def authorized(header: str | None, api_key: str) -> bool:
-    """Whether an ``Authorization`` header carries ``api_key`` as ``Api-Key <key>`` or ``Bearer <key>``.
-
-    The comparison takes the same time whatever the header holds (``hmac.compare_digest``).
-    """
-    return KeyRing([api_key]).match(header) is not None
-
-
 def _refusal(error: TrajectoryEnsembleError) -> str:
     """An HTTP refusal's body: ``NAME (code): message``, as every refusal a person reads."""
     return describe_error(error) + "\n"
@@ -173,22 +144,13 @@ class OpenPIServer:
         self.keys = KeyRing([api_key] if isinstance(api_key, str) else list(api_key or ()))
         self.connections = ConnectionTable(limits.max_connections, limits.max_connections_per_client,
                                            limits.handshake_idle_s)
-        self.decode_limits = codec.DecodeLimits.for_request(
-            keys=len(policy.schema.keys()) + len(EXTRA_KEYS), max_message_bytes=limits.max_message_bytes,
-            max_image_bytes=policy.params.max_image_bytes)
-        self.gate = AdmissionGate(limits.max_concurrent, limits.max_queued)
-        self.inbound = InboundBudget(limits.inbound_budget)
         self.counts: collections.Counter[str] = collections.Counter()
+        self.dispatcher = RequestDispatcher(policy, max_message_bytes=limits.max_message_bytes,
+                                            max_concurrent=limits.max_concurrent, max_queued=limits.max_queued,
+                                            counts=self.counts)
+        self.inbound = InboundBudget(limits.inbound_budget)
         self._connections: set[ServerConnection] = set()
         self._ids = itertools.count(1)
-        self._inflight = 0
-        self._in_engine = 0  # groups submitted whose handle has not ended yet
-        self._stopping = False
-        self._shutting_down: asyncio.Future | None = None
-        # One thread: the tokenizer and the VAE are used by one thread at a time, in arrival order.
-        self._builder = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="openpi-build")
-        self._decoder = concurrent.futures.ThreadPoolExecutor(max_workers=DECODE_THREADS,
-                                                              thread_name_prefix="openpi-decode")
         self._metadata = codec.pack(policy.metadata(asdict(limits)))
 
     def stats(self) -> dict[str, Any]:
@@ -198,9 +160,10 @@ class OpenPIServer:
         and not ended; ``waiting``: requests queued for a slot.
         """
         return {"server": dict(self.counts), "groups": self.policy.model.outcome_counts(),
-                "connections": len(self._connections), "running": self.gate.active, "in_engine": self._in_engine,
-                "waiting": self.gate.waiting, "inbound_bytes": self.inbound.held,
-                "inbound_peak_bytes": self.inbound.peak, "inbound_waiting": self.inbound.waiting}
+                "connections": len(self._connections), "running": self.dispatcher.gate.active,
+                "in_engine": self.dispatcher.in_engine, "waiting": self.dispatcher.gate.waiting,
+                "inbound_bytes": self.inbound.held, "inbound_peak_bytes": self.inbound.peak,
+                "inbound_waiting": self.inbound.waiting}
 
     async def run(self, stop: asyncio.Event, on_ready: Callable[[int], None] | None = None) -> None:
         """Serve until ``stop`` is set, then shut down (every request still open gets a ``SHUTDOWN`` error frame).
@@ -209,7 +172,7 @@ class OpenPIServer:
             stop (`asyncio.Event`): Set it to stop.
             on_ready (`Callable[[int], None]`, *optional*): Called with the bound port once connections are accepted.
         """
-        self._shutting_down = asyncio.get_running_loop().create_future()
+        self.dispatcher.start()
         async with serve(self._handler, self.host, self.port, process_request=self._process_request,
                          max_size=self.limits.max_message_bytes, max_queue=INBOUND_QUEUE, compression=None,
                          # No keepalive pings: a connection held back by the inbound budget is not read from, so
@@ -223,8 +186,7 @@ class OpenPIServer:
                 await stop.wait()
                 await self._shutdown(server)
             finally:
-                self._builder.shutdown(wait=False, cancel_futures=True)
-                self._decoder.shutdown(wait=False, cancel_futures=True)
+                self.dispatcher.close()
 
     @property
     def api_key(self) -> bool:
@@ -232,13 +194,10 @@ class OpenPIServer:
         return bool(self.keys)
 
     async def _shutdown(self, server: Any) -> None:
-        self._stopping = True
-        self.gate.close(EngineShutdownError("", "the server is shutting down; nothing was served"))
-        # Running requests cancel their groups and send their SHUTDOWN frames (see _serve).
-        assert self._shutting_down is not None
-        self._shutting_down.set_result(None)
+        # Running requests cancel their groups and send their SHUTDOWN frames (RequestDispatcher.serve).
+        self.dispatcher.stop()
         deadline = time.monotonic() + SHUTDOWN_FLUSH_S
-        while self._inflight and time.monotonic() < deadline:
+        while self.dispatcher.inflight and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
         # The connections close first, the listening socket last: until then a new handshake gets 503 SHUTDOWN,
         # as the docs promise, instead of a refused connect.
@@ -262,7 +221,7 @@ class OpenPIServer:
         if path not in (*ROUTES, STATS_ROUTE):
             return connection.respond(http.HTTPStatus.NOT_FOUND,
                                       f"no route {quote_value(path)}; the OpenPI wire is served at {list(ROUTES)}\n")
-        if self._stopping:
+        if self.dispatcher.stopping:
             self.counts["refused_shutdown"] += 1
             return connection.respond(http.HTTPStatus.SERVICE_UNAVAILABLE,
                                       _refusal(EngineShutdownError("", "the server is shutting down")))
@@ -327,9 +286,10 @@ class OpenPIServer:
                 try:
                     state.requests += 1  # from now on a request-serving connection: never reclaimed
                     started = time.monotonic()
-                    serving = self._serve(ws, raw, f"openpi-{conn_id}-{seq}", caller, started, previous_total_ms)
-                    del raw  # _serve drops the frame once decoded
-                    out = await serving
+                    pending = self.dispatcher.serve(ws, raw, f"openpi-{conn_id}-{seq}", caller, started,
+                                                    previous_total_ms)
+                    del raw  # serve drops the frame once decoded
+                    out = await pending
                     if out is None:
                         return  # the client went away mid-request
                     await ws.send(out)
@@ -347,10 +307,10 @@ class OpenPIServer:
         """Wait for room in the inbound budget; False when the connection or the server closes first."""
         if self.inbound.has_room():
             return True
-        assert self._shutting_down is not None
+        assert self.dispatcher.shutting_down is not None
         closed = asyncio.ensure_future(ws.wait_closed())
         try:
-            return await self._until_closed(self.inbound.wait_for_room(), closed, self._shutting_down)
+            return await until_closed(self.inbound.wait_for_room(), closed, self.dispatcher.shutting_down)
         finally:
             closed.cancel()
 
@@ -370,113 +330,6 @@ class OpenPIServer:
         except ConnectionClosed:
             pass
         return None
-
-    async def _serve(self, ws: ServerConnection, raw: str | bytes, request_id: str, caller: Caller, started: float,
-                     previous_total_ms: float | None) -> str | bytes | None:
-        """One request: its reply frame, an error frame, or ``None`` when the client left before the reply."""
-        self.counts["requests"] += 1
-        self._inflight += 1
-        closed = asyncio.ensure_future(ws.wait_closed())
-        try:
-            # Off the loop: even a bounded decode of a large frame must not delay health checks or other clients.
-            obs = await asyncio.get_running_loop().run_in_executor(self._decoder, codec.unpack, raw,
-                                                                    self.decode_limits)
-            del raw  # the frame's bytes go now; the inbound budget counts them until the request is answered
-            if obs.get("endpoint") == "reset":
-                return codec.pack(self.policy.reset(obs, caller=caller))
-            job = self.policy.prepare(obs, request_id=request_id, caller=caller, arrival=started)
-            if self._stopping:
-                raise EngineShutdownError(request_id, "the server is shutting down; nothing was served")
-            if not await self._until_closed(self.gate.acquire(), closed, release=self.gate.release):
-                return None
-            assert self._shutting_down is not None
-            slot_held = True  # until the group's handle holds it (released when the group ends)
-            try:
-                build = asyncio.get_running_loop().run_in_executor(self._builder, self.policy.build, job)
-                if not await self._until_closed(build, closed, self._shutting_down):
-                    if self._stopping:
-                        raise EngineShutdownError(request_id, "the server is shutting down; nothing was served")
-                    self.counts["dropped_on_disconnect"] += 1
-                    return None
-                handle = self.policy.submit(job)
-                finished = self._finished(handle)
-                slot_held = False
-            finally:
-                if slot_held:
-                    self.gate.release()
-            if not await self._until_closed(finished, closed, self._shutting_down):
-                if self._stopping:
-                    handle.cancel(AbortReason.CANCELED, f"server shut down during request {request_id}")
-                    raise EngineShutdownError(request_id, "the server shut down before the request finished; "
-                                                          "its group was canceled")
-                handle.cancel(AbortReason.CANCELED, f"client disconnected during request {request_id}")
-                self.counts["canceled_on_disconnect"] += 1
-                return None
-            reply = self.policy.reply(job, handle.result(timeout=0))
-            timing = {"infer_ms": (time.monotonic() - started) * 1000.0}
-            if previous_total_ms is not None:
-                timing["prev_total_ms"] = previous_total_ms
-            reply["server_timing"] = timing
-            self.counts["replies"] += 1
-            return codec.pack(reply)
-        except TrajectoryEnsembleError as error:
-            self.counts["error_frames"] += 1
-            logger.info("openpi: %s refused: %s: %s", request_id, type(error).__name__, bound_text(str(error)))
-            return codec.error_frame(error)
-        except Exception as error:
-            self.counts["error_frames"] += 1
-            logger.exception("openpi: %s failed unexpectedly", request_id)
-            return codec.error_frame(error)
-        finally:
-            closed.cancel()
-            self._inflight -= 1
-
-    def _finished(self, handle: GroupHandle) -> asyncio.Future:
-        # The handle ends on the engine thread; its slot is released and the future resolved on the loop.
-        loop = asyncio.get_running_loop()
-        future = loop.create_future()
-
-        self._in_engine += 1
-
-        def on_loop() -> None:
-            self._in_engine -= 1
-            self.gate.release()
-            if not future.done():
-                future.set_result(None)
-
-        def on_engine(_: GroupHandle) -> None:
-            try:
-                loop.call_soon_threadsafe(on_loop)
-            except RuntimeError:
-                pass  # the loop is gone: the process is exiting
-
-        handle.add_done_callback(on_engine)
-        return future
-
-    @staticmethod
-    async def _until_closed(awaitable: Any, *stoppers: asyncio.Future,
-                            release: Callable[[], None] | None = None) -> bool:
-        """Await ``awaitable`` unless a stopper (the connection closing, the server shutting down) ends first.
-
-        Returns:
-            `bool`: True when ``awaitable`` finished (its error is raised), False when a stopper won.
-
-        Args:
-            release (`Callable[[], None]`, *optional*): Undo a successful ``awaitable`` that lost the race.
-        """
-        task = asyncio.ensure_future(awaitable)
-        done, _ = await asyncio.wait({task, *stoppers}, return_when=asyncio.FIRST_COMPLETED)
-        if task in done:
-            task.result()
-            return True
-        task.cancel()
-        try:
-            await task
-        except (asyncio.CancelledError, TrajectoryEnsembleError):
-            return False
-        if release is not None:
-            release()  # it completed while being canceled
-        return False
 
 
 class ServerThread:

@@ -95,8 +95,9 @@ class WirePolicy:
 
 
 class InProcessPolicy:
-    """The server's own :class:`~trajectory_ensemble_node.openpi.policy.OpenPIPolicy`, called as ``_serve`` calls it
-    (prepare, build, submit, reply) with no socket: the same checks, continuity sessions and seeds.
+    """The server's own :class:`~trajectory_ensemble_node.openpi.policy.OpenPIPolicy`, called as
+    :meth:`~trajectory_ensemble_node.openpi.dispatch.RequestDispatcher.serve` calls it (prepare, build, submit,
+    reply) with no socket: the same checks, continuity sessions and seeds.
 
     Safe to call from several threads at once, as the server's clients do: builds take turns, as on the server's one
     build thread, and the engine co-batches the groups in flight.

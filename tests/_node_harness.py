@@ -625,6 +625,22 @@ def succeeded(outcome: GoalOutcome) -> Any:
     return outcome.result
 
 
+def write_state_checkpoint(folder: Path, names: Iterable[str], low: Iterable[float], high: Iterable[float],
+                           domain: str = "droid_lerobot") -> Path:
+    """A tiny checkpoint that takes the robot's state (issue 58): the random tiny pipeline saved as safetensors, its
+    ``action_stats.json`` declaring ``names`` with ``minmax`` statistics ``low`` .. ``high`` under ``domain``.
+
+    Returns:
+        `Path`: ``folder``, for the node's ``model`` parameter.
+    """
+    from trajectory_ensemble_node.models.cosmos3 import StateInput, build_pipeline, write_state_input
+
+    build_pipeline("tiny", seed=0).save_pretrained(folder, safe_serialization=True)
+    write_state_input(folder, StateInput.from_stats(tuple(names), "minmax", {"min": list(low), "max": list(high)},
+                                                    domain=domain))
+    return folder
+
+
 class Stamps:
     """Unique observation stamps within one module (seconds)."""
 

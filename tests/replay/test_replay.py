@@ -31,8 +31,10 @@ GOAL_OFFSET_S = 0.2
 """Goals fall 0.2 s after a frame and 0.05 s before the next: well clear of both at rate 1 (see replay.SETTLE_S)."""
 
 
-def _write_bag(path: Path, frames: int = 6, size: int = 256) -> list[tuple[int, int]]:
-    """A bag of ``frames`` images (and joint states) 4 Hz apart; returns ``(log time, header stamp)`` per frame."""
+def _write_bag(path: Path, frames: int = 6, size: int = 256,
+               joints: tuple[str, ...] = ("j0", "j1")) -> list[tuple[int, int]]:
+    """A bag of ``frames`` images (and joint states of ``joints``, stamped as the frame) 4 Hz apart; returns
+    ``(log time, header stamp)`` per frame. Joint k of frame i is at ``0.1 * i * (-1) ** k``."""
     rng = np.random.default_rng(0)
     frames_out = []
     with bags.BagRecorder(path, "sqlite3") as recorder:
@@ -43,7 +45,8 @@ def _write_bag(path: Path, frames: int = 6, size: int = 256) -> list[tuple[int, 
             stamp = CAMERA_EPOCH_NS + i * FRAME_PERIOD_NS - 30_000_000
             image = rng.integers(0, 255, size=(size, size, 3), dtype=np.uint8)
             recorder.write_msg("/cam/image_raw", log_ns, bags.image_msg(image, stamp, "cam"))
-            recorder.write_msg("/joint_states", log_ns, bags.joint_state_msg(("j0", "j1"), (0.1 * i, -0.1 * i), stamp))
+            positions = tuple(0.1 * i * (-1) ** k for k in range(len(joints)))
+            recorder.write_msg("/joint_states", log_ns, bags.joint_state_msg(joints, positions, stamp))
             frames_out.append((log_ns, stamp))
     return frames_out
 
@@ -257,3 +260,38 @@ def test_replay_into_real_node(tmp_path: Path, ros_env: dict[str, str]) -> None:
     assert [bags.stamp_ns(m) for _, m in candidates] == expected
     assert bags.candidates_array(candidates[0][1]).shape == (3, 8, 10)
     assert (tmp_path / "out" / "trajectories.png").stat().st_size > 10_000
+
+
+@pytest.mark.slow
+def test_replay_serves_a_model_that_takes_state_from_the_bags_joint_states(tmp_path: Path,
+                                                                          ros_env: dict[str, str]) -> None:
+    """A bag replayed into the node serving a tiny checkpoint that takes state (issue 58): each frame is served with
+    the bag's joint state of its stamp, picked by name from a message in another order (a goal would end
+    NO_OBSERVATION, STATE_SKEW or OBSERVATION_SCHEMA otherwise, and replay exit 1)."""
+    from _node_harness import write_state_checkpoint
+
+    from trajectory_ensemble_node.cli.launcher import NodeProcess
+
+    frames = _write_bag(tmp_path / "in", frames=4, joints=("gripper", "wrist", "elbow", "shoulder"))
+    expected = _expected_stamps(frames)
+    checkpoint = write_state_checkpoint(tmp_path / "state_model", ("shoulder", "elbow", "gripper"),
+                                        [-1.0, -1.0, -1.0], [1.0, 1.0, 1.0])
+    params = {"model": str(checkpoint), "device": "cpu", "domain_name": "droid_lerobot", "chunk_size": 8,
+              "num_inference_steps": 2, "candidate_count": 2, "max_observation_age_s": 30.0}
+    with NodeProcess(params, ros_env, log_path=tmp_path / "node.log", namespace="/replay_state_test") as node:
+        node.start(ready_timeout_s=300)
+        proc = subprocess.run(
+            [sys.executable, "-m", "trajectory_ensemble_node.cli", "replay", str(tmp_path / "in"),
+             "--out", str(tmp_path / "out"), "--goal-every", str(GOAL_EVERY_S), "--goal-offset", str(GOAL_OFFSET_S),
+             "--candidates", "2", "--rate", "1", "--wait", "30", "--no-plot",
+             "--node-namespace", "/replay_state_test/trajectory_ensemble"],
+            env=ros_env, capture_output=True, text=True, timeout=600,
+        )
+        assert proc.returncode == 0, f"replay exit status {proc.returncode}:\n{proc.stdout}{proc.stderr}{node.tail()}"
+    summary_lines = [line for line in proc.stdout.splitlines() if line.startswith("goal ")]
+    assert len(summary_lines) == len(expected) and all(" ok " in line for line in summary_lines), proc.stdout
+    out_bag = tmp_path / "out" / "bag"
+    trajectories = bags.read_messages(out_bag, "/replay_state_test/trajectory_ensemble/trajectory")
+    assert [bags.stamp_ns(m) for _, m in trajectories] == expected
+    states = bags.read_messages(out_bag, "/replay_state_test/trajectory_ensemble/observation/state")
+    assert [bags.stamp_ns(m) for _, m in states] == [stamp for _, stamp in frames]

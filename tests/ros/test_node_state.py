@@ -16,7 +16,16 @@ import pytest
 pytest.importorskip("rclpy")
 pytest.importorskip("trajectory_ensemble_msgs")
 
-from _node_harness import BASE_PARAMS, NS, Stamps, image_msg, metrics_dict, serve_node, succeeded  # noqa: E402
+from _node_harness import (  # noqa: E402
+    BASE_PARAMS,
+    NS,
+    Stamps,
+    image_msg,
+    metrics_dict,
+    serve_node,
+    succeeded,
+    write_state_checkpoint,
+)
 from action_msgs.msg import GoalStatus  # noqa: E402
 from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import CosmosActionCondition  # noqa: E402
 from sensor_msgs.msg import JointState  # noqa: E402
@@ -24,12 +33,7 @@ from sensor_msgs.msg import JointState  # noqa: E402
 from trajectory_ensemble_node.catalog import load_pipeline  # noqa: E402
 from trajectory_ensemble_node.contract import CandidateTrajectorySpec  # noqa: E402
 from trajectory_ensemble_node.errors import ErrorCode  # noqa: E402
-from trajectory_ensemble_node.models.cosmos3 import (  # noqa: E402
-    Cosmos3ActionModel,
-    StateInput,
-    build_pipeline,
-    write_state_input,
-)
+from trajectory_ensemble_node.models.cosmos3 import Cosmos3ActionModel  # noqa: E402
 
 pytestmark = [pytest.mark.ros, pytest.mark.slow]
 
@@ -49,10 +53,7 @@ stamps = Stamps(5000)
 @pytest.fixture(scope="module")
 def served(tmp_path_factory, ros_domain_id):
     tmp = tmp_path_factory.mktemp("node_state")
-    checkpoint = tmp / "state_model"
-    build_pipeline("tiny", seed=0).save_pretrained(checkpoint, safe_serialization=True)
-    write_state_input(checkpoint, StateInput.from_stats(NAMES, "minmax", {"min": LOW, "max": HIGH},
-                                                        domain="droid_lerobot"))
+    checkpoint = write_state_checkpoint(tmp / "state_model", NAMES, LOW, HIGH)
     for served in serve_node(tmp, ros_domain_id, {"model": str(checkpoint), **SERVED}):
         yield (*served, checkpoint)
 

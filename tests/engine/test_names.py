@@ -6,12 +6,13 @@ from __future__ import annotations
 import torch
 from diffusers import UniPCMultistepScheduler
 
-from trajectory_ensemble_node.models.cosmos3.steppers import ServingStepper
+from trajectory_ensemble_node.models.cosmos3.steppers import PipelineStepper
 
 
 def test_stepper_state_keeps_its_old_scheduler_names_as_aliases():
-    stepper = ServingStepper(UniPCMultistepScheduler(), 4, torch.device("cpu"))
+    stepper = PipelineStepper(UniPCMultistepScheduler(), 4, torch.device("cpu"))
     assert stepper.vision_scheduler is stepper.vision_state
     assert stepper.action_scheduler is stepper.action_state is not None
-    assert ServingStepper(UniPCMultistepScheduler(), 4, torch.device("cpu"), has_action=False).action_scheduler is None
+    without_action = PipelineStepper(UniPCMultistepScheduler(), 4, torch.device("cpu"), has_action=False)
+    assert without_action.action_scheduler is None
     assert stepper.num_steps == 4 and stepper.sigmas is stepper.vision_state.sigmas

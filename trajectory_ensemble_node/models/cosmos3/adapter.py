@@ -31,7 +31,7 @@ from .workers import ForwardWorkers, resolve_forward_threads
 from .packing import PackItem, pack_forward, split_predictions
 from .rollout import RolloutError, RolloutSpec, RolloutStepper, build_rollout_scheduler
 from .state import StateInput, declared_state_input
-from .steppers import GroupStepper, ServingStepper
+from .steppers import GroupStepper, PipelineStepper
 
 
 @dataclass
@@ -229,8 +229,8 @@ class Cosmos3Adapter:
     ) -> GroupStepper:
         native = bool(self.pipe.config.use_native_flow_schedule)
         if request.rollout is None:
-            return ServingStepper(self.pipe.scheduler, request.num_inference_steps, self.device,
-                                  use_native_flow_schedule=native, has_action=True)
+            return PipelineStepper(self.pipe.scheduler, request.num_inference_steps, self.device,
+                                   use_native_flow_schedule=native, has_action=True)
         if len(generators) != len(request.seeds):
             raise RolloutError(
                 "a rollout group must run as one group (batched or microbatched); the sequential fallback would "
@@ -427,9 +427,9 @@ class Cosmos3Adapter:
                 f"rollout={state.request.rollout is not None})"
             )
         state.steps_requested = state.steps_requested or state.num_steps
-        state.stepper = ServingStepper(self.pipe.scheduler, steps, self.device,
-                                       use_native_flow_schedule=bool(self.pipe.config.use_native_flow_schedule),
-                                       has_action=True)
+        state.stepper = PipelineStepper(self.pipe.scheduler, steps, self.device,
+                                        use_native_flow_schedule=bool(self.pipe.config.use_native_flow_schedule),
+                                        has_action=True)
         state.num_steps = steps
         state.anytime = True
 

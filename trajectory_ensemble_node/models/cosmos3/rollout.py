@@ -2,10 +2,11 @@
 
 A GRPO group is a candidate group: N samples from one observation. In rollout mode a group gets
 
-- its own ``FlowMatchEulerDiscreteScheduler`` (the serving scheduler is never touched): with no explicit flow shift
-  it inherits the serving grid (``serving.sigmas[:-1]``, terminal 0 appended by Euler); with an explicit shift
-  ``s`` it rebuilds ``sigma = s*u / (1 + (s-1)*u)`` over ``u = linspace(1, 1/num_train_timesteps, steps)`` and
-  sets the Euler shift to 1.0 so ``set_timesteps(sigmas=...)`` keeps the grid as given;
+- its own ``FlowMatchEulerDiscreteScheduler`` (the pipeline's noise scheduler is never touched): with no explicit
+  flow shift it inherits the pipeline's grid (:class:`~.steppers.PipelineStepper`'s ``sigmas[:-1]``, terminal 0
+  appended by Euler); with an explicit shift ``s`` it rebuilds ``sigma = s*u / (1 + (s-1)*u)`` over
+  ``u = linspace(1, 1/num_train_timesteps, steps)`` and sets the Euler shift to 1.0 so ``set_timesteps(sigmas=...)``
+  keeps the grid as given;
 - on selected steps the Flow-GRPO "sde" transition (sigma ``σ``, next ``σ'``, ``dt = σ' - σ < 0``, velocity ``v``,
   noise level ``η``)::
 
@@ -38,7 +39,7 @@ from safetensors.torch import load_file, save_file
 
 from ...errors import InvalidSpecError, RolloutError
 from .conditioning import GroupConditioning
-from .steppers import ServingStepper
+from .steppers import PipelineStepper
 
 ROLLOUT_FORMAT_VERSION = 1
 SIGMA_ONE_ATOL = 1e-4
@@ -55,7 +56,7 @@ class RolloutSpec:
     Args:
         noise_level (`float`): Flow-GRPO ``η`` (>= 0). ``0`` makes every step the deterministic ODE step.
         sde_steps (`tuple[int, ...]`, *optional*): Steps that take the SDE transition; ``None`` means all.
-        flow_shift (`float`, *optional*): Explicit shift of the rollout grid; ``None`` inherits the serving grid.
+        flow_shift (`float`, *optional*): Explicit shift of the rollout grid; ``None`` inherits the pipeline's grid.
         output_dir (`str` or `Path`, *optional*): Where ``<request_id>.safetensors`` and ``<request_id>.json`` are
             written; ``None`` keeps the record in memory only.
         capture_steps (`tuple[int, ...]`, *optional*): Steps whose pre-step latents are stored (with the latents
@@ -124,7 +125,7 @@ class RolloutResult:
 
 
 def build_rollout_scheduler(
-    serving: Any,
+    noise_scheduler: Any,
     num_inference_steps: int,
     device: torch.device,
     *,
@@ -132,10 +133,10 @@ def build_rollout_scheduler(
     use_native_flow_schedule: bool = False,
 ) -> FlowMatchEulerDiscreteScheduler:
     """A fresh per-request Euler scheduler on the rollout grid (see the module docstring)."""
-    num_train = int(serving.config.num_train_timesteps)
+    num_train = int(noise_scheduler.config.num_train_timesteps)
     if flow_shift is None:
-        grid = ServingStepper(serving, num_inference_steps, device,
-                              use_native_flow_schedule=use_native_flow_schedule, has_action=False)
+        grid = PipelineStepper(noise_scheduler, num_inference_steps, device,
+                               use_native_flow_schedule=use_native_flow_schedule, has_action=False)
         sigmas = grid.sigmas[:-1].float().cpu()
     else:
         u = torch.linspace(1.0, 1.0 / num_train, num_inference_steps, dtype=torch.float64)

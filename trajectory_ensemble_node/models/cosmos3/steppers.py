@@ -2,7 +2,7 @@
 
 "Stepper" names the diffusers noise scheduler (UniPC) as this package uses it, so that "scheduler" keeps one
 meaning: the engine's request scheduling (:mod:`trajectory_ensemble_node.engine.scheduler`). Each group owns its
-stepper state (deep copies of the pipeline's serving noise scheduler), so groups at different steps, with different
+stepper state (deep copies of the pipeline's noise scheduler), so groups at different steps, with different
 step counts, can share one physical forward, and the pipeline's own is never mutated. The step math is elementwise
 per sample, so one stepper state over the stacked ``[N, ...]`` candidates equals N separate ones.
 """
@@ -35,14 +35,15 @@ class GroupStepper(Protocol):
     ) -> tuple[torch.Tensor, torch.Tensor | None]: ...
 
 
-class ServingStepper:
-    """The upstream serving step: one UniPC state for vision and a deep-copied one for actions.
+class PipelineStepper:
+    """The pipeline's own step: one UniPC state for vision and a deep-copied one for actions.
 
-    Reproduces ``Cosmos3OmniPipeline.__call__``: ``set_timesteps`` on the serving noise scheduler (here on a private
-    copy, the vision stepper state), then a deep copy for the action stream, each stepped once per denoising step.
+    Reproduces ``Cosmos3OmniPipeline.__call__``: ``set_timesteps`` on the pipeline's noise scheduler (here on a
+    private copy, the vision stepper state), then a deep copy for the action stream, each stepped once per denoising
+    step.
 
     Args:
-        serving (`SchedulerMixin`): The pipeline's noise scheduler; only copied, never mutated.
+        noise_scheduler (`SchedulerMixin`): The pipeline's noise scheduler; only copied, never mutated.
         num_inference_steps (`int`): Denoising steps.
         device (`torch.device`): Device of the timesteps.
         use_native_flow_schedule (`bool`): Mirrors the pipeline config flag of the same name.
@@ -51,14 +52,14 @@ class ServingStepper:
 
     def __init__(
         self,
-        serving: UniPCMultistepScheduler,
+        noise_scheduler: UniPCMultistepScheduler,
         num_inference_steps: int,
         device: torch.device,
         *,
         use_native_flow_schedule: bool = False,
         has_action: bool = True,
     ) -> None:
-        self.vision_state = copy.deepcopy(serving)
+        self.vision_state = copy.deepcopy(noise_scheduler)
         if use_native_flow_schedule:
             num_train = self.vision_state.config.num_train_timesteps
             sigmas = np.linspace(1.0 - 1.0 / num_train, 0.0, num_inference_steps + 1)[:-1]

@@ -7,7 +7,8 @@ lab, at module level or inside functions, by ``ast``) has no cycle, neither betw
 the tools and the lab's ROS modules import rclpy; the two faces are apart (``openpi/`` never imports ``ros/``, nor
 ``ros/`` ``openpi/``, and neither imports ``fleet/``); ``serving/``, the layer both faces share, imports neither face;
 ``remote/`` is a served model, not a face, and imports no face (``ros/``, ``openpi/``, ``fleet/``), nor does
-``wire/``, the codec and schemas they all speak; ``fleet/``, a backend of the OpenPI face, never imports ``ros/``. No
+``wire/``, the codec and schemas they all speak; ``fleet/``, a backend of the OpenPI face, never imports ``ros/``.
+Every product package has a layer (:data:`LAYERS`, docs/development.md) and imports nothing from a layer above. No
 module stands a ``SimpleNamespace`` in for a message.
 
 At run time: every module of the ROS-free packages (the core, ``serving/``, ``engine/``, ``models/``, ``wire/``,
@@ -51,6 +52,19 @@ FACES = ("ros", "openpi", "fleet")
 ``wire/`` never import."""
 ROS_FREE_PACKAGES = ("core", "serving", "engine", "models", "wire", "openpi", "remote", "service", "catalog")
 """Packages (as :func:`package_of` names them) whose every module imports with rclpy blocked."""
+LAYERS = (
+    ("core", "provenance"),
+    ("engine", "service", "models"),
+    ("catalog", "bundled", "toy"),
+    ("serving",),
+    ("wire",),
+    ("remote",),
+    ("ros", "openpi", "fleet"),
+    ("cli", "replay", "calibration", "demo", "testing"),
+)
+"""The product's packages (as :func:`package_of` names them), bottom up: each imports from its own layer and the ones
+below, never from above (docs/development.md, "Layers"). A new package is placed here."""
+_LAYER_OF = {package: rank for rank, layer in enumerate(LAYERS) for package in layer}
 
 
 # --- the static import graph --------------------------------------------------------------------------------------
@@ -178,6 +192,8 @@ def violations(sources: Mapping[str, str]) -> list[str]:
     """Every broken rule, one line each: ``"<module> imports <target>: <rule>"`` (empty when the code is clean)."""
     graph = import_graph(sources)
     found = [f"package cycle: {' -> '.join(cycle)}" for cycle in package_cycles(graph)]
+    unplaced = sorted({package_of(m) for m in graph if m.startswith(PACKAGE)} - set(_LAYER_OF))
+    found += [f"package {package} has no layer in LAYERS" for package in unplaced]
     for module, targets in sorted(graph.items()):
         for target in sorted(targets):
             if _within(module, "engine") and _within(target, "models"):
@@ -209,6 +225,10 @@ def violations(sources: Mapping[str, str]) -> list[str]:
                 found.append(f"{module} imports {target}: wire/ is neutral ground; it imports no face nor remote/")
             if _within(module, "fleet") and _within(target, "ros"):
                 found.append(f"{module} imports {target}: fleet/, a backend of the OpenPI face, never imports the node")
+            if (module.startswith(PACKAGE) and target.startswith(PACKAGE + ".")
+                    and _LAYER_OF.get(package_of(target), -1) > _LAYER_OF.get(package_of(module), len(LAYERS))):
+                found.append(f"{module} imports {target}: {package_of(module)} never imports a layer above its own "
+                             f"({package_of(target)}; LAYERS)")
     found += [f"file cycle: {' <-> '.join(cycle)}" for cycle in file_cycles(graph)]
     return found
 
@@ -362,6 +382,31 @@ def simple_namespaces(sources: Mapping[str, str]) -> list[str]:
                 hits = []
             found += [f"{module}:{node.lineno} uses SimpleNamespace" for _ in hits]
     return found
+
+
+def test_the_layer_check_finds_an_import_from_above_and_an_unplaced_package():
+    # Guards the guard: serving/ reaching remote/ (a layer up) and a package with no layer are found; importing down
+    # (the node holding a remote model) and within a layer (fleet/ behind the OpenPI face) stay allowed.
+    fake = {
+        PACKAGE: "",
+        f"{PACKAGE}.serving": "",
+        f"{PACKAGE}.serving.model_factory": "def f():\n    from ..remote import client\n",
+        f"{PACKAGE}.remote": "",
+        f"{PACKAGE}.remote.client": "",
+        f"{PACKAGE}.ros": "",
+        f"{PACKAGE}.ros.model_host": "from ..remote.client import RemoteClient\n",
+        f"{PACKAGE}.openpi": "",
+        f"{PACKAGE}.openpi.server": "",
+        f"{PACKAGE}.fleet": "",
+        f"{PACKAGE}.fleet.app": "from ..openpi.server import OpenPIServer\n",
+        f"{PACKAGE}.gadgets": "",
+    }
+    found = violations(fake)
+    assert found == [
+        "package gadgets has no layer in LAYERS",
+        f"{PACKAGE}.serving.model_factory imports {PACKAGE}.remote.client: serving never imports a layer above its own "
+        "(remote; LAYERS)",
+    ]
 
 
 def test_no_module_of_the_package_uses_a_simple_namespace():

@@ -426,6 +426,50 @@ def test_the_simple_namespace_scan_finds_planted_uses():
     ]
 
 
+# --- one home per request concept --------------------------------------------------------------------------------
+
+
+def constructions(sources: Mapping[str, str], name: str) -> list[str]:
+    """Every product module that calls ``name(...)`` (a bare name or an attribute, e.g. ``pipeline.name(...)``)."""
+    found = []
+    for module, source in sorted(sources.items()):
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, ast.Call) and name in (getattr(node.func, "id", None), getattr(node.func, "attr", None)):
+                found.append(module)
+                break
+    return found
+
+
+def functions_named(sources: Mapping[str, str], name: str) -> list[str]:
+    """Every product function or method called ``name``, as ``module:line``."""
+    return [f"{module}:{node.lineno}" for module, source in sorted(sources.items())
+            for node in ast.walk(ast.parse(source))
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == name]
+
+
+def test_one_product_module_builds_the_models_condition():
+    # A second model family then touches one module, and a request means the same on every face.
+    assert constructions(package_sources(), "CosmosActionCondition") == [f"{PACKAGE}.models.cosmos3.conditioning"]
+
+
+def test_one_product_function_is_named_plan_goal():
+    # The faces' shared planning; a face's own step says what it plans (``ros.goals.plan_action_goal``).
+    found = functions_named(package_sources(), "plan_goal")
+    assert [where.split(":")[0] for where in found] == [f"{PACKAGE}.serving.planning"], found
+
+
+def test_the_one_home_checks_find_planted_copies():
+    fake = {
+        f"{PACKAGE}.models.cosmos3.conditioning": "def policy_condition(i):\n    return CosmosActionCondition(image=i)\n",
+        f"{PACKAGE}.toy": "import diffusers\ndef f(i):\n    return diffusers.CosmosActionCondition(mode='policy')\n",
+        f"{PACKAGE}.serving.planning": "def plan_goal(request):\n    pass\n",
+        f"{PACKAGE}.ros.goals": "class Goals:\n    def plan_goal(self, goal):\n        pass\n",
+        f"{PACKAGE}.openpi.extras": "from ..serving.planning import plan_goal\nplan_goal(None)\n",
+    }
+    assert constructions(fake, "CosmosActionCondition") == [f"{PACKAGE}.models.cosmos3.conditioning", f"{PACKAGE}.toy"]
+    assert functions_named(fake, "plan_goal") == [f"{PACKAGE}.ros.goals:2", f"{PACKAGE}.serving.planning:1"]
+
+
 # --- no re-export-only modules ------------------------------------------------------------------------------------
 
 

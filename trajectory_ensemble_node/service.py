@@ -193,6 +193,10 @@ class EnsembleService:
         with self._outcomes_lock:
             return dict(self._outcomes)
 
+    def remote_status(self) -> None:
+        """``None``: the model runs in this process (a remote model reports its server's state here)."""
+        return None
+
     def instrument(self, wrap: Callable[[CandidateModelAdapter], _T]) -> _T:
         """TEST ONLY: hand the adapter the engine calls to ``wrap`` (e.g. a fault injector that shadows its methods).
 

@@ -389,3 +389,10 @@ def group_uncertainty(candidates: torch.Tensor, threshold: float | None, novelty
         raise NoveltyScorerError("a novelty scorer is configured but the model returned no observation embedding")
     # The rule's own thresholds replace ``threshold`` (``either`` calibrates the spread at alpha / 2).
     return novelty.report(uncertainty, embedding)
+
+
+def alarm_in_force(novelty: NoveltyCheck | None, threshold: float | None) -> AlarmRule | None:
+    """The rule the node decides ``uncertain`` by: the scorer's, else ``spread`` on the threshold, else none."""
+    if novelty is not None:
+        return novelty.alarm
+    return AlarmRule("spread", threshold) if threshold is not None else None

@@ -23,7 +23,7 @@ from trajectory_ensemble_node.errors import (
 )
 from trajectory_ensemble_node.openpi.extras import EXTRA_KEYS, parse_extras, plan_request
 from trajectory_ensemble_node.wire.schemas import DROID_VIEWS, compose_droid, get_schema
-from trajectory_ensemble_node.ros.goals import plan_goal
+from trajectory_ensemble_node.ros.goals import plan_action_goal
 from trajectory_ensemble_node.serving.input_limits import InputLimits
 from trajectory_ensemble_node.serving.params import validate
 
@@ -155,7 +155,7 @@ def test_an_extra_gets_the_same_error_and_text_as_the_same_goal(extras, goal):
         plan_request(parse_extras(extras), "", params, default_instruction=params.instruction,
                      valid_reducers=VALID_REDUCERS)
     with pytest.raises(Exception) as as_a_goal:
-        plan_goal(_goal(**goal), params, default_instruction=params.instruction, valid_reducers=VALID_REDUCERS)
+        plan_action_goal(_goal(**goal), params, default_instruction=params.instruction, valid_reducers=VALID_REDUCERS)
     assert type(over_the_wire.value) is type(as_a_goal.value)
     assert str(over_the_wire.value) == str(as_a_goal.value)
     assert isinstance(over_the_wire.value, (CandidateCountError, UnknownReducerError, InvalidSpecError,

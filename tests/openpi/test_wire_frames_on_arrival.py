@@ -14,10 +14,10 @@ import pytest
 from _openpi_harness import serving, toy_image
 
 from trajectory_ensemble_node.errors import ErrorCode
+from trajectory_ensemble_node.models.cosmos3 import MIN_IMAGE_SIDE, min_image_side
 from trajectory_ensemble_node.openpi import OpenPIPolicy
 from trajectory_ensemble_node.wire.codec import parse_error_frame
 from trajectory_ensemble_node.wire.schemas import get_schema
-from trajectory_ensemble_node.serving.input_limits import MIN_IMAGE_SIDE, min_image_side
 
 websockets_sync = pytest.importorskip("websockets.sync.client")
 msgpack_numpy = pytest.importorskip("openpi_client.msgpack_numpy")

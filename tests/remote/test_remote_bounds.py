@@ -34,7 +34,7 @@ from trajectory_ensemble_node.errors import (
     RemoteTimeoutError,
 )
 from trajectory_ensemble_node.openpi import OpenPIServer, ServerLimits, ServerThread
-from trajectory_ensemble_node.remote import RemoteEngine
+from trajectory_ensemble_node.remote import RemoteModel
 from trajectory_ensemble_node.remote.client import REPLY_TRANSFER_S
 from trajectory_ensemble_node.serving.params import validate
 
@@ -68,7 +68,7 @@ def replying(server: FakeServer, reply: Any):
     return behave
 
 
-def started(engine: RemoteEngine, **kwargs: Any) -> tuple[Any, float, dict[str, float]]:
+def started(engine: RemoteModel, **kwargs: Any) -> tuple[Any, float, dict[str, float]]:
     """Submit a group; its handle, the submit time and (once it ends) its end time."""
     ended: dict[str, float] = {}
     request = engine.make_request(**group_kwargs(engine.params, count=2), **kwargs)
@@ -84,8 +84,8 @@ def ended_with(handle, error: type[Exception]) -> Exception:
     return caught.value
 
 
-def engine_for(url: str, **overrides: Any) -> RemoteEngine:
-    engine = RemoteEngine(validate({"engine": "openpi", "engine_url": url, **overrides}))
+def engine_for(url: str, **overrides: Any) -> RemoteModel:
+    engine = RemoteModel(validate({"engine": "openpi", "engine_url": url, **overrides}))
     engine.start()
     return engine
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import socket
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from _openpi_harness import serving, toy_image, wait_until
@@ -26,14 +27,16 @@ from trajectory_ensemble_node.errors import (
     RemoteUnreachableError,
 )
 from trajectory_ensemble_node.openpi import OpenPIPolicy
-from trajectory_ensemble_node.remote import RemoteEngine
+from trajectory_ensemble_node.remote import RemoteModel
+from trajectory_ensemble_node.remote.groups import reduce_samples
 from trajectory_ensemble_node.serving.params import NodeParams, validate
+from trajectory_ensemble_node.serving.request_path import build_request
 
 SEED = 1234
 
 
-def remote_engine(url: str, **overrides: Any) -> RemoteEngine:
-    engine = RemoteEngine(validate({"engine": "openpi", "engine_url": url, **overrides}))
+def remote_engine(url: str, **overrides: Any) -> RemoteModel:
+    engine = RemoteModel(validate({"engine": "openpi", "engine_url": url, **overrides}))
     engine.start()
     return engine
 
@@ -49,7 +52,7 @@ def group_kwargs(p: NodeParams, *, count: int = 4, reducer: str = "mode", contex
                 context=context)
 
 
-def serve_both(local, engine: RemoteEngine, **kwargs: Any):
+def serve_both(local, engine: RemoteModel, **kwargs: Any):
     p = engine.params
     here = local.wait(local.submit_request(local.make_request(**group_kwargs(p, **kwargs))), timeout=120)
     there = engine.wait(engine.submit_request(engine.make_request(**group_kwargs(p, **kwargs))), timeout=120)
@@ -66,7 +69,7 @@ def test_a_remote_group_equals_the_local_group_bitwise(toy_policy):
     with serving(toy_policy) as server:
         engine = remote_engine(server.url)
         try:
-            assert engine.status()["state"] == "connected" and engine.samples_per_request is not None
+            assert engine.remote_status()["state"] == "connected" and engine.samples_per_request is not None
             here, there = serve_both(toy_policy.model, engine)
         finally:
             engine.stop()
@@ -106,6 +109,19 @@ def test_a_one_sample_server_gets_n_seeded_requests_reduced_here(toy_policy):
     assert_bitwise(here, there)
 
 
+@pytest.mark.parametrize(("cut", "expected"), [(0.0, 0.2), (0.05, 0.0)])
+def test_a_remote_node_reduces_its_one_sample_groups_at_its_mode_threshold(cut, expected):
+    # Four samples 0.4 apart: the relative rule finds one mode (their first two's mean), a fixed 0.05 cut only
+    # singletons (candidate 0): the engine's completion with the node's mode_threshold, as the local model reduces.
+    p = validate({"engine": "openpi", "engine_url": "ws://127.0.0.1:9", "mode_threshold": cut}, env={})
+    model = RemoteModel(p)
+    request = build_request(model, p, prompt="go", spec=CandidateTrajectorySpec(count=4, reducer="mode"), base_seed=1,
+                            image=toy_image(), request_id="g", context=None)
+    samples = [np.full((p.chunk_size, p.action_dim), 0.4 * i, np.float32) for i in range(4)]
+    action = reduce_samples(request, samples, extra_metrics={}).action
+    assert torch.allclose(action, torch.full_like(action, expected))
+
+
 def test_a_one_sample_server_refuses_a_larger_count_with_the_count_error(toy_policy):
     one = OpenPIPolicy(toy_policy.model, validate({"openpi_samples_per_request": 1}), notice=toy_policy.notice)
     with serving(one) as server:
@@ -120,7 +136,7 @@ def test_a_one_sample_server_refuses_a_larger_count_with_the_count_error(toy_pol
             engine.stop()
 
 
-def engine_connection(engine: RemoteEngine):
+def engine_connection(engine: RemoteModel):
     from trajectory_ensemble_node.remote import open_connection
     return open_connection(engine.url, api_key=None, timeout_s=10)
 
@@ -129,17 +145,17 @@ def test_no_server_is_remote_unreachable():
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    engine = RemoteEngine(validate({"engine": "openpi", "engine_url": f"ws://127.0.0.1:{port}",
+    engine = RemoteModel(validate({"engine": "openpi", "engine_url": f"ws://127.0.0.1:{port}",
                                     "engine_timeout_s": 5.0}))
     with pytest.raises(RemoteUnreachableError) as caught:
         engine.start()
     assert caught.value.code == ErrorCode.REMOTE_UNREACHABLE
-    assert engine.status()["state"] in ("reconnecting", "unreachable")
+    assert engine.remote_status()["state"] in ("reconnecting", "unreachable")
 
 
 def test_a_server_that_does_not_fit_is_a_schema_error(toy_policy):
     with serving(toy_policy) as server:
-        engine = RemoteEngine(validate({"engine": "openpi", "engine_url": server.url, "chunk_size": 16}))
+        engine = RemoteModel(validate({"engine": "openpi", "engine_url": server.url, "chunk_size": 16}))
         with pytest.raises(RemoteSchemaError, match=r"action_shape is \[8, 2\] there but \[16, 2\] here"):
             engine.start()
 
@@ -147,7 +163,7 @@ def test_a_server_that_does_not_fit_is_a_schema_error(toy_policy):
 def test_a_wrong_key_is_unreachable_with_the_servers_refusal(toy_policy, monkeypatch):
     monkeypatch.setenv("TE_TEST_KEY", "wrong")
     with serving(toy_policy, api_key="right") as server:
-        engine = RemoteEngine(validate({"engine": "openpi", "engine_url": server.url,
+        engine = RemoteModel(validate({"engine": "openpi", "engine_url": server.url,
                                         "engine_api_key_env": "TE_TEST_KEY"}))
         with pytest.raises(RemoteUnreachableError, match="401"):
             engine.start()
@@ -156,7 +172,7 @@ def test_a_wrong_key_is_unreachable_with_the_servers_refusal(toy_policy, monkeyp
         engine.stop()
 
 
-def start_paced_group(toy_policy, paced, server, engine: RemoteEngine, **kwargs: Any):
+def start_paced_group(toy_policy, paced, server, engine: RemoteModel, **kwargs: Any):
     paced(1.0)  # 10 steps of 1 s: the group is in the engine for about 10 s
     handle = engine.submit_request(engine.make_request(**group_kwargs(engine.params, **kwargs)))
     wait_until(lambda: server.server.stats()["in_engine"] == 1, what="the remote group in the engine")
@@ -236,12 +252,12 @@ def test_the_prober_sees_the_server_go_and_come_back_on_the_same_port(toy_policy
         port = server.port
         engine = remote_engine(server.url)
     try:
-        wait_until(lambda: engine.status()["state"] in ("reconnecting", "unreachable"), what="the server gone")
-        wait_until(lambda: engine.status()["state"] == "unreachable", what="three failed probes")
+        wait_until(lambda: engine.remote_status()["state"] in ("reconnecting", "unreachable"), what="the server gone")
+        wait_until(lambda: engine.remote_status()["state"] == "unreachable", what="three failed probes")
         back = ServerThread(OpenPIServer(toy_policy, ServerLimits(), port=port)).start()
         try:
-            wait_until(lambda: engine.status()["state"] == "connected", what="the server back")
-            status = engine.status()
+            wait_until(lambda: engine.remote_status()["state"] == "connected", what="the server back")
+            status = engine.remote_status()
             assert status["failures"] == 0 and status["round_trip_ms"] is not None
             assert status["server"] == "trajectory_ensemble" and status["weights_version"] == 0
             here, there = serve_both(toy_policy.model, engine, count=2, request_id="after-restart")

@@ -94,7 +94,7 @@ VALID = ("mean", "mode", "mode_continuity", "backward_coherence")
 
 
 def plan(goal, **overrides):
-    return goals.plan_goal(goal, node_params(**overrides), default_instruction="go", valid_reducers=VALID)
+    return goals.plan_action_goal(goal, node_params(**overrides), default_instruction="go", valid_reducers=VALID)
 
 
 def test_goal_fields_and_the_node_default_decide_whether_a_goal_continues():

@@ -20,13 +20,11 @@ from sensor_msgs.msg import Image, JointState  # noqa: E402
 from trajectory_ensemble_node.errors import (  # noqa: E402
     ErrorCode, FrameDimensionsError, NoObservationError, ObservationArrayError,
 )
-from trajectory_ensemble_node.models.cosmos3 import build_pipeline  # noqa: E402
+from trajectory_ensemble_node.models.cosmos3 import MIN_IMAGE_SIDE, build_pipeline, min_image_side  # noqa: E402
 from trajectory_ensemble_node.serving.observation_buffer import ObservationBuffer  # noqa: E402
 from trajectory_ensemble_node.serving.input_limits import (  # noqa: E402
-    MIN_IMAGE_SIDE,
     check_image_dimensions,
     check_joint_state_shape,
-    min_image_side,
     state_values,
 )
 

@@ -20,7 +20,7 @@ from trajectory_ensemble_node.serving import params
 
 
 def make_goal(**fields) -> SimpleNamespace:
-    """A ``GenerateTrajectory.Goal`` look-alike with the message's defaults (plan_goal reads fields only)."""
+    """A ``GenerateTrajectory.Goal`` look-alike with the message's defaults (plan_action_goal reads fields only)."""
     defaults = dict(candidate_count=0, reducer="", return_candidates=False, use_seed=False, seed=0, instruction="",
                     rollout=False)
     return SimpleNamespace(**{**defaults, **fields})
@@ -36,40 +36,40 @@ VALID = ("mean", "median", "medoid", "trimmed_mean", "pose_gripper", "mode")
 
 def test_goal_defaults_limits_and_reducer_checks_happen_before_any_model_work():
     default = make_goal()
-    plan = goals.plan_goal(default, node_params(), default_instruction="go", valid_reducers=VALID)
+    plan = goals.plan_action_goal(default, node_params(), default_instruction="go", valid_reducers=VALID)
     assert (plan.spec.count, plan.spec.reducer, plan.instruction, plan.return_candidates) == (4, "mean", "go", False)
-    seeded = goals.plan_goal(make_goal(use_seed=True, seed=2**64 - 1, candidate_count=2, return_candidates=True,
+    seeded = goals.plan_action_goal(make_goal(use_seed=True, seed=2**64 - 1, candidate_count=2, return_candidates=True,
                                        instruction="x"),
                              node_params(), default_instruction="go", valid_reducers=VALID)
     assert seeded.base_seed == 2**64 - 1 and seeded.spec.count == 2 and seeded.spec.return_candidates
-    assert goals.plan_goal(default, node_params(publish_candidates=True), default_instruction="",
+    assert goals.plan_action_goal(default, node_params(publish_candidates=True), default_instruction="",
                            valid_reducers=VALID).spec.return_candidates
     with pytest.raises(CandidateCountError, match=r"candidate_count 9 is outside \[1, max_candidates=8\]"):
-        goals.plan_goal(make_goal(candidate_count=9), node_params(), default_instruction="",
+        goals.plan_action_goal(make_goal(candidate_count=9), node_params(), default_instruction="",
                         valid_reducers=VALID)
     with pytest.raises(UnknownReducerError, match="unknown reducer 'vote'"):
-        goals.plan_goal(make_goal(reducer="vote"), node_params(), default_instruction="",
+        goals.plan_action_goal(make_goal(reducer="vote"), node_params(), default_instruction="",
                         valid_reducers=VALID)
     with pytest.raises(ReducerLayoutError, match="pusht actions have width 2"):
-        goals.plan_goal(make_goal(reducer="pose_gripper"), node_params(domain_name="pusht"),
+        goals.plan_action_goal(make_goal(reducer="pose_gripper"), node_params(domain_name="pusht"),
                         default_instruction="", valid_reducers=VALID)
     with pytest.raises(ReducerLayoutError, match="not valid for this model"):
-        goals.plan_goal(make_goal(reducer="median"), node_params(), default_instruction="",
+        goals.plan_action_goal(make_goal(reducer="median"), node_params(), default_instruction="",
                         valid_reducers=("mean",))
     with pytest.raises(goals.GoalRequestError, match="rollout_dir"):
-        goals.plan_goal(make_goal(rollout=True), node_params(), default_instruction="",
+        goals.plan_action_goal(make_goal(rollout=True), node_params(), default_instruction="",
                         valid_reducers=VALID)
 
 
 def test_min_observation_stamp_is_read_in_nanoseconds_and_a_negative_one_refused():
-    plan = goals.plan_goal(make_goal(), node_params(), default_instruction="", valid_reducers=VALID)
+    plan = goals.plan_action_goal(make_goal(), node_params(), default_instruction="", valid_reducers=VALID)
     assert plan.min_observation_stamp_ns == 0
     stamp = SimpleNamespace(sec=12, nanosec=5)
-    plan = goals.plan_goal(make_goal(min_observation_stamp=stamp), node_params(), default_instruction="",
+    plan = goals.plan_action_goal(make_goal(min_observation_stamp=stamp), node_params(), default_instruction="",
                            valid_reducers=VALID)
     assert plan.min_observation_stamp_ns == 12_000_000_005
     with pytest.raises(goals.GoalRequestError, match="min_observation_stamp must be >= 0"):
-        goals.plan_goal(make_goal(min_observation_stamp=SimpleNamespace(sec=-1, nanosec=0)), node_params(),
+        goals.plan_action_goal(make_goal(min_observation_stamp=SimpleNamespace(sec=-1, nanosec=0)), node_params(),
                         default_instruction="", valid_reducers=VALID)
 
 

@@ -67,8 +67,9 @@ def test_mode_threshold_is_checked_by_the_reducers_own_rule(value, expected):
         params.validate({"mode_threshold": value}, env={})
 
 
-def test_mode_threshold_defaults_to_the_relative_rule_and_is_refused_on_a_remote_engine():
+def test_mode_threshold_defaults_to_the_relative_rule_and_is_taken_on_a_remote_engine_too():
     assert params.validate({}, env={}).mode_threshold == 0.0
     assert params.validate({"mode_threshold": 0.05}, env={}).mode_threshold == 0.05
-    with pytest.raises(params.ParameterError, match="mode_threshold: 0.05 is served by the local engine only"):
-        params.validate({"mode_threshold": 0.05, "engine": "openpi", "engine_url": "ws://127.0.0.1:9"}, env={})
+    # The remote model reduces its one-sample groups with the engine's completion, at this cut (tests/remote).
+    remote = params.validate({"mode_threshold": 0.05, "engine": "openpi", "engine_url": "ws://127.0.0.1:9"}, env={})
+    assert remote.mode_threshold == 0.05

@@ -229,22 +229,16 @@ def embed_frames(params: Any, images: Sequence[np.ndarray], grid: int | None = N
         images (`Sequence[np.ndarray]`): The frames, ``[H, W, 3]`` uint8 RGB, as the goals were served from.
         grid (`int`, *optional*): Pooling grid (default: the model's).
     """
-    from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import CosmosActionCondition
-
     from ..catalog import load_pipeline
     from ..models.cosmos3 import DEFAULT_EMBEDDING_GRID, EMBEDDING_NAME, Cosmos3ActionModel, embedding_dim
+    from ..serving.request_path import condition
 
     grid = grid or DEFAULT_EMBEDDING_GRID
     pipe, _ = load_pipeline(params.model, params.device, params.dtype, allow_pickle=params.allow_pickle_weights,
                          seed=params.seed)
     model = Cosmos3ActionModel(pipe)
-    rows = []
-    for image in images:
-        action = CosmosActionCondition(mode="policy", chunk_size=params.chunk_size, domain_name=params.domain_name,
-                                       resolution_tier=params.resolution_tier, image=image,
-                                       view_point=params.view_point)
-        rows.append(model.observation_embedding(prompt=params.instruction, action=action, fps=params.fps,
-                                                guidance_scale=params.guidance_scale, grid=grid))
+    rows = [model.observation_embedding(prompt=params.instruction, action=condition(params, image), fps=params.fps,
+                                        guidance_scale=params.guidance_scale, grid=grid) for image in images]
     spec = EmbeddingSpec(EMBEDDING_NAME, grid, embedding_dim(int(pipe.vae.config.z_dim), grid))
     return spec, torch.stack(rows)
 

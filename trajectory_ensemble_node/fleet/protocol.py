@@ -3,7 +3,7 @@
 A group goes out as a *description* (:func:`describe`): the prompt, the frame ``[H, W, 3]`` uint8, the spec's fields,
 the base seed, the deadline, the continuity context's fields (its previous chunk as a numpy array) and the request id.
 The replica rebuilds the very group the ingress built (:func:`request_from_description`, through the same
-:func:`~trajectory_ensemble_node.openpi.policy.group_request`), so its bits are the local engine's.
+:func:`~trajectory_ensemble_node.serving.request_path.build_request`), so its bits are the local engine's.
 
 A reply comes back as a *payload*: the result's tensors as numpy with its plain metrics (:func:`result_payload`), or
 a named error's class name, code and message (:func:`error_payload`), never a traceback. The ingress turns it back
@@ -23,8 +23,9 @@ from ..engine import GroupRequest
 from ..engine.context import ExecutionContext
 from ..errors import ErrorCode, TrajectoryEnsembleError, rebuild_error
 from ..models.cosmos3 import Cosmos3ActionModel
-from ..openpi.policy import Job, group_request
+from ..openpi.policy import Job
 from ..serving.params import NodeParams
+from ..serving.request_path import build_request
 
 REPLICA_PID = "replica_pid"
 """Metrics key: the process id of the replica that served the group (the ingress's replies carry it)."""
@@ -78,9 +79,9 @@ def request_from_description(model: Cosmos3ActionModel, params: NodeParams, desc
     spec = CandidateTrajectorySpec(**description["spec"])
     fields = description["context"]
     context = None if fields is None else ExecutionContext.from_fields(fields)
-    request = group_request(model, params, prompt=description["prompt"], image=np.array(description["image"]),
-                            spec=spec, base_seed=description["base_seed"], request_id=description["request_id"],
-                            context=context)
+    request = build_request(model, params, prompt=description["prompt"], spec=spec,
+                            base_seed=description["base_seed"], image=np.array(description["image"]),
+                            request_id=description["request_id"], context=context)
     if description["deadline_s"]:
         request.deadline_s = description["deadline_s"]
     return request

@@ -3,8 +3,10 @@
 :class:`OpenPIPolicy` holds the same :class:`~trajectory_ensemble_node.models.cosmos3.Cosmos3ActionModel` the node
 builds from the same parameters (the model, reducers, validity limits, uncertainty threshold, deadlines), and does for
 a request what the node does for a goal: the input limits (instruction length), the goal's validation
-(:func:`.extras.plan_request`), the continuity decision (:mod:`.sessions`), the same ``CosmosActionCondition`` and
-``make_request``. It knows nothing of websockets (:mod:`.server`) and never imports rclpy.
+(:func:`.extras.plan_request`), then the serving layer's one request path
+(:mod:`~trajectory_ensemble_node.serving.request_path`: continuity in the request's session (:mod:`.sessions`), the
+group, the deadline rule, submission, the chunk remembered). It knows nothing of websockets (:mod:`.server`) and never
+imports rclpy.
 
 A request goes through three calls: :meth:`OpenPIPolicy.prepare` (the checks that need no model, on the event loop),
 :meth:`OpenPIPolicy.build` (on the server's one build thread: the token count, the continuity decision, the group
@@ -28,25 +30,24 @@ from typing import Any, Protocol
 
 import numpy as np
 import torch
-from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import CosmosActionCondition
 
 from ..catalog import model_notice
-from ..contract import CandidateTrajectorySpec, EnsembleResult, check_count, reducers_for_width
+from ..contract import EnsembleResult, check_count, reducers_for_width
 from ..engine import GroupHandle, GroupRequest
-from ..engine.context import ExecutionContext
-from ..engine.deadline import StepsReport, check_deadline
+from ..engine.deadline import StepsReport
 from ..metrics import wire_metrics
 from ..models.cosmos3 import Cosmos3ActionModel
 from ..serving import model_factory
 from ..serving import params as node_params
-from ..serving.continuity import CONTINUED, ContinuityDecision
+from ..serving.continuity import ContinuityDecision
 from ..serving.faults import FaultInjector
-from ..serving.input_limits import InputLimits, TokenCounter, check_instruction, min_image_side, token_counter
+from ..serving.input_limits import InputLimits, TokenCounter, check_instruction
 from ..serving.planning import GoalPlan
+from ..serving.request_path import build_request, deadline_left, decide, remember, submit
 from ..uncertainty import UncertaintyReport
-from .extras import EXTRA_KEYS, RequestExtras, parse_extras, plan_request
 from ..wire.schemas import ObservationSchema, ParsedObservation, get_schema
-from .sessions import Caller, SessionKey, SessionStore, decide, remember, session_key
+from .extras import EXTRA_KEYS, RequestExtras, parse_extras, plan_request
+from .sessions import Caller, SessionKey, SessionStore, session_key
 
 SERVER_NAME = "trajectory_ensemble"
 
@@ -74,36 +75,6 @@ class Job:
     request: GroupRequest | None = None
     encode_ms: float = 0.0
     handle: GroupHandle | None = None
-
-
-def group_request(model: Cosmos3ActionModel, params: node_params.NodeParams, *, prompt: str, image: np.ndarray,
-                  spec: CandidateTrajectorySpec, base_seed: int | None, request_id: str,
-                  context: ExecutionContext | None) -> GroupRequest:
-    """The group a request becomes, as the node builds a goal's: one home for the ingress and the fleet's replicas,
-    so a replica serves exactly what the local engine would.
-
-    Args:
-        model (`Cosmos3ActionModel`): The model that validates and will run it.
-        params (`NodeParams`): Chunk size, domain, resolution, view point, steps, guidance scale, fps.
-        prompt (`str`): The instruction.
-        image (`np.ndarray` of shape `[H, W, 3]`): The frame, uint8.
-        spec (`CandidateTrajectorySpec`): Count, reducer, candidates returned, seed policy.
-        base_seed (`int`, *optional*): The request's seed (``None``: drawn by the model).
-        request_id (`str`): The group's id.
-        context (`ExecutionContext`, *optional*): The chunk it continues.
-
-    Raises:
-        TrajectoryEnsembleError: what ``make_request`` refuses (count, reducer, context, ...).
-    """
-    p = params
-    action = CosmosActionCondition(
-        mode="policy", chunk_size=p.chunk_size, domain_name=p.domain_name, resolution_tier=p.resolution_tier,
-        image=image, view_point=p.view_point,
-    )
-    return model.make_request(
-        prompt=prompt, action=action, num_inference_steps=p.num_inference_steps, guidance_scale=p.guidance_scale,
-        fps=p.fps, spec=spec, base_seed=base_seed, request_id=request_id, context=context,
-    )
 
 
 class Backend(Protocol):
@@ -179,8 +150,8 @@ class OpenPIPolicy:
         self.notice = notice
         self.schema = schema or get_schema(params.openpi_schema)
         self.limits = InputLimits(params.max_instruction_chars, params.max_instruction_tokens,
-                                  params.max_image_bytes, params.max_image_pixels, min_image_side(model.pipe))
-        self.count_tokens = count_tokens if count_tokens is not None else token_counter(model.pipe)
+                                  params.max_image_bytes, params.max_image_pixels, model.min_image_side)
+        self.count_tokens = count_tokens if count_tokens is not None else model.count_tokens
         self.sessions = SessionStore()
         # Only a test run (TRAJECTORY_ENSEMBLE_TESTING=1) wraps the adapter, by the node's rule.
         self.faults: FaultInjector | None = model_factory.fault_hook(model)
@@ -287,16 +258,17 @@ class OpenPIPolicy:
         Raises:
             TrajectoryEnsembleError: too many tokens, a context this request cannot continue, ...
         """
-        p, plan = self.params, job.plan
+        plan = job.plan
         check_instruction(job.observation.prompt, self.limits, self.count_tokens, source="prompt")
-        if job.extras.context is not None:  # the client's own chunk (the context extra), not the session's
-            job.decision = ContinuityDecision(job.extras.context, CONTINUED, "goal")
-        else:
-            job.decision = decide(self.sessions.memory(job.session), plan, job.stamp, self.model.weights_version)
-        request = group_request(self.model, p, prompt=plan.instruction, image=job.observation.image, spec=plan.spec,
-                                base_seed=plan.base_seed, request_id=job.request_id, context=job.decision.context)
-        if plan.deadline_s:  # an unmeetable deadline is refused from the measured costs, before the encode
-            request.deadline_s = check_deadline(plan.deadline_s)
+        # The client's own chunk (the context extra) is continued as it is; else the session's, by the node's rules.
+        memory = None if job.extras.context is not None else self.sessions.memory(job.session)
+        job.decision = decide(memory, plan, stamp=job.stamp, weights_version=self.model.weights_version,
+                              given=job.extras.context)
+        # A passed deadline, and one the measured costs cannot meet, are refused here, before the encode.
+        request = build_request(self.model, self.params, prompt=plan.instruction, spec=plan.spec,
+                                base_seed=plan.base_seed, image=job.observation.image, request_id=job.request_id,
+                                context=job.decision.context, deadline_s=self._deadline_left(job))
+        if plan.deadline_s:
             self.model.check_request(request)
         if self.backend.encodes_ahead:
             started = time.perf_counter()
@@ -311,19 +283,22 @@ class OpenPIPolicy:
         Raises:
             TrajectoryEnsembleError: a deadline no step can meet, ...
         """
-        request = job.request
-        assert request is not None, "build() first"
-        if job.plan.deadline_s:
-            # The engine's deadline counts from submission; the request's from its arrival, a moment earlier.
-            request.deadline_s = check_deadline(max(job.plan.deadline_s - (time.monotonic() - job.arrival), 1e-6))
-        job.handle = self.backend.submit(job)
+        assert job.request is not None, "build() first"
+        job.handle = submit(lambda _: self.backend.submit(job), job.request, job.plan.deadline_s, job.arrival,
+                            who=f"request {job.request_id}")
         return job.handle
+
+    @staticmethod
+    def _deadline_left(job: Job) -> float | None:
+        return deadline_left(job.plan.deadline_s, job.arrival, who=f"request {job.request_id}")
 
     def reply(self, job: Job, result: EnsembleResult) -> dict[str, Any]:
         """The reply dict for a finished group; remembers the chunk in the job's session."""
-        estimate = remember(self.sessions.memory(job.session), result, job.plan, stamp=job.stamp, dt=self.params.dt,
-                            normalizer=self.model.normalizer_for(self.params.domain_name),
-                            latency_s=time.monotonic() - job.arrival)
+        memory = self.sessions.memory(job.session)
+        remember(memory, result, instruction=job.plan.instruction, stamp=job.stamp, dt=self.params.dt,
+                 normalizer=self.model.normalizer_for(self.params.domain_name),
+                 latency_s=time.monotonic() - job.arrival)
+        estimate = memory.estimator.estimate
         metrics = wire_metrics(result.metrics)
         uncertainty = UncertaintyReport.from_metrics(result.metrics)
         status = job.decision.status if job.decision is not None else ""

@@ -26,14 +26,9 @@ import threading
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from ..contract import EnsembleResult
-from ..engine.validity import to_model_space
 from ..errors import GoalRequestError
-from ..metrics import GroupCounters
-from ..normalization import ActionNormalizer
 from ..quoting import quote_value
-from ..serving.continuity import ChunkMemory, ContinuityDecision, ServedChunk
-from ..serving.planning import GoalPlan
+from ..serving.continuity import ChunkMemory
 
 MAX_SESSIONS = 1024
 """Sessions remembered at once; the least recently used one is forgotten first."""
@@ -148,37 +143,3 @@ class SessionStore:
         with self._lock:
             for key in [k for k in self._memories if k.owner == owner and k.connection == connection]:
                 self._drop(key)
-
-
-def decide(memory: ChunkMemory, plan: GoalPlan, stamp: float, weights_version: int) -> ContinuityDecision:
-    """How a request relates to its session's last chunk (what the node does for a goal).
-
-    Raises:
-        DelayTooLongError: the request's ``inference_delay`` runs past what is left of the previous chunk.
-    """
-    return memory.decide(continue_previous=plan.continue_previous, reset=plan.reset_context,
-                         inference_delay=plan.inference_delay, guidance=plan.guidance, stamp=stamp,
-                         instruction=plan.instruction, weights_version=weights_version)
-
-
-def remember(memory: ChunkMemory, result: EnsembleResult, plan: GoalPlan, *, stamp: float, dt: float,
-             normalizer: ActionNormalizer | None, latency_s: float) -> float | None:
-    """Remember a served chunk (in the model's space, as the node does) and fold in its latency.
-
-    Args:
-        memory (`ChunkMemory`): The session's memory.
-        result (`EnsembleResult`): What was served.
-        plan (`GoalPlan`): Its plan (instruction).
-        stamp (`float`): The request's stamp (seconds).
-        dt (`float`): Seconds between actions.
-        normalizer (`ActionNormalizer`, *optional*): The configured action statistics (``None`` = normalized).
-        latency_s (`float`): Arrival to result, seconds.
-
-    Returns:
-        `float | None`: the session's latency estimate in seconds.
-    """
-    action = result.action if normalizer is None else to_model_space(result.action, normalizer)
-    memory.remember(ServedChunk(action.float(), stamp, dt, plan.instruction,
-                                int(GroupCounters.from_metrics(result.metrics).weights_version or 0)))
-    memory.observe_latency(latency_s)
-    return memory.estimator.estimate

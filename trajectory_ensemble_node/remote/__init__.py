@@ -1,11 +1,11 @@
-"""The node on a remote engine (``engine: openpi``): a client of the OpenPI wire, and the engine built on it.
+"""The node's served model on a remote OpenPI server (``engine: openpi``): a client of the wire, and the model on it.
 
-ROS-free, like the engine layer: :class:`~.engine.RemoteEngine` is what the node's ``ModelHost`` holds instead of a
-local model; :mod:`.client` speaks the wire (the server's own codec); :mod:`.groups` turns a group into request frames
-and replies into its result. See docs/remote-engine.md.
+ROS-free, like the engine layer: :class:`~.engine.RemoteModel` is the ``serving.request_path.ServedModel`` the node's
+``ModelHost`` holds instead of a local one; :mod:`.client` speaks the wire (the neutral codec); :mod:`.groups` turns a
+group into request frames and replies into its result, with the engine's own completion. See docs/remote-engine.md.
 """
 
 from .client import Connection, check_metadata, open_connection, samples_per_request
-from .engine import RemoteEngine, RemoteHandle
+from .engine import RemoteHandle, RemoteModel
 
-__all__ = ["Connection", "RemoteEngine", "RemoteHandle", "check_metadata", "open_connection", "samples_per_request"]
+__all__ = ["Connection", "RemoteHandle", "RemoteModel", "check_metadata", "open_connection", "samples_per_request"]

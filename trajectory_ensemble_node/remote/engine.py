@@ -1,4 +1,4 @@
-""":class:`RemoteEngine`: what the node needs of a model, served by a remote OpenPI server (``engine: openpi``).
+""":class:`RemoteModel`: the node's served model on a remote OpenPI server (``engine: openpi``).
 
 The node keeps everything that is about the robot: staleness and frame checks, the goal's plan, the continuity
 decision (its :class:`~..serving.continuity.ChunkMemory`), cancel and preemption, results, markers and diagnostics. The
@@ -43,11 +43,12 @@ from ..errors import (
     TrajectoryEnsembleError,
 )
 from ..quoting import bound_text
-from ..reducers import available_reducers, get_reducer
-from ..safety import load_limits
+from ..models.cosmos3 import MIN_IMAGE_SIDE
+from ..reducers import available_reducers, check_mode_threshold, configured_reducer
 from ..seeding import candidate_seeds, fresh_base_seed
+from ..serving import model_factory
 from ..serving.params import NodeParams
-from ..serving.startup_checks import load_action_stats, load_uncertainty_threshold
+from ..uncertainty import AlarmRule, alarm_in_force
 from ..wire.schemas import get_schema
 from .client import Connection, check_metadata, max_reply_bytes, open_connection, samples_per_request
 from .groups import RemotePayload, check_actions, reduce_samples, request_frame, result_from_reply
@@ -89,8 +90,8 @@ class RemoteHandle(GroupHandle):
         self._finish(result, error)
 
 
-class RemoteEngine:
-    """The node's model when ``engine`` is ``openpi``.
+class RemoteModel:
+    """The node's served model when ``engine`` is ``openpi`` (a ``serving.request_path.ServedModel``).
 
     Args:
         params (`NodeParams`): The node's parameters (``engine_url``, ``engine_timeout_s``, the files read here).
@@ -100,9 +101,11 @@ class RemoteEngine:
         StatsFileError, LimitsFileError: a configured file is unusable (read here, as the model factory would).
     """
 
-    pipe = None
-    novelty = None
     capabilities = RemoteCapabilities()
+    min_image_side = MIN_IMAGE_SIDE
+    """The Cosmos 3 bound: the server's model refuses a smaller frame (checked here, on arrival, as locally)."""
+    count_tokens = None
+    """No tokenizer runs here: the server counts an instruction's tokens (``max_instruction_tokens``)."""
 
     def __init__(self, params: NodeParams, *, api_key: str | None = None) -> None:
         p = self.params = params
@@ -111,13 +114,12 @@ class RemoteEngine:
                                                             if p.engine_api_key_env else None)
         self.timeout_s = float(p.engine_timeout_s)
         self.max_reply_bytes = max_reply_bytes(p)
-        limits = load_limits(p.limits_file) if p.limits_file else None
-        if limits is not None:
-            limits.check_width(p.action_dim)
+        # The files the local model would read, by the same factory; the groups reduced here (one sample per
+        # request) use its mode cut.
+        limits, self.normalizer, self.uncertainty_threshold, mode_cut = model_factory.served_files(p)
         self.validity = ValidityPolicy(limits=limits, min_valid_candidates=p.min_valid_candidates,
                                        position_policy=p.position_limit_policy)
-        self.normalizer = load_action_stats(p)
-        self.uncertainty_threshold = load_uncertainty_threshold(p)
+        self.mode_threshold = check_mode_threshold(mode_cut)
         schema = get_schema(p.openpi_schema)
         self.image_key, self.prompt_key = schema.layouts[0].keys[0], schema.prompt_key
         self.metadata: dict[str, Any] = {}
@@ -144,6 +146,15 @@ class RemoteEngine:
 
     def normalizer_for(self, domain_name: str) -> Any:
         return self.normalizer
+
+    @property
+    def alarm(self) -> AlarmRule | None:
+        """``spread`` on the threshold, else none: no novelty scorer runs here."""
+        return alarm_in_force(None, self.uncertainty_threshold)
+
+    def instrument(self, wrap: Callable[[Any], Any]) -> None:
+        """TEST ONLY: nothing to wrap, no adapter runs in this process (the server has its own hooks)."""
+        return None
 
     @property
     def samples_per_request(self) -> int | None:
@@ -194,7 +205,7 @@ class RemoteEngine:
         """Nothing is measured here: the remote's costs are its own (a deadline bounds the wait instead)."""
         return None, None, None
 
-    def status(self) -> dict[str, Any]:
+    def remote_status(self) -> dict[str, Any]:
         """For ``/diagnostics``: state, last round trip (ms), failures in a row, the server and its version."""
         with self._lock:
             state = dict(self._state)
@@ -238,7 +249,8 @@ class RemoteEngine:
         payload = RemotePayload(prompt=prompt, image=np.ascontiguousarray(action.image),
                                 num_inference_steps=num_inference_steps)
         return GroupRequest(group=group, spec=spec, seeds=seeds, payload=payload,
-                            reducer=None if spec.reducer == "none" else get_reducer(spec.reducer),
+                            reducer=None if spec.reducer == "none" else configured_reducer(spec.reducer,
+                                                                                           self.mode_threshold),
                             normalizer=self.normalizer, on_progress=on_progress, validity=validity,
                             deadline_s=deadline_s, uncertainty_threshold=self.uncertainty_threshold, context=context)
 

@@ -8,7 +8,7 @@ Two ways to serve a group remotely:
 - **one sample per request** (vLLM-Omni's route, or ``openpi_samples_per_request: 1``): candidate ``i`` is drawn by
   its own request with ``seed = candidate_seeds(base_seed, N)[i]`` (a count of 1 draws its seed as its only
   candidate, so it is the candidate ``i`` of the batched group), and the group is screened and reduced here with the
-  engine's own code (:func:`reduce_samples`: ``screen_candidates``, ``reduce_candidates``, ``check_reduced``). A
+  engine's own completion (:func:`reduce_samples`: ``engine.completion.finish_group``). A
   request that failed is a candidate that is not there (NaN, which screening always drops) and is named; a group
   below its ``min_valid_candidates`` quorum fails with the quorum's error, never a partial aggregate.
 """
@@ -24,12 +24,11 @@ import torch
 
 from ..contract import EnsembleResult
 from ..engine import GroupRequest
+from ..engine.completion import finish_group
 from ..engine.context import ExecutionContext
-from ..engine.reduction import reduce_candidates
-from ..engine.validity import DEFAULT_CHECK, check_reduced, screen_candidates, to_model_space, validity_counts
+from ..engine.validity import to_model_space
 from ..errors import RemoteSchemaError, TooFewValidCandidatesError
 from ..quoting import QUOTE_CHARS, bound_text, quote_value
-from ..uncertainty import group_uncertainty
 
 SERVER_ONLY_METRICS = ("continuity", "latency_estimate_ms", "encode_ahead_ms")
 """Reply metrics about the server's own session bookkeeping; the node reports its own."""
@@ -199,37 +198,18 @@ def reduce_samples(request: GroupRequest, samples: Sequence[np.ndarray | BaseExc
     # The engine screens model-space candidates; a reply is in published units.
     normalizer = request.normalizer
     candidates = published if normalizer is None else to_model_space(published, normalizer)
-    check = request.validity or DEFAULT_CHECK
+    metrics = {"remote_sample_requests": request.count, "remote_sample_requests_failed": len(failed),
+               **extra_metrics}
+    if failed:
+        metrics["remote_sample_failures"] = _named(failed)
     try:
-        screening = screen_candidates(candidates, normalizer, check, rid)
+        return finish_group(request, candidates, reduce_before_denormalize=reduce_before_denormalize, metrics=metrics)
     except TooFewValidCandidatesError as error:
         if failed:
             named = type(error)(rid, f"{error}; failed sample requests: {_named(failed)}")
             named.counts = getattr(error, "counts", None)  # type: ignore[attr-defined] - the node reports them
             raise named from None
         raise
-    action, reduced_raw = reduce_candidates(screening.survivors, request.spec, request.reducer, normalizer,
-                                            reduce_before_denormalize=reduce_before_denormalize,
-                                            context=request.context)
-    candidates_out = reduced_raw if screening.raw is None else screening.raw
-    if request.reducer is None and screening.raw is not None:
-        action = screening.raw[0].clone()
-    action, action_clamped = check_reduced(action, check, rid)
-    reports: list[Any] = [validity_counts(screening.report, action_clamped)]
-    if request.context is not None:
-        model_action = action if normalizer is None else to_model_space(action, normalizer)
-        reports.append(request.context.report(model_action))
-    reports.append(group_uncertainty(screening.survivors, request.uncertainty_threshold, None, None))
-    metrics = {"remote_sample_requests": request.count, "remote_sample_requests_failed": len(failed),
-               **extra_metrics}
-    if failed:
-        metrics["remote_sample_failures"] = _named(failed)
-    return EnsembleResult(
-        group=request.group, spec=request.spec, action=action.float().cpu(),
-        candidate_ids=request.group.candidate_ids, seeds=request.seeds,
-        candidates=candidates_out.float().cpu() if request.spec.return_candidates else None,
-        base_seed=request.base_seed, candidate_valid=screening.valid, verdicts=screening.report.verdicts,
-        reports=tuple(reports), metrics=metrics)
 
 
 def _named(failed: Mapping[int, BaseException]) -> str:

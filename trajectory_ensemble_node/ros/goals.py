@@ -1,7 +1,7 @@
 """Goal handling: goal validation into a candidate spec, the goal policy (preempt / queue / reject), preemption.
 
 A ``GenerateTrajectory`` goal becomes a :class:`~trajectory_ensemble_node.serving.planning.GoalPlan` (count and
-reducer defaults applied, every check that needs no model work done) in :func:`plan_goal`, through the neutral
+reducer defaults applied, every check that needs no model work done) in :func:`plan_action_goal`, through the neutral
 request every face plans with. Each accepted goal gets a :class:`GoalRecord`; the
 :class:`GoalTracker` decides, under one lock, when it may run:
 
@@ -39,8 +39,7 @@ from ..errors import (  # noqa: F401 - GoalRejectedError and GoalRequestError ar
 )
 from ..quoting import quote_value
 from ..serving.params import NodeParams
-from ..serving.planning import GoalPlan, PlanRequest
-from ..serving.planning import plan_goal as plan_request
+from ..serving.planning import GoalPlan, PlanRequest, plan_goal
 from .goal_state import GOAL_STATE_OF, OUTCOME_COUNTER, GoalState, next_state, terminal_state
 
 MAX_QUEUED_GOALS = 8
@@ -75,13 +74,13 @@ def goal_request(goal: Any) -> PlanRequest:
     )
 
 
-def plan_goal(
+def plan_action_goal(
     goal: Any, params: NodeParams, *, default_instruction: str, valid_reducers: Sequence[str]
 ) -> GoalPlan:
     """Validate a ``GenerateTrajectory.Goal`` before any model work: :func:`goal_request`, then the faces' shared
     :func:`~trajectory_ensemble_node.serving.planning.plan_goal` (its Args and Raises hold)."""
-    return plan_request(goal_request(goal), params, default_instruction=default_instruction,
-                        valid_reducers=valid_reducers)
+    return plan_goal(goal_request(goal), params, default_instruction=default_instruction,
+                     valid_reducers=valid_reducers)
 
 
 _STOPS: dict[GoalState, tuple[type[GroupAbortedError], AbortReason]] = {

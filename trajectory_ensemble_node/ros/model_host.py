@@ -25,7 +25,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import CosmosActionCondition
 from rclpy.qos import qos_profile_sensor_data
 from sensor_msgs.msg import Image, JointState
 from std_msgs.msg import String
@@ -35,7 +34,6 @@ from ..contract import CandidateTrajectorySpec, EnsembleResult
 from ..engine import GroupRequest
 from ..engine.validity import to_model_space
 from ..errors import (
-    DeadlineUnmeetableError,
     ErrorCode,
     ImageTooLargeError,
     InstructionTooLongError,
@@ -43,20 +41,20 @@ from ..errors import (
     TooFewValidCandidatesError,
     TrajectoryEnsembleError,
 )
-from ..metrics import GroupCounters
 from ..models.cosmos3 import RolloutSpec, resolve_device
-from ..remote import RemoteEngine
+from ..remote import RemoteModel
 from ..serving import model_factory
 from ..serving import params as node_params
-from ..serving.continuity import FRESH_REASONS, NO_PREVIOUS, ChunkMemory, ServedChunk
-from ..serving.input_limits import InputLimits, check_image_size, check_instruction, min_image_side, token_counter
+from ..serving.continuity import ChunkMemory
+from ..serving.input_limits import InputLimits, check_image_size, check_instruction
 from ..serving.observation_buffer import ObservationBuffer
 from ..serving.observations import Observation, state_positions
-from ..serving.startup_checks import alarm_in_force, bundled_settings_mismatch
+from ..serving.request_path import ServedModel, build_request, deadline_left, decide, remember
+from ..serving.startup_checks import bundled_settings_mismatch
+from ..serving.planning import GoalPlan
 from .clock import SimulatedTime
 from .conversions import stamp_seconds
-from ..serving.planning import GoalPlan
-from .goals import GoalRecord, plan_goal
+from .goals import GoalRecord, plan_action_goal
 from .publishing import OutputTopics
 from .uncertainty_window import UncertaintyWindow
 
@@ -97,18 +95,17 @@ class ModelHost:
                 node.get_logger().warning(f"[{self.notice}] {mismatch}")
 
         # engine: openpi serves the groups on a remote OpenPI server; everything about the robot stays here.
-        self.remote = p.engine == "openpi"
-        self.model = RemoteEngine(p) if self.remote else model_factory.build_model(p, on_loaded=warn_settings)
+        self.model: ServedModel = (RemoteModel(p) if p.engine == "openpi"
+                                   else model_factory.build_model(p, on_loaded=warn_settings))
         self.device = str(resolve_device(p.device))
         # The alarm over the last uncertainty_window goals of one episode (a chain of continued chunks).
-        self.uncertainty_window = UncertaintyWindow(
-            p.uncertainty_window, alarm_in_force(self.model.novelty, self.model.uncertainty_threshold))
+        self.uncertainty_window = UncertaintyWindow(p.uncertainty_window, self.model.alarm)
         limits = self.model.validity.limits
         self.start_jump = limits is not None and any(c.max_start_jump is not None for c in limits.channels)
-        self.faults = None if self.remote else model_factory.fault_hook(self.model)
+        self.faults = model_factory.fault_hook(self.model)
         self.limits = InputLimits(p.max_instruction_chars, p.max_instruction_tokens, p.max_image_bytes,
-                                  p.max_image_pixels, min_image_side(self.model.pipe))
-        self.count_tokens = token_counter(self.model.pipe)
+                                  p.max_image_pixels, self.model.min_image_side)
+        self.count_tokens = self.model.count_tokens
         check_instruction(p.instruction, self.limits, self.count_tokens, source="the instruction parameter")
         self._lock = threading.Lock()
         self._instruction = p.instruction
@@ -152,8 +149,8 @@ class ModelHost:
     def warm_up(self) -> list[str]:
         """One group per ``warmup_counts`` entry (0 = ``candidate_count``) on a grey frame, then forget them.
 
-        The groups take the goals' own path (:meth:`action_condition`, ``make_request``, the background engine) with
-        the configured steps, so the first goal finds allocations made, kernels chosen and, with ``step_capture``,
+        The groups take the goals' own path (``serving.request_path.build_request``, the background engine) with the
+        configured steps, so the first goal finds allocations made, kernels chosen and, with ``step_capture``,
         its steps captured. The first group's costs are dropped (it alone pays one-time costs); those of the group of
         ``candidate_count`` candidates, run last, stand in for the deadline planner until the first goal measures its
         own. A single entry runs twice, so what is kept never comes from a cold group.
@@ -166,9 +163,9 @@ class ModelHost:
                 checks refused ran every step: that is no failure of the warm-up).
         """
         p = self.params
-        if self.remote:
+        status = self.model.remote_status()
+        if status is not None:
             # Its costs are the server's (warmed by its own start); the handshake in start() checked it fits.
-            status = self.model.status()
             return [f"remote engine {p.engine_url}: {status['server']} serving {status['model']!r} (weights version "
                     f"{status['weights_version']}); no local warm-up, deadlines bound each remote request's wait"]
         if list(p.warmup_counts) == [-1]:
@@ -187,10 +184,8 @@ class ModelHost:
             started = time.monotonic()
             spec = CandidateTrajectorySpec(count=count, reducer=p.reducer if count > 1 else "none",
                                            max_count=p.max_candidates)
-            request = self.model.make_request(
-                prompt=p.instruction, action=self.action_condition(image), num_inference_steps=p.num_inference_steps,
-                guidance_scale=p.guidance_scale, fps=p.fps, spec=spec, base_seed=WARMUP_SEED,
-                request_id=f"warm-up-{i}-n{count}", state=state)
+            request = build_request(self.model, p, prompt=p.instruction, spec=spec, base_seed=WARMUP_SEED, image=image,
+                                    request_id=f"warm-up-{i}-n{count}", context=None, state=state)
             outcome = "done"
             try:
                 self.model.wait(self.model.submit_request(request), timeout=WARMUP_TIMEOUT_S)
@@ -280,14 +275,8 @@ class ModelHost:
             InstructionTooLongError, GoalRequestError, InvalidSpecError, ExecutionContextError: as named.
         """
         check_instruction(goal.instruction, self.limits, self.count_tokens)
-        return plan_goal(goal, self.params, default_instruction=self.default_instruction(),
-                         valid_reducers=self.model.valid_reducers())
-
-    def action_condition(self, image: np.ndarray) -> CosmosActionCondition:
-        """The policy-mode action condition of one observation image, as every group of this node asks."""
-        p = self.params
-        return CosmosActionCondition(mode="policy", chunk_size=p.chunk_size, domain_name=p.domain_name,
-                                     resolution_tier=p.resolution_tier, image=image, view_point=p.view_point)
+        return plan_action_goal(goal, self.params, default_instruction=self.default_instruction(),
+                                valid_reducers=self.model.valid_reducers())
 
     def build(self, record: GoalRecord) -> tuple[Observation, GroupRequest]:
         """The group request of a validated goal on the latest observation.
@@ -310,31 +299,18 @@ class ModelHost:
         elapsed = now - stamp_seconds(observation.stamp)
         if not 0.0 <= elapsed <= p.max_observation_age_s:
             elapsed = observation.age_s
-        decision = self.memory.decide(
-            continue_previous=plan.continue_previous, reset=plan.reset_context, inference_delay=plan.inference_delay,
-            guidance=plan.guidance, stamp=stamp_seconds(observation.stamp), instruction=plan.instruction,
-            weights_version=self.model.weights_version, elapsed_s=elapsed,
-        )
-        earlier = record.continuity  # a queued goal is decided again once admitted: keep why its chunk was dropped
-        if earlier is not None and earlier.status in FRESH_REASONS and decision.status == NO_PREVIOUS:
-            decision = earlier
+        # A queued goal is decided again once admitted: ``earlier`` keeps why its chunk was dropped.
+        decision = decide(self.memory, plan, stamp=stamp_seconds(observation.stamp),
+                          weights_version=self.model.weights_version, elapsed_s=elapsed, earlier=record.continuity)
         record.continuity, record.decided_clock, record.elapsed_s, record.epoch = decision, now, elapsed, epoch
-        deadline_s = None
-        if plan.deadline_s:
-            # The goal's deadline counts from acceptance; the engine's from submission, a moment later.
-            deadline_s = plan.deadline_s - (time.monotonic() - record.accepted)
-            if deadline_s <= 0:
-                raise DeadlineUnmeetableError(
-                    f"goal {goal_id}: its deadline {plan.deadline_s:.3f} s passed before it could start "
-                    f"({time.monotonic() - record.accepted:.3f} s after acceptance)")
+        # The goal's deadline counts from acceptance; the engine's from submission, right after this.
+        deadline_s = deadline_left(plan.deadline_s, record.accepted, who=f"goal {goal_id}", since_what="acceptance")
         rollout = RolloutSpec(noise_level=p.rollout_noise_level, output_dir=p.rollout_dir) if plan.rollout else None
-        request = self.model.make_request(
-            prompt=plan.instruction, action=self.action_condition(observation.image),
-            num_inference_steps=p.num_inference_steps, guidance_scale=p.guidance_scale, fps=p.fps, spec=plan.spec,
-            base_seed=plan.base_seed, request_id=goal_id, rollout=rollout, on_progress=record.on_progress,
-            deadline_s=deadline_s, context=decision.context, current_state=self._current_state(observation),
-            state=observation.state_values,
-        )
+        request = build_request(
+            self.model, p, prompt=plan.instruction, spec=plan.spec, base_seed=plan.base_seed,
+            image=observation.image, request_id=goal_id, context=decision.context, deadline_s=deadline_s,
+            state=observation.state_values, current_state=self._current_state(observation), rollout=rollout,
+            on_progress=record.on_progress)
         # What the engine would refuse at submission (an unmeetable deadline, cold or warm) is refused here.
         self.model.check_request(request, refuse_cold=True)
         return observation, request
@@ -349,18 +325,15 @@ class ModelHost:
         """Keep what was served for the next continuation, and its latency for the frozen count."""
         plan, observation = record.plan, record.observation
         assert plan is not None
-        # What the robot executes next is what the next continuation continues, in the model's space.
-        normalizer = self.model.normalizer_for(self.params.domain_name)
-        action = result.action if normalizer is None else to_model_space(result.action, normalizer)
-        # A goal decided before a clock jump belongs to the old time line: its chunk and latency are not kept.
-        chunk = ServedChunk(action.float(), stamp_seconds(observation.stamp), self.params.dt, plan.instruction,
-                            int(GroupCounters.from_metrics(metrics).weights_version or 0))
-        self.memory.remember(chunk, epoch=record.epoch)
-        if record.decided_clock is not None:
-            # Published just now: publication - stamp = what had gone at the decision + the serving latency.
-            serving = self.now_s() - record.decided_clock
+        # Published just now: publication - stamp = what had gone at the decision + the serving latency. A goal
+        # decided before a clock jump belongs to the old time line: its chunk and latency are not kept.
+        serving = None if record.decided_clock is None else self.now_s() - record.decided_clock
+        taken = remember(self.memory, result, instruction=plan.instruction, stamp=stamp_seconds(observation.stamp),
+                         dt=self.params.dt, normalizer=self.model.normalizer_for(self.params.domain_name),
+                         latency_s=serving, epoch=record.epoch)
+        if serving is not None:
             metrics["latency_ms"] = (record.elapsed_s + serving) * 1000.0
-            metrics["latency_sample_taken"] = self.memory.observe_latency(serving, epoch=record.epoch)
+            metrics["latency_sample_taken"] = taken
         estimate = self.memory.estimator.estimate
         metrics["latency_estimate_ms"] = None if estimate is None else estimate * 1000.0
 

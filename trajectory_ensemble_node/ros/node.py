@@ -63,7 +63,6 @@ from ..errors import (
 )
 from ..metrics import GroupCounters
 from ..quoting import bound_text
-from ..remote import RemoteEngine
 from ..serving.continuity import CONTINUED, NOT_REQUESTED, WEIGHTS_UPDATED
 from . import params as node_params
 from .action_server import NotifyingActionServer
@@ -463,7 +462,7 @@ class TrajectoryEnsembleNode(LifecycleNode):
             clock_jumps=self.simulated_time.jumps if self.simulated_time is not None else None,
             lifecycle_state=self.lifecycle_state(), readiness=self.readiness_now(),
             states_rejected=observations.states_rejected() if observations is not None else 0,
-            remote=model.status() if isinstance(model, RemoteEngine) else None,
+            remote=model.remote_status() if model is not None else None,
             state_topic=observations.state_topic if observations is not None else "",
             state_names=observations.state_names if observations is not None else (),
         )

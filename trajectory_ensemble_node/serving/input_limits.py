@@ -35,20 +35,10 @@ from ..errors import (
     ObservationArrayError,
     TrajectoryEnsembleError,
 )
+from ..models.cosmos3 import MIN_IMAGE_SIDE
 from ..quoting import quote_value
 
 TokenCounter = Callable[[str], int]
-
-MIN_IMAGE_SIDE = 16
-"""Fewest pixels on either side of an image the model can take: the spatial factor of every Cosmos 3 VAE.
-
-Measured, not assumed: the pipeline's video processor rounds each side down to a multiple of its
-``vae_scale_factor`` before it resizes, so a side under it becomes 0 and the encode fails (``RuntimeError: Input and
-output sizes should be greater than 0``). On the tiny and the toy pipelines, 1x1, 15x15, 2x256, 256x2 and 8x256
-frames failed that way as ``ENGINE_FAILURE``; 16x16, 16x256, 17x17, 16x2048, 2048x16 and 16x16000 were served. No
-aspect-ratio bound is needed: the resolution tier's bins scale any aspect down into the nearest canvas and pad it.
-"""
-
 
 MAX_NAME_CHARS = 64
 """Most characters of a name a request picks from a fixed set (a reducer, a guidance mode): the longest registered
@@ -81,7 +71,7 @@ class InputLimits:
         max_image_bytes (`int`): Most bytes of ``data`` in one image message.
         max_image_pixels (`int`): Most ``width * height`` in one image message.
         min_image_side (`int`): Fewest pixels on each side of one image (each view, each camera's frame); the
-            model's own bound (:func:`min_image_side`), :data:`MIN_IMAGE_SIDE` for every Cosmos 3.
+            model's own bound (``ServedModel.min_image_side``), :data:`MIN_IMAGE_SIDE` for every Cosmos 3.
     """
 
     max_instruction_chars: int
@@ -91,33 +81,6 @@ class InputLimits:
     min_image_side: int = MIN_IMAGE_SIDE
 
 
-def min_image_side(pipe: Any) -> int:
-    """The fewest pixels a side of an image may have for ``pipe``: its video processor's ``vae_scale_factor``.
-
-    Args:
-        pipe (`Any`): The loaded pipeline; one without a video processor gets :data:`MIN_IMAGE_SIDE`.
-    """
-    factor = getattr(getattr(getattr(pipe, "video_processor", None), "config", None), "vae_scale_factor", None)
-    return max(1, int(factor)) if factor else MIN_IMAGE_SIDE
-
-
-def token_counter(pipe: Any) -> TokenCounter | None:
-    """A function counting an instruction's tokens with the pipeline's text tokenizer, or ``None`` if it has none.
-
-    Args:
-        pipe (`Any`): The loaded pipeline (``text_tokenizer``, else ``tokenizer``).
-    """
-    tokenizer = getattr(pipe, "text_tokenizer", None) or getattr(pipe, "tokenizer", None)
-    if tokenizer is None:
-        return None
-
-    def count(text: str) -> int:
-        # No special tokens and no chat template: the limit is on what the sender wrote.
-        return len(tokenizer(text, add_special_tokens=False)["input_ids"])
-
-    return count
-
-
 def check_instruction(text: str, limits: InputLimits, count_tokens: TokenCounter | None, *,
                       source: str = "instruction") -> None:
     """Refuse an instruction above the limits.
@@ -125,7 +88,7 @@ def check_instruction(text: str, limits: InputLimits, count_tokens: TokenCounter
     Args:
         text (`str`): The instruction.
         limits (`InputLimits`): The limits.
-        count_tokens (`TokenCounter`, *optional*): Token counter (see :func:`token_counter`).
+        count_tokens (`TokenCounter`, *optional*): Token counter (``ServedModel.count_tokens``).
         source (`str`): How the message names the input (``instruction``, ``~/instruction``).
 
     Raises:

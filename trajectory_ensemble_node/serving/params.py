@@ -74,7 +74,9 @@ PARAMETERS: tuple[ParamSpec, ...] = (
     ParamSpec("reducer", "mode", "reducer when the goal leaves it empty", "a reducer valid for the action space"),
     ParamSpec("mode_threshold", 0.0, "fixed cut of mode and mode_continuity: RMS distance in normalized action "
               "units (trajectory-ensemble calibrate --bag recommends one); 0 = the relative rule (2x the group's "
-              "median k-th nearest-neighbour distance), or a bundled policy's own cut", ">= 0, finite; local engine only"),
+              "median k-th nearest-neighbour distance), or a bundled policy's own cut; engine: openpi applies it where "
+              "the node reduces (a server drawing one sample per request), a server reducing whole groups its own",
+              ">= 0, finite"),
     ParamSpec("max_candidates", 32, "goals asking for more candidates are aborted before any model work", ">= 1"),
     ParamSpec("max_batch_candidates", 16, "most candidates in one batch; larger groups run as lockstep microbatches",
               ">= 1"),
@@ -421,9 +423,6 @@ def _check_joints_and_reducer(p: Mapping[str, Any], problems: _Problems, domain_
         check_mode_threshold(p["mode_threshold"])
     except InvalidSpecError as error:
         problems.append(f"mode_threshold: {error}")
-    need(not p["mode_threshold"] or p["engine"] == "local",
-         f"mode_threshold: {p['mode_threshold']} is served by the local engine only; engine {p['engine']!r} reduces "
-         "with the relative rule (leave mode_threshold at 0)")
 
 
 def _check_validity_and_uncertainty(p: Mapping[str, Any], problems: _Problems) -> None:

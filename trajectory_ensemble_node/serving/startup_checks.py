@@ -30,7 +30,7 @@ from ..errors import NoveltyScorerError, ParameterError
 from ..normalization import ActionNormalizer
 
 from ..reducers import available_reducers, get_reducer
-from ..uncertainty import AlarmRule, NoveltyCheck, load_calibration
+from ..uncertainty import NoveltyCheck, load_calibration
 
 
 def count_same_name(names_and_namespaces: Iterable[tuple[str, str]], name: str, namespace: str) -> int:
@@ -271,10 +271,3 @@ def load_novelty(params: Any) -> NoveltyCheck | None:
         raise
     except ValueError as error:
         raise ParameterError(f"invalid parameters:\n  uncertainty_calibration_file: {error}") from None
-
-
-def alarm_in_force(novelty: NoveltyCheck | None, threshold: float | None) -> AlarmRule | None:
-    """The rule the node decides ``uncertain`` by: the scorer's, else ``spread`` on the threshold, else none."""
-    if novelty is not None:
-        return novelty.alarm
-    return AlarmRule("spread", threshold) if threshold is not None else None

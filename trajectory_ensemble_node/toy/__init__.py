@@ -116,11 +116,9 @@ def load_toy_pipeline(
 def action_condition(image: np.ndarray) -> CosmosActionCondition:
     """The policy-mode ``CosmosActionCondition`` (``pusht``, chunk 8, tier 256) for one image ``[256, 256, 3]``
     uint8."""
-    from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import CosmosActionCondition
+    from ..models.cosmos3 import policy_condition
 
-    return CosmosActionCondition(
-        mode="policy", chunk_size=HORIZON, domain_name=DOMAIN_NAME, resolution_tier=RESOLUTION_TIER, image=image
-    )
+    return policy_condition(image, chunk_size=HORIZON, domain_name=DOMAIN_NAME, resolution_tier=RESOLUTION_TIER)
 
 
 def request_kwargs(image: np.ndarray) -> dict[str, Any]:

@@ -15,7 +15,14 @@ outside ``models/cosmos3`` imports from this module alone (``tests/test_architec
 from .adapter import CFG_MODES, Cosmos3Adapter, Cosmos3Request
 from .attention import install_fanout
 from .capture import STEP_CAPTURE_MODES, StepCaptureError, check_step_capture
-from .conditioning import GroupConditioning, encode_conditioning
+from .conditioning import (
+    MIN_IMAGE_SIDE,
+    GroupConditioning,
+    encode_conditioning,
+    min_image_side,
+    policy_condition,
+    token_counter,
+)
 from .embedding import DEFAULT_EMBEDDING_GRID, EMBEDDING_NAME, embedding_dim, observation_embedding
 from .embodiments import RESOLUTION_TIERS, VIEW_POINTS, embodiment_widths
 from .loading import PICKLE_SUFFIXES, load_directory, resolve_device, resolve_dtype
@@ -49,6 +56,7 @@ __all__ = [
     "CONFIGS",
     "DEFAULT_EMBEDDING_GRID",
     "EMBEDDING_NAME",
+    "MIN_IMAGE_SIDE",
     "PICKLE_SUFFIXES",
     "RESOLUTION_TIERS",
     "SIGMA_ONE_ATOL",
@@ -84,13 +92,16 @@ __all__ = [
     "gaussian_log_prob",
     "install_fanout",
     "load_directory",
+    "min_image_side",
     "observation_embedding",
     "pick_named",
+    "policy_condition",
     "randomize_zero_initialized",
     "read_record",
     "read_state_input",
     "resolve_device",
     "resolve_dtype",
     "sde_transition",
+    "token_counter",
     "write_state_input",
 ]

@@ -19,8 +19,9 @@ The segment builders are the pipeline's own (``_prepare_text_segment``, ``_prepa
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import (
@@ -38,6 +39,58 @@ from .state import STATE_FRAME_INDEX, StateInput, build_state_frame
 
 # Modes whose public output is an action chunk (upstream returns ``action=None`` for forward_dynamics).
 ACTION_MODES = ("policy", "inverse_dynamics")
+
+MIN_IMAGE_SIDE = 16
+"""Fewest pixels on either side of an image the model can take: the spatial factor of every Cosmos 3 VAE.
+
+Measured, not assumed: the pipeline's video processor rounds each side down to a multiple of its
+``vae_scale_factor`` before it resizes, so a side under it becomes 0 and the encode fails (``RuntimeError: Input and
+output sizes should be greater than 0``). On the tiny and the toy pipelines, 1x1, 15x15, 2x256, 256x2 and 8x256
+frames failed that way as ``ENGINE_FAILURE``; 16x16, 16x256, 17x17, 16x2048, 2048x16 and 16x16000 were served. No
+aspect-ratio bound is needed: the resolution tier's bins scale any aspect down into the nearest canvas and pad it.
+"""
+
+
+def policy_condition(image: Any, *, chunk_size: int, domain_name: str, resolution_tier: int,
+                     view_point: str = "ego_view") -> CosmosActionCondition:
+    """The policy-mode condition of one observation frame: the one place the product builds a
+    ``CosmosActionCondition``, so a request means the same on every face (the serving layer's request path, the
+    toy task and calibration all call this).
+
+    Args:
+        image (`np.ndarray` of shape `[H, W, 3]`, uint8): The frame.
+        chunk_size (`int`): Actions per chunk. domain_name (`str`): The embodiment.
+        resolution_tier (`int`): The conditioning canvas tier. view_point (`str`): The camera view point.
+    """
+    return CosmosActionCondition(mode="policy", chunk_size=chunk_size, domain_name=domain_name,
+                                 resolution_tier=resolution_tier, image=image, view_point=view_point)
+
+
+def min_image_side(pipe: Any) -> int:
+    """The fewest pixels a side of an image may have for ``pipe``: its video processor's ``vae_scale_factor``.
+
+    Args:
+        pipe (`Any`): The loaded pipeline; one without a video processor gets :data:`MIN_IMAGE_SIDE`.
+    """
+    factor = getattr(getattr(getattr(pipe, "video_processor", None), "config", None), "vae_scale_factor", None)
+    return max(1, int(factor)) if factor else MIN_IMAGE_SIDE
+
+
+def token_counter(pipe: Any) -> Callable[[str], int] | None:
+    """A function counting an instruction's tokens with the pipeline's text tokenizer, or ``None`` if it has none.
+
+    Args:
+        pipe (`Any`): The loaded pipeline (``text_tokenizer``, else ``tokenizer``).
+    """
+    tokenizer = getattr(pipe, "text_tokenizer", None) or getattr(pipe, "tokenizer", None)
+    if tokenizer is None:
+        return None
+
+    def count(text: str) -> int:
+        # No special tokens and no chat template: the limit is on what the sender wrote.
+        return len(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    return count
 
 
 @dataclass(frozen=True)

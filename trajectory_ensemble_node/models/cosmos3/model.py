@@ -17,11 +17,11 @@ from ...normalization import ActionNormalizer
 from ...reducers import check_mode_threshold, configured_reducer
 from ...safety import ActionLimits, load_limits
 from ...seeding import candidate_seeds, fresh_base_seed
-from ...uncertainty import NoveltyCheck
+from ...uncertainty import AlarmRule, NoveltyCheck, alarm_in_force
 from ...service import EnsembleService
 from .adapter import Cosmos3Adapter, Cosmos3Request
 from .capture import check_step_capture
-from .conditioning import check_action_request, check_state_slot, encode_conditioning
+from .conditioning import check_action_request, check_state_slot, encode_conditioning, min_image_side, token_counter
 from .embedding import DEFAULT_EMBEDDING_GRID, check_novelty_scorer, observation_embedding
 from .guidance import check_context
 from .rollout import RolloutSpec
@@ -156,6 +156,21 @@ class Cosmos3ActionModel(EnsembleService):
     @property
     def device(self) -> torch.device:
         return self.adapter.device
+
+    @property
+    def alarm(self) -> AlarmRule | None:
+        """The rule a result is called ``uncertain`` by: the novelty scorer's, else ``spread`` on the threshold."""
+        return alarm_in_force(self.novelty, self.uncertainty_threshold)
+
+    @property
+    def min_image_side(self) -> int:
+        """Fewest pixels a side of a frame may have: the pipeline's VAE factor (``conditioning.min_image_side``)."""
+        return min_image_side(self.pipe)
+
+    @property
+    def count_tokens(self) -> Callable[[str], int] | None:
+        """An instruction's token count by the pipeline's tokenizer; ``None`` for a pipeline without one."""
+        return token_counter(self.pipe)
 
     @property
     def state_input(self) -> StateInput | None:

@@ -42,26 +42,24 @@ from .planning import GoalPlan
 
 
 class ServedModel(Protocol):
-    """What a face serves, local or remote: requests in, handles out, and what the face's checks read of it."""
+    """What a face serves, local or remote: requests in, handles out, and what the face's checks read of it.
+
+    ``alarm``: the rule a result is ``uncertain`` by (the novelty scorer's, else ``spread`` on the threshold, else
+    none); ``min_image_side``: the fewest pixels a side of a frame may have; ``count_tokens``: an instruction's token
+    count by the model's tokenizer (``None`` where none runs in this process); ``remote_status``: the remote server's
+    state and version for ``/diagnostics`` (``None`` in this process); ``instrument``: TEST ONLY, wrap the adapter the
+    engine calls (``None`` where none runs in this process).
+    """
 
     capabilities: Any  # uses_state, state_names, context_guidance, reduce_before_denormalize
     validity: ValidityPolicy
     uncertainty_threshold: float | None
+    alarm: AlarmRule | None
+    min_image_side: int
+    count_tokens: TokenCounter | None
 
     @property
     def weights_version(self) -> int: ...
-
-    @property
-    def alarm(self) -> AlarmRule | None:
-        """The rule a result is ``uncertain`` by: the novelty scorer's, else ``spread`` on the threshold, else none."""
-
-    @property
-    def min_image_side(self) -> int:
-        """Fewest pixels a side of an observation frame may have."""
-
-    @property
-    def count_tokens(self) -> TokenCounter | None:
-        """An instruction's token count by the model's tokenizer; ``None`` where no tokenizer runs in this process."""
 
     def valid_reducers(self) -> tuple[str, ...]: ...
 
@@ -93,11 +91,9 @@ class ServedModel(Protocol):
 
     def outcome_counts(self) -> dict[str, int]: ...
 
-    def remote_status(self) -> dict[str, Any] | None:
-        """For ``/diagnostics``: the remote server's state and version; ``None`` for a model in this process."""
+    def remote_status(self) -> dict[str, Any] | None: ...
 
-    def instrument(self, wrap: Callable[[Any], Any]) -> Any:
-        """TEST ONLY: ``wrap`` the adapter the engine calls; ``None`` where no adapter runs in this process."""
+    def instrument(self, wrap: Callable[[Any], Any]) -> Any: ...
 
 
 def decide(memory: ChunkMemory | None, plan: GoalPlan, *, stamp: float, weights_version: int, elapsed_s: float = 0.0,

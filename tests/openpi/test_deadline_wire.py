@@ -3,17 +3,21 @@
 ``deadline_ms: 1e-9`` used to round to a 0 s deadline, which means none, and was served with every step; and an
 unmeetable deadline was refused only after the request's conditioning had been encoded ahead. Now any positive
 deadline is a deadline, and a warm server refuses one it cannot meet with ``DEADLINE_UNMEETABLE`` (82) before the
-adapter encodes anything (its ``encode`` calls are counted on the real adapter).
+adapter encodes anything (its ``encode`` calls are counted on the real adapter). A deadline that passed before the
+group could be submitted is refused with the same 82 by the node's rule (``serving.request_path.deadline_left``),
+whatever the engine has measured; before, the wire sent it as 1 microsecond left.
 """
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
 from _openpi_harness import serving, toy_image
 
-from trajectory_ensemble_node.errors import ErrorCode
+from trajectory_ensemble_node.errors import DeadlineUnmeetableError, ErrorCode
+from trajectory_ensemble_node.openpi.sessions import Caller
 from trajectory_ensemble_node.wire.codec import parse_error_frame
 
 websockets_sync = pytest.importorskip("websockets.sync.client")
@@ -60,3 +64,22 @@ def test_a_1e_9_ms_deadline_is_refused_with_82_before_any_encode_and_the_connect
         ws.send(msgpack_numpy.packb(GOOD))
         assert msgpack_numpy.unpackb(ws.recv(timeout=120))["actions"].shape[0] > 0
         ws.close()
+
+
+def test_a_deadline_that_passed_before_submission_is_refused_with_82_and_never_reaches_the_engine(toy_policy):
+    caller, ended = Caller.anonymous(1), toy_policy.model.outcome_counts()
+    # Passed before the build (its arrival a second ago, half a second to go): refused there, before the encode.
+    late = toy_policy.prepare({**GOOD, "deadline_ms": 500.0}, request_id="late", caller=caller,
+                              arrival=time.monotonic() - 1.0)
+    with pytest.raises(DeadlineUnmeetableError, match=r"request late: its deadline 0\.500 s passed before it could "
+                                                      r"start \(1\.\d{3} s after arrival\)") as refused:
+        toy_policy.build(late)
+    assert refused.value.code == ErrorCode.DEADLINE_UNMEETABLE == 82
+    # Passed between the build and the submission (as for a request that waited for a slot): refused at submission.
+    waited = toy_policy.prepare({**GOOD, "deadline_ms": 60_000.0}, request_id="waited", caller=caller,
+                                arrival=time.monotonic())
+    toy_policy.build(waited)
+    waited.arrival -= 61.0
+    with pytest.raises(DeadlineUnmeetableError, match="request waited: its deadline 60.000 s passed"):
+        toy_policy.submit(waited)
+    assert waited.handle is None and toy_policy.model.outcome_counts() == ended

@@ -255,11 +255,6 @@ def test_mode_single_and_identical_candidates():
     torch.testing.assert_close(get_reducer("mode")(same), one[0])
 
 
-def test_mode_unimodal_tight_set_is_the_mean():
-    candidates = 0.3 + 0.02 * torch.randn(8, 4, 3, generator=torch.Generator().manual_seed(1))
-    torch.testing.assert_close(get_reducer("mode")(candidates), candidates.mean(dim=0))
-
-
 def test_mode_at_a_fixed_threshold_with_all_far_apart_returns_candidate_zero():
     candidates = torch.arange(4.0).reshape(4, 1, 1) * (2 * MODE_DISTANCE_THRESHOLD)
     assert mode_clusters(candidates, MODE_DISTANCE_THRESHOLD) == ((0,), (1,), (2,), (3,))

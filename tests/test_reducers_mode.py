@@ -1,5 +1,6 @@
-"""``mode``'s relative rule: its answer follows the candidates' units, the majority mode wins at every scale, and the
-docstring's test vectors hold; a fixed threshold is bound where a served model asks for one."""
+"""``mode``'s relative rule (the majority mode's densest core): its answer follows the candidates' units, comes from
+the majority mode at every scale, and the docstrings' test vectors hold; a fixed threshold is bound where a served
+model asks for one (one scale: the largest cluster's mean)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from trajectory_ensemble_node.reducers import (
     get_reducer,
     mode_clusters,
     mode_continuity_reduce,
+    mode_core,
     mode_reduce,
     parse_variants,
     reduce_variants,
@@ -39,8 +41,9 @@ def two_modes(sizes: tuple[int, int], shape: tuple[int, int], seed: int) -> tupl
 
 
 @pytest.mark.parametrize(("values", "clusters", "answer"), [
-    ((0, 1, 2, 3, 16), ((0, 1), (2, 3), (4,)), 0.5),
+    ((0, 1, 2, 3, 16), ((0, 1), (2, 3), (4,)), 0.0),
     ((0, 0.5, 1, 1.5, 8, 8.5, 9, 20), ((0, 1, 2, 3), (4, 5, 6), (7,)), 0.75),
+    ((1, 5, 7, 11, 12, 13, 15, 18), ((0, 1, 2), (3, 4, 5, 6, 7)), 12.0),
     ((1, 1, 1), ((0, 1, 2),), 1.0),
     ((0, 1), ((0,), (1,)), 0.0),
     ((3, 5), ((0,), (1,)), 3.0),
@@ -52,6 +55,18 @@ def test_docstring_vectors(values, clusters, answer):
     assert mode_clusters(group) == clusters
     assert mode_reduce(group).item() == answer
     assert get_reducer("mode")(group).item() == answer
+
+
+def test_core_vectors():
+    assert mode_core(line(1, 5, 7, 11, 12, 13, 15, 18), (3, 4, 5, 6, 7)) == (3, 4, 5)
+    assert mode_core(line(0, 1, 2, 3, 16), (0, 1)) == (0,)
+    assert mode_core(line(2, 2, 2), (0, 1, 2)) == (0, 1, 2)
+    assert mode_core(line(4, 9), (1,)) == (1,)
+
+
+def test_a_fixed_threshold_is_one_scale_the_largest_clusters_mean():
+    assert mode_reduce(line(0, 1, 2, 3, 16), 1.0).item() == 0.5
+    assert mode_reduce(line(1, 5, 7, 11, 12, 13, 15, 18), 7.0).item() == pytest.approx(13.8)
 
 
 def test_relative_threshold_vectors():
@@ -86,10 +101,17 @@ def test_a_fixed_threshold_depends_on_the_units_and_the_relative_rule_does_not()
     torch.testing.assert_close(answers[0.01], group.mean(dim=0))
     torch.testing.assert_close(answers[100.0], group[0])
     for c in (0.01, 100.0):
-        torch.testing.assert_close(mode_reduce(group * c) / c, majority.mean(dim=0))
+        assert in_mode(mode_reduce(group * c) / c, majority)
 
 
 # --- modes ------------------------------------------------------------------------------------------------------
+
+
+def in_mode(out: torch.Tensor, mode: torch.Tensor) -> bool:
+    """``out`` is the mean of some members of ``mode`` (tested against every subset's mean: modes are small)."""
+    n = mode.shape[0]
+    return any(torch.allclose(out, mode[[i for i in range(n) if bits >> i & 1]].mean(dim=0), rtol=1e-9, atol=0)
+               for bits in range(1, 1 << n))
 
 
 @pytest.mark.parametrize("shape", [(4, 3), (8, 2), (16, 7)])
@@ -98,9 +120,11 @@ def test_a_bimodal_group_gives_its_majority_mode_at_every_scale(shape, sizes):
     for seed in range(5):
         group, majority = two_modes(sizes, shape, seed)
         midpoint = (group[: sizes[0]].mean(dim=0) + group[sizes[0]:].mean(dim=0)) / 2
+        answer = mode_reduce(group)
+        assert in_mode(answer, majority)
         for c in SCALES:
             out = mode_reduce(group * c)
-            torch.testing.assert_close(out, majority.mean(dim=0) * c, rtol=1e-9, atol=0)
+            torch.testing.assert_close(out, answer * c, rtol=1e-9, atol=0)
             assert (out - midpoint * c).abs().min() > 0.4 * c
 
 
@@ -125,14 +149,29 @@ def test_one_two_and_identical_candidates():
 
 @pytest.mark.parametrize("shape", [(8, 2), (16, 7)])
 @pytest.mark.parametrize("n", [8, 16])
-def test_a_unimodal_cloud_gives_about_its_mean_not_an_outlier(shape, n):
+def test_a_featureless_cloud_gives_one_candidate_or_a_close_few_never_a_point_outside(shape, n):
+    # Isotropic noise has no denser part: mode commits to a candidate (or a few that agree), as one sample does,
+    # rather than averaging the cloud into a trajectory no candidate proposed.
     for seed in range(10):
         group = torch.randn(n, *shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
-        centre = group.mean(dim=0)
-        typical = (group - centre).flatten(1).norm(dim=1).median()
-        # Closer to the cloud's mean than the median candidate is, by a wide margin: most of the cloud averaged.
-        assert (mode_reduce(group) - centre).norm() < 0.6 * typical
-        assert max(len(c) for c in mode_clusters(group)) >= n // 2
+        majority = max(mode_clusters(group), key=len)
+        assert len(majority) >= n // 2
+        core = mode_core(group, majority)
+        out = mode_reduce(group)
+        torch.testing.assert_close(out, group[list(core)].mean(dim=0))
+        totals = torch.cdist(group.flatten(1), group.flatten(1)).sum(dim=1)
+        assert torch.cdist(out.flatten()[None], group.flatten(1)).sum() <= totals.max()
+
+
+def test_a_wide_mode_gives_its_dense_core_not_the_mean_of_its_spread():
+    # Trajectories along one path, at offsets spread like PushT's pushes: the mode 11..18 is wide, its core 11..13.
+    path = torch.linspace(0.0, 1.0, 16, dtype=torch.float64).reshape(8, 2)
+    offsets = torch.tensor([1, 5, 7, 11, 12, 13, 15, 18], dtype=torch.float64)
+    group = offsets.reshape(-1, 1, 1) * 0.01 + path
+    assert max(mode_clusters(group), key=len) == (3, 4, 5, 6, 7)
+    assert mode_core(group, (3, 4, 5, 6, 7)) == (3, 4, 5)
+    torch.testing.assert_close(mode_reduce(group), group[3:6].mean(dim=0))
+    assert not torch.allclose(mode_reduce(group), group[3:].mean(dim=0))
 
 
 # --- a fixed threshold, served ----------------------------------------------------------------------------------
@@ -160,7 +199,8 @@ def test_reduce_variants_applies_each_reducer_in_its_space():
     assert [v.label for v in variants] == ["single", "mean", "mode", "mode@0.2", "medoid"]
     chunks = reduce_variants(group.float(), variants, normalizer)
     torch.testing.assert_close(chunks["single"], normalizer.denormalize(group.float())[0])
-    torch.testing.assert_close(chunks["mode"], normalizer.denormalize(majority.float().mean(dim=0)))
+    torch.testing.assert_close(chunks["mode"], normalizer.denormalize(mode_reduce(group.float())))
+    assert in_mode(mode_reduce(group), majority)
     torch.testing.assert_close(chunks["mean"], normalizer.denormalize(group.float().mean(dim=0)))
     assert set(reduce_variants(group.float(), variants)) == {v.label for v in variants}
 

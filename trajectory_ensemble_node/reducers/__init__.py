@@ -25,7 +25,7 @@ silently. Half-precision inputs are reduced in float32 and returned in their own
 | ``median`` | elementwise median; even N: mean of the two middle values | no | any | - |
 | ``trimmed_mean`` | elementwise mean after dropping ``k = floor(0.2 N)`` lowest and highest | no | any | - |
 | ``medoid`` | the candidate with least summed Frobenius distance to the others | no | normalized | - |
-| ``mode`` | mean of the largest complete-linkage cluster, cut at 2x the median k-th nearest-neighbour distance (k = max(1, N // 4)) | no | normalized | - |
+| ``mode`` | the largest complete-linkage cluster (cut: 2x the median k-th nearest-neighbour distance, k = max(1, N // 4)), averaged over its densest core (radius 0.25x the median pairwise distance) | no | normalized | - |
 | ``pose_gripper`` | per 10-wide block: mean translation, chordal-mean rotation, median gripper | no | raw | 10 |
 | ``backward_coherence`` | the candidate nearest the previous chunk over the overlap (BID) | no | normalized | - |
 | ``mode_continuity`` | in the cluster nearest the previous chunk over the overlap, its nearest member | no | normalized | - |
@@ -34,15 +34,16 @@ The last two (:mod:`.continuity`) are continuity-aware (``uses_context``): they 
 :class:`ContinuityReference`, the previous chunk at the new chunk's times with per-action weights, when a request
 carries an execution context, and fall back to ``medoid`` / ``mode`` when it does not (an episode's first chunk).
 
-``mode``'s cut is relative to the group (:func:`relative_mode_threshold`), so its answer does not depend on the
-units of the action space; a served model can fix it instead (``mode_threshold``, applied by
-:func:`configured_reducer`). :func:`reduce_variants` applies several reducers and cuts to one group, for comparing
+``mode`` finds the majority mode at a cut relative to the group (:func:`relative_mode_threshold`) and averages its
+densest core (:func:`mode_core`), so its answer does not depend on the units of the action space; a served model can
+fix the cut instead (``mode_threshold``, applied by :func:`configured_reducer`: one scale, the cluster's mean). :func:`reduce_variants` applies several reducers and cuts to one group, for comparing
 them offline (``calibrate --bag``, the lab's benches).
 
 ``"none"`` is not a reducer: it is the spec's name for "count is 1, return the single candidate".
 """
 
 from .basic import (
+    MODE_CORE_FRACTION,
     MODE_DISTANCE_THRESHOLD,
     MODE_RELATIVE_FACTOR,
     POSE_GRIPPER_BLOCK,
@@ -52,6 +53,7 @@ from .basic import (
     median_reduce,
     medoid_reduce,
     mode_clusters,
+    mode_core,
     mode_reduce,
     pose_gripper_reduce,
     relative_mode_threshold,
@@ -63,6 +65,7 @@ from .variants import ReducerVariant, parse_variants, reduce_variants
 from .types import REDUCER_SPACES, ContinuityReference, Reducer, check_finite
 
 __all__ = [
+    "MODE_CORE_FRACTION",
     "MODE_DISTANCE_THRESHOLD",
     "MODE_RELATIVE_FACTOR",
     "POSE_GRIPPER_BLOCK",
@@ -83,6 +86,7 @@ __all__ = [
     "medoid_reduce",
     "mode_clusters",
     "mode_continuity_reduce",
+    "mode_core",
     "mode_reduce",
     "parse_variants",
     "pose_gripper_reduce",

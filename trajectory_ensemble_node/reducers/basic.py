@@ -28,6 +28,12 @@ results file uses, the factors from 1.0 to 2.5 differ by a few scenes (``bench/r
 ``docs/python-api.md#modes-cut``)."""
 
 
+MODE_CORE_FRACTION = 0.25
+"""The radius of ``mode``'s core, as a fraction of the group's median pairwise RMS distance (:func:`mode_core`).
+Chosen on PushT validation starts 100000..100039 (the state oracle, N = 8) among 0.15, 0.25, 0.35 and 0.5, and
+checked on the toy's validation scenes (``docs/python-api.md#modes-core``, ``bench/results/mode_core-pusht.md``)."""
+
+
 POSE_GRIPPER_BLOCK = 10
 """``pose_gripper`` block: 3 translation + 6 rotation (first two matrix columns) + 1 gripper."""
 
@@ -235,37 +241,108 @@ def mode_clusters(candidates: torch.Tensor, threshold: float | None = None) -> t
     return tuple(tuple(sorted(members[key])) for key in sorted(members))
 
 
-def mode_reduce(candidates: torch.Tensor, threshold: float | None = None) -> torch.Tensor:
-    """``mode``: the mean of the largest cluster of :func:`mode_clusters`, so a bimodal set yields one of its modes,
-    never the midpoint between them.
+def _median(values: torch.Tensor) -> float:
+    ordered = values.sort().values
+    n = ordered.numel()
+    return float(ordered[n // 2]) if n % 2 == 1 else float((ordered[n // 2 - 1] + ordered[n // 2]) * 0.5)
 
-    Rule (normative): cluster with :func:`mode_clusters` (by default the relative rule, a cut at 2 times the
-    group's median ``k``-th nearest-neighbour RMS distance; with ``threshold``, that fixed cut); keep the cluster
-    with the most members; if several are equally large, keep the one holding the lowest candidate position; return the elementwise
-    mean of its members. Consequences:
+
+def mode_core(candidates: torch.Tensor, members: tuple[int, ...],
+              fraction: float = MODE_CORE_FRACTION) -> tuple[int, ...]:
+    """The densest part of one mode: the member with the most other members within the core radius, and those.
+
+    Rule (normative; :func:`mode_reduce` averages what it returns):
+
+    1. Radius ``r = MODE_CORE_FRACTION * median(d_ij, i < j)`` over the WHOLE group (``N(N-1)/2`` RMS distances as
+       in :func:`mode_clusters`; an even count takes the mean of the two middle values). It is in the candidates'
+       units, so a group times ``c != 0`` keeps the same core.
+    2. For each member ``m``, its neighbourhood is the members within ``r`` of it (itself included). The centre is
+       the member with the largest neighbourhood; equal sizes go to the lowest position (as equal modes do: with no
+       denser part, ``mode`` stays with the lowest candidate, like one sample).
+    3. The core is the centre's neighbourhood, ascending.
+
+    Why a core and not the whole mode: on PushT the candidates of one mode spread along a continuum of pushes, and the
+    mean of a wide mode is a push none of them proposed (the state oracle: the whole mode's mean 0.601 mean max
+    coverage against one sample's 0.728; the core's mean 0.805). Where a mode is tight (the toy), the core is most
+    of it.
+
+    Test vectors (``[N, 1, 1]`` candidates): ``[1, 5, 7, 11, 12, 13, 15, 18]``, members ``(3, 4, 5, 6, 7)``:
+    pairwise median 6, ``r = 1.5``; neighbourhood sizes 2, 3, 2, 1, 1: the centre is 12 (position 4), the core
+    ``(3, 4, 5)``. ``[0, 1, 2, 3, 16]``, members ``(0, 1)``: pairwise median 2.5, ``r = 0.875``: sizes 1, 1 and
+    equal sums: ``(0,)``. ``[2, 2, 2]``, members ``(0, 1, 2)``: ``r = 0``: ``(0, 1, 2)``.
+
+    Args:
+        candidates (`torch.Tensor` of shape `[N, H, D]`): Finite candidates.
+        members (`tuple[int, ...]`): One mode's positions, ascending (a cluster of :func:`mode_clusters`).
+        fraction (`float`, defaults to `MODE_CORE_FRACTION`): The radius' fraction; another value is for measuring
+            the rule (``trajectory_ensemble_lab.pusht.mode_core``), the reducer always uses the default.
+
+    Returns:
+        `tuple[int, ...]`: The core's positions, ascending, a non-empty subset of ``members``.
+    """
+    n = candidates.shape[0]
+    if len(members) <= 1 or n <= 2:
+        return tuple(members)
+    distances = _rms_distances(candidates)
+    upper = torch.triu_indices(n, n, offset=1)
+    radius = fraction * _median(distances[upper[0], upper[1]])
+    index = torch.tensor(members)
+    inside = distances.index_select(0, index).index_select(1, index)
+    near = inside <= radius
+    # argmax returns the first maximum: equal neighbourhoods go to the lowest position.
+    best = int(torch.argmax(near.sum(dim=1)))
+    return tuple(members[m] for m in range(len(members)) if bool(near[best, m]))
+
+
+def mode_reduce(candidates: torch.Tensor, threshold: float | None = None, *,
+                core_fraction: float = MODE_CORE_FRACTION) -> torch.Tensor:
+    """``mode``: the majority mode's densest core, averaged; a bimodal set yields (part of) one of its modes, never
+    the midpoint between them.
+
+    Rule (normative). By default (the relative rule, no ``threshold``):
+
+    1. Modes: :func:`mode_clusters` with the relative cut (2 times the group's median ``k``-th nearest-neighbour
+       RMS distance). The majority mode is the cluster with the most members; equal sizes go to the one holding the
+       lowest candidate position.
+    2. Core: :func:`mode_core` of the majority mode (the member with the most mode members within
+       ``MODE_CORE_FRACTION`` (0.25) times the group's median pairwise distance, and those members).
+    3. Answer: the elementwise mean of the core.
+
+    With a fixed ``threshold`` (the ``mode_threshold`` parameter; ``mode@T`` in a variant list): one scale only,
+    the elementwise mean of the largest cluster at that cut (equal sizes: the lowest position's), as the fixed
+    rule always served.
+
+    Consequences:
 
     * ``N = 1`` returns that candidate; ``N = 2`` returns candidate 0 unless the two are identical (their mean).
-    * Identical candidates form one cluster: the mean of all (the relative cut is 0, and ``0 <= 0``).
-    * Under the relative rule a group times ``c != 0`` gives its answer times ``c`` (the same clusters): the result
-      does not depend on the units of the action space.
-    * Two tight modes farther apart than the cut give the larger one's mean (the lower positions' on a tie), never
-      the midpoint; if every pair is farther apart than the cut, all clusters are singletons: candidate 0.
+    * Identical candidates: the mean of all (the cut and the radius are 0, and ``0 <= 0``).
+    * Under the relative rule a group times ``c != 0`` gives its answer times ``c`` (the same modes, the same core):
+      the result does not depend on the units of the action space.
+    * Two modes farther apart than the cut give a mean of members of the larger one (the lower positions' on a tie),
+      never the midpoint; a tight mode's core is the whole mode.
 
-    Test vectors (``[N, 1, 1]`` candidates): ``[0, 0.5, 1, 1.5, 8, 8.5, 9, 20]`` -> 0.75 (the mean of the four-member
-    cluster); the same times 100 -> 75; ``[0, 1, 2, 3, 16]`` -> 0.5 (two clusters of two: the lower positions');
-    ``[3, 5]`` -> 3; ``[2, 2, 2]`` -> 2; ``[7]`` -> 7.
+    Test vectors (``[N, 1, 1]`` candidates): ``[0, 0.5, 1, 1.5, 8, 8.5, 9, 20]`` -> 0.75 (modes ``(0, 1, 2, 3)``,
+    ``(4, 5, 6)``, ``(7,)``; radius 0.25 x 7.5: the core is the whole first mode); the same times 100 -> 75;
+    ``[1, 5, 7, 11, 12, 13, 15, 18]`` -> 12 (the core ``11, 12, 13`` of the mode ``11..18``);
+    ``[0, 1, 2, 3, 16]`` -> 0 (two modes of two, the lower positions'; its core is candidate 0 alone);
+    ``[3, 5]`` -> 3; ``[2, 2, 2]`` -> 2; ``[7]`` -> 7; with ``threshold=1.0``, ``[0, 1, 2, 3, 16]`` -> 0.5 (one
+    scale: the mean of the cluster ``(0, 1)``).
 
     Args:
         candidates (`torch.Tensor` of shape `[N, H, D]`): Finite candidates.
         threshold (`float`, *optional*): A fixed cut (see :func:`mode_clusters`); ``None``: the relative rule.
+        core_fraction (`float`, defaults to `MODE_CORE_FRACTION`): The core's radius fraction (:func:`mode_core`);
+            another value is for measuring the rule, the reducer always uses the default.
 
     Returns:
         `torch.Tensor` of shape `[H, D]`.
     """
     clusters = mode_clusters(candidates, threshold)
     # max() keeps the first of equal keys, and clusters are ordered by lowest position.
-    largest = max(clusters, key=len)
-    index = torch.tensor(largest, device=candidates.device)
+    chosen = max(clusters, key=len)
+    if threshold is None:
+        chosen = mode_core(candidates, chosen, core_fraction)
+    index = torch.tensor(chosen, device=candidates.device)
     return candidates.index_select(0, index).mean(dim=0)
 
 
@@ -319,8 +396,8 @@ BUILTIN: tuple[Reducer, ...] = (
         mode_reduce,
         streaming=False,
         space="normalized",
-        description="mean of the largest complete-linkage cluster (cut: 2x the median k-th nearest-neighbour "
-        "distance, k = max(1, N // 4))",
+        description="the largest complete-linkage cluster (cut: 2x the median k-th nearest-neighbour distance, "
+        "k = max(1, N // 4)), averaged over its densest core (radius 0.25x the median pairwise distance)",
     ),
     Reducer(
         "pose_gripper",

@@ -4,6 +4,7 @@ few training steps on tiny data that resume, and one closed-loop episode through
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 
 import numpy as np
 import pytest
@@ -14,11 +15,13 @@ from trajectory_ensemble_lab.pusht.demos import DartNoise, run_episode
 from trajectory_ensemble_lab.pusht.expert import PushTExpert
 from trajectory_ensemble_lab.pusht.oracle import (CHUNK, OracleConfig, TrainSettings, build_examples, load_oracle,
                                                   normalize_actions, train)
+from trajectory_ensemble_lab.pusht.mode_core import rules as mode_core_rules
 from trajectory_ensemble_lab.pusht.oracle_cli import main as oracle_main
 from trajectory_ensemble_lab.pusht.oracle_eval import Execution, evaluate, paired_versus, reduce_group
 from trajectory_ensemble_lab.pusht.sim import PushTError, make_env, read_state
 from trajectory_ensemble_lab.pusht.state_demos import read_episode, read_episodes, write_episode
 from trajectory_ensemble_lab.training import TrainingError
+from trajectory_ensemble_node.errors import UnknownReducerError
 from trajectory_ensemble_node.reducers import configured_reducer, get_reducer
 
 START, EXPERT, STEPS = 10, 2, 40
@@ -104,6 +107,13 @@ def test_the_oracle_trains_resumes_and_plays_an_episode_through_the_reducers(tin
         assert len(eps) == 1 and eps[0].steps == 16 and eps[0].requests == 2 and 0.0 <= eps[0].max_coverage <= 1.0
     versus = result.figures()["versus_single"]["mode"]
     assert versus["episodes"] == 1
+    # A rule being measured plays under its own label, paired with the same draws; named rules are checked first.
+    table = mode_core_rules([0.35])
+    ruled = evaluate(net, [100_000], [0], ("single", "core 0.35", "mode"), Execution(count=4, max_steps=16),
+                     log=lambda line: None, rules=table)
+    assert asdict(ruled.episodes["core 0.35"][0]) == asdict(result.episodes["mode"][0])  # the shipped fraction
+    with pytest.raises(UnknownReducerError):
+        evaluate(net, [100_000], [0], ("single", "core 0.2"), Execution(count=4, max_steps=16), rules=table)
     with pytest.raises(ValueError, match="share no"):
         paired_versus(result.episodes["single"], [])
 

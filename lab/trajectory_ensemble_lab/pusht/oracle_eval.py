@@ -12,7 +12,7 @@ same first group, so differences are paired.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -104,8 +104,12 @@ def request_generator(noise_seed: int, env_seed: int, request: int) -> torch.Gen
     return torch.Generator().manual_seed(seed)
 
 
+Rule = Callable[[torch.Tensor], torch.Tensor]
+"""A reduction being measured that is not (yet) a registered reducer: ``[N, H, 2]`` normalized -> ``[H, 2]``."""
+
+
 def run_episode(net: OracleNet, env: Any, env_seed: int, noise_seed: int, method: str,
-                execution: Execution) -> OracleEpisode:
+                execution: Execution, rule: Rule | None = None) -> OracleEpisode:
     """Play one episode of ``method`` from reset seed ``env_seed``.
 
     Args:
@@ -113,8 +117,9 @@ def run_episode(net: OracleNet, env: Any, env_seed: int, noise_seed: int, method
         env: A ``make_env()`` env (state observations; the oracle reads the full state from it).
         env_seed (`int`): Reset seed.
         noise_seed (`int`): Noise seed of the candidates.
-        method (`str`): ``single`` or a reducer name.
+        method (`str`): ``single`` or a reducer name (the episode's label when ``rule`` is given).
         execution (`Execution`): N, Euler steps, executed rows.
+        rule (`Rule`, *optional*): Reduce with this instead of the reducer named ``method``.
     """
     env.reset(seed=env_seed)
     episode = OracleEpisode(env_seed, noise_seed)
@@ -125,7 +130,7 @@ def run_episode(net: OracleNet, env: Any, env_seed: int, noise_seed: int, method
         group = sample(net, obs, execution.count, request_generator(noise_seed, env_seed, episode.requests),
                        execution.steps)
         episode.requests += 1
-        chunk = denormalize_actions(reduce_group(method, group)).numpy()
+        chunk = denormalize_actions(reduce_group(method, group) if rule is None else rule(group)).numpy()
         near = execution.execute_near_goal is not None and episode.max_coverage >= execution.near_goal
         for target in chunk[: execution.execute_near_goal if near else execution.execute]:
             _, _, terminated, truncated, info = env.step(np.clip(target, 0.0, 512.0).astype(np.float32))
@@ -185,7 +190,8 @@ class Evaluation:
 
 
 def evaluate(net: OracleNet, starts: Sequence[int], noise_seeds: Sequence[int], methods: Sequence[str],
-             execution: Execution, log: Callable[[str], None] = print) -> Evaluation:
+             execution: Execution, log: Callable[[str], None] = print,
+             rules: Mapping[str, Rule] | None = None) -> Evaluation:
     """Play every method on every (start, noise seed).
 
     Args:
@@ -195,17 +201,21 @@ def evaluate(net: OracleNet, starts: Sequence[int], noise_seeds: Sequence[int], 
         methods (`Sequence[str]`): ``single`` and reducer names (checked before any episode runs).
         execution (`Execution`): How chunks are drawn and executed.
         log (`Callable[[str], None]`): One line per episode.
+        rules (`Mapping[str, Rule]`, *optional*): Methods measured by a rule of their own (a candidate rule before
+            it becomes a reducer); their names are labels, not reducer names.
     """
+    rules = dict(rules or {})
     probe = torch.zeros(2, 16, 2)
     for method in methods:
-        reduce_group(method, probe)  # an unknown or context-needing name fails before the first episode
+        if method not in rules:
+            reduce_group(method, probe)  # an unknown or context-needing name fails before the first episode
     env = make_env()
     result = Evaluation()
     for method in methods:
         played = result.episodes.setdefault(method, [])
         for env_seed in starts:
             for noise_seed in noise_seeds:
-                ep = run_episode(net, env, env_seed, noise_seed, method, execution)
+                ep = run_episode(net, env, env_seed, noise_seed, method, execution, rules.get(method))
                 played.append(ep)
                 log(f"{method} start {env_seed} noise {noise_seed}: coverage {ep.max_coverage:.3f} "
                     f"{'success' if ep.success else ''} steps {ep.steps}")

@@ -179,6 +179,24 @@ def test_replay_into_stand_in(tmp_path: Path, standin: _StandIn) -> None:
     assert sum("SUCCEEDED" in line and " ok " in line for line in lines) == len(expected)
 
 
+def test_reading_a_frames_stamp_imports_no_model_code() -> None:
+    """The replay reads a frame's stamp (``bags.stamp_ns``) right after publishing it and sends the goal a moment
+    later: an import of the model stack there (diffusers, models.cosmos3: seconds on a loaded CPU) made the node
+    refuse every replay's first frame as stale. Checked in a fresh interpreter, after what the replay imports."""
+    code = (
+        "import sys\n"
+        "import numpy as np\n"
+        "from trajectory_ensemble_node.replay import bags, replay\n"
+        "from trajectory_ensemble_node.ros.conversions import ns_to_time\n"
+        "msg = bags.image_msg(np.zeros((4, 4, 3), np.uint8), 5, 'cam')\n"
+        "assert bags.stamp_ns(msg) == 5 and bags.image_rgb(msg).shape == (4, 4, 3)\n"
+        "print(sorted(m for m in ('diffusers', 'trajectory_ensemble_node.models.cosmos3') if m in sys.modules))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]", proc.stdout
+
+
 def test_replay_fails_clearly_without_node(tmp_path: Path, ros_env: dict[str, str]) -> None:
     """No node: while it waits, replay says for what and since when; then exit status 3 and one error line."""
     _write_bag(tmp_path / "in", frames=2, size=8)

@@ -19,7 +19,7 @@ observation produced. Two rules do read the stamp, on the node's ROS clock (``st
 A model that takes state (``capabilities.uses_state``) reads the joint state of the image's moment: the buffer
 keeps the last :data:`STATE_HISTORY` joint states and pairs the image with the one whose header stamp is nearest the
 image's (the oldest frame's, with several cameras). A pair further apart than ``max_state_skew_s`` is refused
-(``STATE_SKEW``); the model's joints are then picked from it by name (:func:`.observations.pick_state`). A state
+(``STATE_SKEW``); the model's joints are then picked from it by name (:func:`pick_state`). A state
 publisher faster than the camera is what makes the pair close; the newest state must still be recent (staleness, as
 above) and finite. Other models read the newest state, as before.
 
@@ -36,7 +36,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import FrameError, NoObservationError, ObservationArrayError, StaleObservationError, StateSkewError
+from ..errors import (
+    FrameError,
+    NoObservationError,
+    ObservationArrayError,
+    ObservationSchemaError,
+    StaleObservationError,
+    StateSkewError,
+)
+from ..models.cosmos3 import pick_named
 from .frames import tile_views
 from .input_limits import check_state
 from .observation_wait import ObservationWaits
@@ -48,7 +56,6 @@ from .observations import (
     Observation,
     decode_image,
     decode_state,
-    pick_state,
     stamp_ns,
     stamp_text,
 )
@@ -65,6 +72,26 @@ class _TopicCounters:
     refused_since_good: int = 0
     """Frames refused since the last good one (the root cause a goal error quotes)."""
     last_refusal: str = ""
+
+
+def pick_state(state: JointStateSample, names: Sequence[str]) -> tuple[float, ...]:
+    """The positions of ``names`` (a model's ``capabilities.state_names``) from a joint state, by joint name, in the
+    model's order, by the one rule every face picks by (``models.cosmos3.pick_named``). Non-finite values are the
+    caller's to refuse (``check_state``).
+
+    Args:
+        state (`JointStateSample`): The joint state paired with the image.
+        names (`Sequence[str]`): The joints the model reads, in its order.
+
+    Raises:
+        MissingObservationKeyError: the message lacks a joint the model reads (the topic and the joint are named).
+        ObservationArrayError: the message names such a joint twice.
+    """
+    try:
+        values = pick_named(names, state.names, state.positions.tolist())
+    except ObservationSchemaError as error:
+        raise type(error)(f"joint state on {state.topic}: {error}") from None
+    return tuple(float(v) for v in values)
 
 
 class ObservationBuffer(ObservationWaits):

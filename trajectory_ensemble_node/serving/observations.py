@@ -3,6 +3,9 @@ decoding of ``sensor_msgs/Image`` and ``sensor_msgs/JointState`` fields (duck-ty
 
 The buffer that keeps the latest of each is :mod:`.observation_buffer`; waiting on it is :mod:`.observation_wait`.
 The pixel codec itself is :mod:`.frames`, the value checks :mod:`.input_limits`.
+
+No model code is imported here: ``replay`` reads stamps through this module right after it publishes a frame, and
+seconds of importing the model stack there made the node refuse that frame as stale.
 """
 
 from __future__ import annotations
@@ -13,8 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import GoalRequestError, ObservationSchemaError
-from ..models.cosmos3 import pick_named
+from ..errors import GoalRequestError
 from .frames import image_to_rgb
 from .input_limits import check_image_dimensions, check_joint_state_shape
 
@@ -106,26 +108,6 @@ class Observation:
         if self.state is None or self.state_skew_s is None:
             return {}
         return {"state_stamp": stamp_text(stamp_ns(self.state.stamp)), "state_skew_ms": self.state_skew_s * 1000.0}
-
-
-def pick_state(state: JointStateSample, names: Sequence[str]) -> tuple[float, ...]:
-    """The positions of ``names`` (a model's ``capabilities.state_names``) from a joint state, by joint name, in the
-    model's order, by the one rule every face picks by (``models.cosmos3.pick_named``). Non-finite values are the
-    caller's to refuse (``check_state``).
-
-    Args:
-        state (`JointStateSample`): The joint state paired with the image.
-        names (`Sequence[str]`): The joints the model reads, in its order.
-
-    Raises:
-        MissingObservationKeyError: the message lacks a joint the model reads (the topic and the joint are named).
-        ObservationArrayError: the message names such a joint twice.
-    """
-    try:
-        values = pick_named(names, state.names, state.positions.tolist())
-    except ObservationSchemaError as error:
-        raise type(error)(f"joint state on {state.topic}: {error}") from None
-    return tuple(float(v) for v in values)
 
 
 def decode_image(topic: str, msg: Any, received: float, min_image_side: int) -> Frame:

@@ -4,8 +4,9 @@ decoding of ``sensor_msgs/Image`` and ``sensor_msgs/JointState`` fields (duck-ty
 The buffer that keeps the latest of each is :mod:`.observation_buffer`; waiting on it is :mod:`.observation_wait`.
 The pixel codec itself is :mod:`.frames`, the value checks :mod:`.input_limits`.
 
-No model code is imported here: ``replay`` reads stamps through this module right after it publishes a frame, and
-seconds of importing the model stack there made the node refuse that frame as stale.
+No model code is imported here, not even through :mod:`.input_limits` (which reads the model's smallest side): the
+decoders import it when they first run, in the node. ``replay`` reads stamps through this module right after it
+publishes a frame, and seconds of importing the model stack there made the node refuse that frame as stale.
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ import numpy as np
 
 from ..errors import GoalRequestError
 from .frames import image_to_rgb
-from .input_limits import check_image_dimensions, check_joint_state_shape
 
 FUTURE_STAMP_TOLERANCE_S = 0.5
 """How far after "now" (the node's ROS clock) a frame's stamp may lie. Under ``use_sim_time`` the node's clock trails
@@ -122,6 +122,8 @@ def decode_image(topic: str, msg: Any, received: float, min_image_side: int) -> 
     Raises:
         FrameError: an unsupported encoding, a wrong ``step``, truncated data, or a side under ``min_image_side``.
     """
+    from .input_limits import check_image_dimensions  # in the node only: see the module docstring
+
     image = image_to_rgb(msg.encoding, int(msg.height), int(msg.width), int(msg.step), msg.data)
     check_image_dimensions(image.shape[0], image.shape[1], min_image_side, source=f"image on {topic}")
     return Frame(topic, image, msg.header.stamp, msg.header.frame_id, received)
@@ -140,6 +142,8 @@ def decode_state(topic: str, msg: Any, clock: Callable[[], float]) -> JointState
     Raises:
         ObservationArrayError: names, positions, velocities or efforts of different lengths.
     """
+    from .input_limits import check_joint_state_shape  # in the node only: see the module docstring
+
     check_joint_state_shape(msg.name, {"position": msg.position, "velocity": getattr(msg, "velocity", ()),
                                        "effort": getattr(msg, "effort", ())}, topic=topic)
     return JointStateSample(

@@ -27,10 +27,11 @@ from trajectory_ensemble_node.errors import (
     RemoteUnreachableError,
 )
 from trajectory_ensemble_node.openpi import OpenPIPolicy
+from trajectory_ensemble_node.reducers import configured_reducer
 from trajectory_ensemble_node.remote import RemoteModel
 from trajectory_ensemble_node.remote.groups import reduce_samples
 from trajectory_ensemble_node.serving.params import NodeParams, validate
-from trajectory_ensemble_node.serving.request_path import build_request
+from trajectory_ensemble_node.serving.request_path import ServedModel, build_request
 
 SEED = 1234
 
@@ -109,17 +110,30 @@ def test_a_one_sample_server_gets_n_seeded_requests_reduced_here(toy_policy):
     assert_bitwise(here, there)
 
 
-@pytest.mark.parametrize(("cut", "expected"), [(0.0, 0.2), (0.05, 0.0)])
-def test_a_remote_node_reduces_its_one_sample_groups_at_its_mode_threshold(cut, expected):
-    # Four samples 0.4 apart: the relative rule finds one mode (their first two's mean), a fixed 0.05 cut only
-    # singletons (candidate 0): the engine's completion with the node's mode_threshold, as the local model reduces.
+def test_the_local_and_the_remote_model_are_both_served_models(toy_policy):
+    # What a face reads of its model is the ServedModel protocol, whole, on both; the remote imitates no pipeline.
+    members = {*ServedModel.__annotations__, *(name for name in vars(ServedModel) if not name.startswith("_"))}
+    remote = RemoteModel(validate({"engine": "openpi", "engine_url": "ws://127.0.0.1:9"}, env={}))
+    for model in (toy_policy.model, remote):
+        assert sorted(name for name in members if not hasattr(model, name)) == [], type(model).__name__
+    assert not hasattr(remote, "pipe") and not hasattr(remote, "novelty")
+    assert remote.remote_status()["url"] == "ws://127.0.0.1:9" and toy_policy.model.remote_status() is None
+    assert remote.instrument(lambda adapter: adapter) is None and remote.count_tokens is None
+
+
+@pytest.mark.parametrize("cut", [0.0, 2.0])
+def test_a_remote_node_reduces_its_one_sample_groups_at_its_mode_threshold(cut):
+    # Three close samples and one far off, reduced here by the engine's completion with the reducer the local model
+    # would use: the relative rule leaves the far one out; the node's mode_threshold 2.0 holds all four in one mode.
     p = validate({"engine": "openpi", "engine_url": "ws://127.0.0.1:9", "mode_threshold": cut}, env={})
-    model = RemoteModel(p)
-    request = build_request(model, p, prompt="go", spec=CandidateTrajectorySpec(count=4, reducer="mode"), base_seed=1,
-                            image=toy_image(), request_id="g", context=None)
-    samples = [np.full((p.chunk_size, p.action_dim), 0.4 * i, np.float32) for i in range(4)]
+    request = build_request(RemoteModel(p), p, prompt="go", spec=CandidateTrajectorySpec(count=4, reducer="mode"),
+                            base_seed=1, image=toy_image(), request_id="g", context=None)
+    samples = [np.full((p.chunk_size, p.action_dim), value, np.float32) for value in (0.0, 0.01, 0.02, 1.0)]
     action = reduce_samples(request, samples, extra_metrics={}).action
-    assert torch.allclose(action, torch.full_like(action, expected))
+    group = torch.from_numpy(np.stack(samples))
+    assert torch.equal(action, configured_reducer("mode", cut or None)(group).float())
+    one_mode = torch.allclose(action, group.mean(dim=0))
+    assert one_mode == bool(cut) and torch.allclose(action, configured_reducer("mode")(group)) != bool(cut)
 
 
 def test_a_one_sample_server_refuses_a_larger_count_with_the_count_error(toy_policy):

@@ -21,9 +21,11 @@ import numpy as np
 import pytest
 import yaml
 
+from trajectory_ensemble_node.contract import CandidateTrajectorySpec
 from trajectory_ensemble_node.openpi import OpenPIPolicy, OpenPIServer, ServerLimits, ServerThread
 from trajectory_ensemble_node.serving.faults import FaultInjector
-from trajectory_ensemble_node.serving.params import validate
+from trajectory_ensemble_node.serving.params import NodeParams, validate
+from trajectory_ensemble_node.serving.request_path import build_request
 from trajectory_ensemble_node.toy import heldout_scenes, render
 
 STARTUP_TIMEOUT_S = 180.0
@@ -150,3 +152,40 @@ def server_process(tmp_path: Path, overrides: Mapping[str, Any] | None = None, *
         yield server
     finally:
         server.kill()
+
+
+# --- a state-taking checkpoint (issue 58) --------------------------------------------------------------------------
+
+STATE_NAMES = ("agent_x", "agent_y")
+"""The state a PushT policy declares: the agent's position in env pixels (the contract of issue 58)."""
+STATE_LOW, STATE_HIGH = (0.0, 0.0), (512.0, 512.0)
+STATE_COUNT = 2
+"""Candidates per request on the state checkpoint (the tiny model is quick, but every path runs it)."""
+
+
+def state_params(checkpoint: Path, **overrides: Any) -> NodeParams:
+    """The node's parameters serving the tiny state checkpoint at ``checkpoint`` (2 steps, :data:`STATE_COUNT`)."""
+    return validate({"model": str(checkpoint), "num_inference_steps": 2, "candidate_count": STATE_COUNT, **overrides})
+
+
+def state_request(state: Any, seed: int, image: np.ndarray, **extras: Any) -> dict[str, Any]:
+    """An OpenPI request of the toy schema carrying ``observation/state`` (``None``: without it)."""
+    obs = {"observation/image": image, "seed": seed, "num_candidates": STATE_COUNT, "return_candidates": True, **extras}
+    if state is not None:
+        obs["observation/state"] = state
+    return obs
+
+
+def served_in_process(model: Any, params: NodeParams, state: Any, seed: int, image: np.ndarray) -> Any:
+    """The group a state request is, built by the faces' one builder and run on ``model`` in this process: the
+    reference every other path must equal bit for bit.
+
+    Returns:
+        `EnsembleResult`: with ``candidates`` (returned, as the wire requests ask).
+    """
+    spec = CandidateTrajectorySpec(count=STATE_COUNT, reducer=params.reducer, return_candidates=True,
+                                   max_count=params.max_candidates)
+    request = build_request(model, params, prompt=params.instruction, spec=spec, base_seed=seed, image=image,
+                            request_id=f"in-process-{seed}", context=None,
+                            state=None if state is None else tuple(float(v) for v in np.asarray(state).tolist()))
+    return model.wait(model.submit_request(request), timeout=120)

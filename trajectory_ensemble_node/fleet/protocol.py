@@ -1,7 +1,8 @@
 """What travels between the ingress and an engine replica: plain, picklable dicts, no ray import.
 
-A group goes out as a *description* (:func:`describe`): the prompt, the frame ``[H, W, 3]`` uint8, the spec's fields,
-the base seed, the deadline, the continuity context's fields (its previous chunk as a numpy array) and the request id.
+A group goes out as a *description* (:func:`describe`): the prompt, the frame ``[H, W, 3]`` uint8, the robot's state
+(Python floats, float64: the very bits the ingress checked), the spec's fields, the base seed, the deadline, the
+continuity context's fields (its previous chunk as a numpy array) and the request id.
 The replica rebuilds the very group the ingress built (:func:`request_from_description`, through the same
 :func:`~trajectory_ensemble_node.serving.request_path.build_request`), so its bits are the local engine's.
 
@@ -49,7 +50,8 @@ def describe(job: Job) -> dict[str, Any]:
         job (`Job`): Built (:meth:`OpenPIPolicy.build`): its request is set.
 
     Returns:
-        `dict[str, Any]`: ``prompt``, ``image`` ``[H, W, 3]`` uint8, ``spec`` (count, reducer, return_candidates,
+        `dict[str, Any]`: ``prompt``, ``image`` ``[H, W, 3]`` uint8, ``state`` (a tuple of floats in the model's
+        declared order, or ``None`` for a model without a state input), ``spec`` (count, reducer, return_candidates,
         seed_policy, max_count), ``base_seed``, ``deadline_s``, ``context`` (the ExecutionContext's fields with
         ``previous`` ``[H, D]`` as numpy, or ``None``) and ``request_id``.
     """
@@ -60,6 +62,7 @@ def describe(job: Job) -> dict[str, Any]:
     return {
         "prompt": job.plan.instruction,
         "image": np.ascontiguousarray(job.observation.image, dtype=np.uint8),
+        "state": job.observation.model_state,
         "spec": {"count": spec.count, "reducer": spec.reducer, "return_candidates": spec.return_candidates,
                  "seed_policy": spec.seed_policy, "max_count": spec.max_count},
         "base_seed": int(request.base_seed),
@@ -81,7 +84,7 @@ def request_from_description(model: Cosmos3ActionModel, params: NodeParams, desc
     context = None if fields is None else ExecutionContext.from_fields(fields)
     request = build_request(model, params, prompt=description["prompt"], spec=spec,
                             base_seed=description["base_seed"], image=np.array(description["image"]),
-                            request_id=description["request_id"], context=context)
+                            request_id=description["request_id"], context=context, state=description["state"])
     if description["deadline_s"]:
         request.deadline_s = description["deadline_s"]
     return request

@@ -37,6 +37,7 @@ from ..engine import GroupHandle, GroupRequest
 from ..engine.deadline import StepsReport
 from ..metrics import wire_metrics
 from ..models.cosmos3 import Cosmos3ActionModel
+from ..normalization import STAT_KEYS
 from ..serving import model_factory
 from ..serving import params as node_params
 from ..serving.continuity import ContinuityDecision
@@ -45,7 +46,7 @@ from ..serving.input_limits import InputLimits, TokenCounter, check_instruction
 from ..serving.planning import GoalPlan
 from ..serving.request_path import build_request, deadline_left, decide, remember, submit
 from ..uncertainty import UncertaintyReport
-from ..wire.schemas import ObservationSchema, ParsedObservation, get_schema
+from ..wire.schemas import STATE_KEY, ObservationSchema, ParsedObservation, get_schema
 from .extras import EXTRA_KEYS, RequestExtras, parse_extras, plan_request
 from .sessions import Caller, SessionKey, SessionStore, session_key
 
@@ -148,7 +149,10 @@ class OpenPIPolicy:
         self.backend: Backend = backend if backend is not None else LocalBackend(model)
         self.params = params
         self.notice = notice
-        self.schema = schema or get_schema(params.openpi_schema)
+        # A checkpoint that declares a state input makes observation/state a required key of its width.
+        state_input = model.state_input
+        self.schema = (schema or get_schema(params.openpi_schema)).for_model(
+            state_input.names if state_input is not None else ())
         self.limits = InputLimits(params.max_instruction_chars, params.max_instruction_tokens,
                                   params.max_image_bytes, params.max_image_pixels, model.min_image_side)
         self.count_tokens = count_tokens if count_tokens is not None else model.count_tokens
@@ -195,6 +199,7 @@ class OpenPIPolicy:
             "fps": p.fps,
             "action_units": units,
             "observation_schema": self.schema.describe(),
+            **self._state_advertised(),
             "extras": {
                 "keys": list(EXTRA_KEYS),
                 "num_candidates": {"default": p.candidate_count, "max": self.samples_per_request},
@@ -212,6 +217,16 @@ class OpenPIPolicy:
     def samples_per_request(self) -> int:
         """Most candidates one request may draw: ``openpi_samples_per_request``, else ``max_candidates``."""
         return min(self.params.openpi_samples_per_request or self.params.max_candidates, self.params.max_candidates)
+
+    def _state_advertised(self) -> dict[str, Any]:
+        # Only for a model that takes state: the handshake of a model without one keeps its bytes.
+        state_input = self.model.state_input
+        if state_input is None:
+            return {}
+        stats = state_input.normalizer.stats
+        low, high = (stats[key] for key in STAT_KEYS[state_input.normalizer.method])
+        return {"state": {"key": STATE_KEY, "width": state_input.width, "names": list(state_input.names),
+                          "range": [[float(v) for v in low], [float(v) for v in high]], "out_of_range": "clipped"}}
 
     def _samples_advertised(self) -> dict[str, int]:
         # Only when set: the handshake of a server that leaves it at 0 keeps its bytes.
@@ -267,7 +282,8 @@ class OpenPIPolicy:
         # A passed deadline, and one the measured costs cannot meet, are refused here, before the encode.
         request = build_request(self.model, self.params, prompt=plan.instruction, spec=plan.spec,
                                 base_seed=plan.base_seed, image=job.observation.image, request_id=job.request_id,
-                                context=job.decision.context, deadline_s=self._deadline_left(job))
+                                context=job.decision.context, deadline_s=self._deadline_left(job),
+                                state=job.observation.model_state)
         if plan.deadline_s:
             self.model.check_request(request)
         if self.backend.encodes_ahead:

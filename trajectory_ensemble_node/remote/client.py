@@ -47,7 +47,7 @@ from ..errors import (
 from ..quoting import QUOTE_CHARS, bound_text, quote_value
 from ..serving.params import NodeParams
 from ..wire import codec
-from ..wire.schemas import get_schema
+from ..wire.schemas import STATE_KEY, get_schema
 
 logger = logging.getLogger(__name__)
 
@@ -151,6 +151,29 @@ def check_metadata(meta: Mapping[str, Any], params: NodeParams, *, batched: bool
         steps = extras.get("num_inference_steps")
         if steps is not None and steps != p.num_inference_steps:
             differ("extras.num_inference_steps", steps, p.num_inference_steps)
+    served_state_names(meta)  # a malformed state block refuses the server here, before anything is sent
+
+
+def served_state_names(meta: Mapping[str, Any]) -> tuple[str, ...]:
+    """The robot-state channels the server's model takes, in its order (its handshake's ``state``; empty: none).
+
+    A server whose model takes state advertises ``{"key": "observation/state", "width": S, "names": [...]}``; the
+    node then sends its state, picked by these names, under that key with every request.
+
+    Raises:
+        RemoteSchemaError: a ``state`` block that is not that (another key, names that are not strings, a width
+            that is not their count).
+    """
+    state = meta.get("state")
+    if state is None:
+        return ()
+    names = state.get("names") if isinstance(state, Mapping) else None
+    if (not isinstance(names, list) or not names or not all(isinstance(n, str) for n in names)
+            or state.get("key") != STATE_KEY or state.get("width") != len(names)):
+        raise RemoteSchemaError(f"the remote engine's handshake has a state block this node cannot read: "
+                                f"{quote_value(state)}; expected {{'key': {STATE_KEY!r}, 'width': S, 'names': [S "
+                                f"names]}}")
+    return tuple(names)
 
 
 def samples_per_request(meta: Mapping[str, Any]) -> int | None:

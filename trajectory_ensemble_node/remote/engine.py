@@ -22,7 +22,7 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -36,6 +36,7 @@ from ..engine.context import ExecutionContext
 from ..errors import (
     AbortReason,
     GroupFailedError,
+    MissingObservationKeyError,
     RemoteDisconnectedError,
     RemoteEngineError,
     RemoteTimeoutError,
@@ -49,8 +50,15 @@ from ..seeding import candidate_seeds, fresh_base_seed
 from ..serving import model_factory
 from ..serving.params import NodeParams
 from ..uncertainty import AlarmRule, alarm_in_force
-from ..wire.schemas import get_schema
-from .client import Connection, check_metadata, max_reply_bytes, open_connection, samples_per_request
+from ..wire.schemas import STATE_KEY, get_schema
+from .client import (
+    Connection,
+    check_metadata,
+    max_reply_bytes,
+    open_connection,
+    samples_per_request,
+    served_state_names,
+)
 from .groups import RemotePayload, check_actions, reduce_samples, request_frame, result_from_reply
 
 logger = logging.getLogger(__name__)
@@ -68,6 +76,7 @@ class RemoteCapabilities:
     """What the node asks of a model's capabilities (the remote's own are its business)."""
 
     uses_state: bool = False
+    state_names: tuple[str, ...] = ()
     context_guidance: bool = True
     reduce_before_denormalize: bool = True
 
@@ -101,7 +110,6 @@ class RemoteModel:
         StatsFileError, LimitsFileError: a configured file is unusable (read here, as the model factory would).
     """
 
-    capabilities = RemoteCapabilities()
     min_image_side = MIN_IMAGE_SIDE
     """The Cosmos 3 bound: the server's model refuses a smaller frame (checked here, on arrival, as locally)."""
     count_tokens = None
@@ -133,6 +141,13 @@ class RemoteModel:
         self._state = {"state": "unknown", "round_trip_ms": None, "failures": 0, "last_error": ""}
 
     # --- what the node reads of a model ----------------------------------------------------------------------------
+
+    @property
+    def capabilities(self) -> RemoteCapabilities:
+        """What the node asks of a model; whether it takes the robot's state, and by which names, is the server's
+        model's (its latest handshake's ``state``: none before the first)."""
+        names = served_state_names(self.metadata)
+        return RemoteCapabilities(uses_state=bool(names), state_names=names)
 
     @property
     def weights_version(self) -> int:
@@ -220,15 +235,20 @@ class RemoteModel:
                      fps: float = 8.0, spec: CandidateTrajectorySpec | None = None, base_seed: int | None = None,
                      request_id: str | None = None, on_progress: Callable[..., None] | None = None,
                      deadline_s: float | None = None, context: ExecutionContext | None = None,
-                     current_state: tuple[float, ...] | None = None, rollout: Any = None, **_: Any) -> GroupRequest:
+                     current_state: tuple[float, ...] | None = None, rollout: Any = None,
+                     state: Sequence[float] | None = None, **_: Any) -> GroupRequest:
         """A group request as the local model's ``make_request`` builds it (same checks, same seeds).
 
         Args:
             action (`CosmosActionCondition`): Its ``image`` is sent; the rest is the node's parameters.
+            state (`Sequence[float]`, *optional*): The robot's state in the server's model's declared order, sent as
+                float64 to a server whose model takes state; that server checks it (width, finite) by its rule.
             (others): As ``Cosmos3ActionModel.make_request``.
 
         Raises:
             InvalidSpecError: as the local model (count, reducer, seed); a rollout (not served remotely).
+            MissingObservationKeyError: the server's model takes state and ``state`` is ``None`` (as a local model
+                with a state input refuses it, before anything is sent).
         """
         p = self.params
         if rollout is not None:
@@ -246,8 +266,13 @@ class RemoteModel:
             validity = ValidityCheck(policy=self.validity, dt=1.0 / float(fps) if fps else None,
                                      current_state=None if current_state is None else tuple(
                                          float(v) for v in torch.as_tensor(current_state).flatten()))
+        names = self.capabilities.state_names
+        if names and state is None:
+            raise MissingObservationKeyError(f"missing [{STATE_KEY!r}]: the remote engine's model takes the robot's "
+                                             f"state ({list(names)}), and the request has none")
         payload = RemotePayload(prompt=prompt, image=np.ascontiguousarray(action.image),
-                                num_inference_steps=num_inference_steps)
+                                num_inference_steps=num_inference_steps,
+                                state=None if state is None else tuple(float(v) for v in state))
         return GroupRequest(group=group, spec=spec, seeds=seeds, payload=payload,
                             reducer=None if spec.reducer == "none" else configured_reducer(spec.reducer,
                                                                                            self.mode_threshold),
@@ -355,7 +380,8 @@ class RemoteModel:
             extras = list((connection.metadata.get("extras") or {}).get("keys") or ("seed",))
             left, deadline_ms = self._budget(request, submitted)
             frame = request_frame(request, image_key=self.image_key, prompt_key=self.prompt_key, extras=extras,
-                                  count=count, seed=seed, deadline_ms=deadline_ms)
+                                  count=count, seed=seed, deadline_ms=deadline_ms,
+                                  state_key=STATE_KEY if served_state_names(connection.metadata) else None)
             started = time.monotonic()
             reply = connection.request(frame, timeout_s=left, request_id=request.request_id)
             self._observe(ok=True, round_trip_ms=(time.monotonic() - started) * 1000.0)

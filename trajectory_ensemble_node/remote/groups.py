@@ -42,11 +42,14 @@ class RemotePayload:
         prompt (`str`): The instruction.
         image (`np.ndarray` of shape `[H, W, 3]`, uint8): The observation frame.
         num_inference_steps (`int`): The node's steps (the remote's must be the same; checked at the handshake).
+        state (`tuple[float, ...]`, *optional*): The robot's state in the order the server's model declares
+            (float64); sent only to a server whose model takes state.
     """
 
     prompt: str
     image: np.ndarray
     num_inference_steps: int
+    state: tuple[float, ...] | None = None
 
 
 def context_extra(context: ExecutionContext) -> dict[str, Any]:
@@ -55,7 +58,7 @@ def context_extra(context: ExecutionContext) -> dict[str, Any]:
 
 
 def request_frame(request: GroupRequest, *, image_key: str, prompt_key: str, extras: Sequence[str],
-                  count: int, seed: int, deadline_ms: float) -> dict[str, Any]:
+                  count: int, seed: int, deadline_ms: float, state_key: str | None = None) -> dict[str, Any]:
     """One request of ``request``'s group: all of it (``count = N``) or one sample (``count = 1``).
 
     Args:
@@ -64,9 +67,13 @@ def request_frame(request: GroupRequest, *, image_key: str, prompt_key: str, ext
         extras (`Sequence[str]`): The extras the server takes (a key it does not take is not sent).
         count (`int`): Candidates this request draws. seed (`int`): Its base seed.
         deadline_ms (`float`): Milliseconds left (0 = none).
+        state_key (`str`, *optional*): The key the server's model takes the state under (``None``: it takes none,
+            and none is sent). The state goes as a float64 array: the bits the node picked, none lost on the way.
     """
     payload: RemotePayload = request.payload
     frame: dict[str, Any] = {image_key: payload.image, prompt_key: payload.prompt, "seed": int(seed)}
+    if state_key is not None and payload.state is not None:
+        frame[state_key] = np.asarray(payload.state, dtype=np.float64)
     wanted: dict[str, Any] = {
         "num_candidates": count,
         "reducer": request.spec.reducer if count == request.count else "none",

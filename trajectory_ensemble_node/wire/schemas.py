@@ -1,9 +1,8 @@
 """Observation schemas: which request keys carry the model's image, the robot state and the prompt.
 
 A schema maps an OpenPI request (a dict of numpy arrays and strings) to what the Cosmos 3 policy is conditioned on:
-one RGB frame ``[H, W, 3]`` uint8 (a single composite, or several views composed the way the model expects) and the
-prompt. State keys are checked (dtype, shape) but not fed to the model: diffusers' Cosmos 3 policy mode is
-conditioned on the image and the instruction only. The ``openpi_schema`` parameter picks one:
+one RGB frame ``[H, W, 3]`` uint8 (a single composite, or several views composed the way the model expects), the
+prompt, and, for a model that takes the robot's state, that state. The ``openpi_schema`` parameter picks one:
 
 - ``toy``: ``observation/image`` ``[H, W, 3]`` uint8 and ``prompt`` (optional; empty = the configured instruction).
 - ``droid``, with the key names the Cosmos 3 DROID clients send: ``observation/image``, one composite frame (RoboLab:
@@ -12,6 +11,15 @@ conditioned on the image and the instruction only. The ``openpi_schema`` paramet
   ``[H, W, 3]`` composed into that same layout ``[2H, 2W, 3]`` (the wrist view resized to the row's width, the
   exterior views untouched); ``observation/joint_position`` ``[7]`` and ``observation/gripper_position`` ``[1]``
   (optional, float); ``prompt``.
+
+The robot's state reaches a model that takes one (``capabilities.uses_state``, a checkpoint that declares a state
+input, docs/state.md) under :data:`STATE_KEY`, ``observation/state``, whatever the schema:
+:meth:`ObservationSchema.for_model` adds it as a required key of shape ``[len(state_names)]``, its values in the
+model's declared order (``state_names``) and units. It is refused when missing, and so is a value of the wrong
+width, a ragged, non-numeric or non-finite one, with ``OBSERVATION_SCHEMA`` (25) naming the key; a request never
+reaches the model with a state it cannot take. The values are carried as float64 from here on (the model checks them
+in float64 too), so no cast loses a bit. For a model without a state input the schema is unchanged: its own state
+keys are checked, not fed, and ``observation/state`` is not one of its keys.
 
 A missing key, a key neither the schema nor the extras know, a wrong dtype or a wrong shape is refused with a named
 :class:`~trajectory_ensemble_node.errors.ObservationSchemaError` (``OBSERVATION_SCHEMA``, 25) whose message lists the
@@ -23,6 +31,7 @@ node refuses such a camera frame: a frame the model cannot encode never reaches 
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -59,20 +68,33 @@ class ImageLayout:
     compose: Callable[[list[np.ndarray]], np.ndarray] = lambda views: views[0]
 
 
+STATE_KEY = "observation/state"
+"""The request key of the robot's state, for a model that takes one: ``[len(state_names)]`` numbers."""
+
+
 @dataclass(frozen=True)
 class StateKey:
-    """A float state key (checked, reported back, not fed to the model).
+    """A float state key: checked and reported back, and fed to the model when it names the model's channels.
 
     Args:
         key (`str`): The request key.
         shapes (`tuple[tuple[int, ...], ...]`): Accepted shapes (``()`` = a scalar).
+        names (`tuple[str, ...]`): The model's state channels this key carries, in the model's order; empty (the
+            default): an optional key, checked and not fed. With names the key is required.
     """
 
     key: str
     shapes: tuple[tuple[int, ...], ...]
+    names: tuple[str, ...] = ()
+
+    @property
+    def fed(self) -> bool:
+        """Whether the key is the model's state input (required, fed)."""
+        return bool(self.names)
 
     def describe(self) -> str:
-        return " or ".join("scalar" if not s else str(list(s)) for s in self.shapes) + " float"
+        shapes = " or ".join("scalar" if not s else str(list(s)) for s in self.shapes) + " float"
+        return f"{shapes}, fed to the model: {', '.join(self.names)}" if self.fed else shapes
 
 
 @dataclass(frozen=True)
@@ -84,12 +106,15 @@ class ParsedObservation:
         prompt (`str`): The request's prompt (``""`` = the configured instruction).
         state (`dict[str, np.ndarray]`): The state keys present, as float64 arrays.
         layout (`str`): Which :class:`ImageLayout` the request used.
+        model_state (`tuple[float, ...]`, *optional*): The state the model takes (:data:`STATE_KEY`'s values, in the
+            model's declared order, float64); ``None`` for a model without a state input.
     """
 
     image: np.ndarray
     prompt: str
     state: dict[str, np.ndarray] = field(default_factory=dict)
     layout: str = "composite"
+    model_state: tuple[float, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -115,10 +140,29 @@ class ObservationSchema:
         images = tuple(k for layout in self.layouts for k in layout.keys)
         return images + tuple(s.key for s in self.state) + (self.prompt_key,)
 
+    def for_model(self, state_names: Sequence[str]) -> ObservationSchema:
+        """This schema for a model that reads ``state_names`` (``capabilities.state_names``): :data:`STATE_KEY`
+        becomes a required key of that width, fed to the model. A model without state (no names) gets the schema as
+        it is.
+
+        Args:
+            state_names (`Sequence[str]`): The model's state channels, in its order (empty: it takes no state).
+        """
+        names = tuple(state_names)
+        if not names:
+            return self
+        fed = StateKey(STATE_KEY, ((len(names),),), names)
+        return dataclasses.replace(self, state=(fed, *(s for s in self.state if s.key != STATE_KEY)))
+
+    @property
+    def state_names(self) -> tuple[str, ...]:
+        """The model's state channels the schema feeds (empty: it feeds none)."""
+        return next((s.names for s in self.state if s.fed), ())
+
     def expected(self) -> str:
         """The keys, in words, for error messages."""
         images = " or all of ".join(", ".join(layout.keys) for layout in self.layouts)
-        state = "".join(f"; {s.key} ({s.describe()}, optional)" for s in self.state)
+        state = "".join(f"; {s.key} ({s.describe()}, {'required' if s.fed else 'optional'})" for s in self.state)
         return f"{images} ({IMAGE} each){state}; {self.prompt_key} (str, optional)"
 
     def describe(self) -> dict[str, Any]:
@@ -165,14 +209,22 @@ class ObservationSchema:
         if len(views) > 1 and len({v.shape for v in views}) > 1:
             raise ObservationArrayError(f"the views {list(layout.keys)} must share one shape, got "
                                         f"{[list(v.shape) for v in views]}")
+        missing = [s.key for s in self.state if s.fed and s.key not in obs]
+        if missing:
+            raise MissingObservationKeyError(f"missing {missing}: this model takes the robot's state "
+                                             f"({list(self.state_names)}); schema {quote_value(self.name)} expects "
+                                             f"{self.expected()}")
         state = {s.key: self._state(s, obs[s.key]) for s in self.state if s.key in obs}
+        fed = next((s.key for s in self.state if s.fed), None)
+        # float64 values as Python floats: the same bits the model's own check (float64) reads.
+        model_state = None if fed is None else tuple(float(v) for v in state[fed].tolist())
         prompt = obs.get(self.prompt_key, "")
         if prompt is None:
             prompt = ""
         if not isinstance(prompt, str):
             raise ObservationArrayError(f"{self.prompt_key} must be a string, got "
                                         f"{quote_value(prompt, typed=True)}")
-        return ParsedObservation(np.ascontiguousarray(layout.compose(views)), prompt, state, layout.name)
+        return ParsedObservation(np.ascontiguousarray(layout.compose(views)), prompt, state, layout.name, model_state)
 
     def _layout(self, obs: Mapping[str, Any]) -> ImageLayout:
         present = [layout for layout in self.layouts if any(k in obs for k in layout.keys)]
@@ -210,7 +262,8 @@ class ObservationSchema:
         # The node's rule for state values: numbers only, not ragged, finite (ObservationArrayError, 25).
         state = state_values(value, what=spec.key)
         if tuple(state.shape) not in spec.shapes:
-            raise ObservationArrayError(f"{spec.key} must have shape {spec.describe()}, got {list(state.shape)}")
+            raise ObservationArrayError(f"{spec.key} must have shape {spec.describe()}, got {list(state.shape)}: "
+                                        f"{quote_value(state.tolist())}")
         return state
 
 

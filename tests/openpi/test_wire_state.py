@@ -3,11 +3,12 @@
 A tiny Cosmos 3 checkpoint that declares a state input (``agent_x``, ``agent_y`` in env pixels, the PushT contract) is
 written into tmp and loaded by its path, as a team's checkpoint is. ``serve-openpi`` then requires
 ``observation/state`` of that width, says so in its handshake, and feeds it to the model: the same frame, state and
-seed give the same bits in process, through the server (openpi-client), through the node's remote engine
-(``engine: openpi``, batched and one sample per request) and through what ``serve-ray``'s ingress sends a replica (the
-fleet's description, rebuilt on the replica's model; Ray itself in ``tests/fleet/test_serve_ray_state.py``). Two states
-give two answers. A missing, wrong-width, NaN or ragged state is ``OBSERVATION_SCHEMA`` (25) naming the key, and the
-connection serves on. A model without a state input keeps today's schema.
+seed give the same bits in process, through the server (openpi-client; the server in this process, and the
+``serve-openpi`` command as a process), through the node's remote engine (``engine: openpi``, batched and one sample
+per request) and through what ``serve-ray``'s ingress sends a replica (the fleet's description, rebuilt on the
+replica's model; Ray itself in ``tests/fleet/test_serve_ray_state.py``). Two states give two answers. A missing,
+wrong-width, NaN or ragged state is ``OBSERVATION_SCHEMA`` (25) naming the key, and the connection serves on. A model
+without a state input keeps today's schema.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from _openpi_harness import (
     STATE_NAMES,
     raw_client,
     served_in_process,
+    server_process,
     serving,
     state_params,
     state_request,
@@ -177,6 +179,17 @@ def test_the_same_frame_state_and_seed_give_the_same_bits_in_process_and_through
     assert_same_bits(other, in_process(state_policy, OTHER))
     # Outside the statistics' range: clipped (docs/state.md), and the reply's metrics count the clipped channels.
     assert wire.infer(state_request([600.0, 20.0], SEED, IMAGE))["metrics"]["state_clipped"] == 1
+
+
+@pytest.mark.slow
+def test_the_serve_openpi_process_serves_the_checkpoints_state_bitwise(state_policy, checkpoint, tmp_path):
+    # The command as a user starts it, on the checkpoint's path from a params file.
+    overrides = {"model": str(checkpoint), "num_inference_steps": 2, "candidate_count": 2}
+    with server_process(tmp_path, overrides) as process:
+        wire = WebsocketClientPolicy(host="127.0.0.1", port=process.port)
+        assert wire.get_server_metadata()["state"]["names"] == list(STATE_NAMES)
+        there = wire.infer(state_request(STATE, SEED, IMAGE))
+    assert_same_bits(there, in_process(state_policy, STATE))
 
 
 def test_a_missing_wrong_width_nan_or_ragged_state_is_refused_with_25_and_the_connection_serves_on(server):

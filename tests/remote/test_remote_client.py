@@ -259,7 +259,7 @@ def test_engine_parameters_are_checked(monkeypatch):
 
 def test_the_prober_sees_the_server_go_and_come_back_on_the_same_port(toy_policy, monkeypatch):
     from trajectory_ensemble_node.openpi import OpenPIServer, ServerLimits, ServerThread
-    from trajectory_ensemble_node.remote import engine as remote_module
+    from trajectory_ensemble_node.remote import model as remote_module
 
     monkeypatch.setattr(remote_module, "PROBE_EVERY_S", 0.2)  # the states, not the production cadence, are tested
     with serving(toy_policy) as server:

@@ -95,6 +95,26 @@ DEFAULT_CHECK = ValidityCheck(ValidityPolicy())
 """NaN/Inf only, one survivor suffices: what every request gets when it carries no validity settings."""
 
 
+def request_check(policy: ValidityPolicy, width: int, fps: float, current_state: Any) -> ValidityCheck | None:
+    """The validity settings of one request of ``width`` action channels at ``fps``, local or remote.
+
+    Returns ``None`` for the engine's default (:data:`DEFAULT_CHECK`), so a plain request builds nothing new.
+
+    Raises:
+        InvalidSpecError: ``current_state`` is not ``width`` values. LimitsFileError: limits of another width.
+    """
+    if policy == ValidityPolicy() and current_state is None:
+        return None
+    if policy.limits is not None:
+        policy.limits.check_width(width)
+    state = None
+    if current_state is not None:
+        state = tuple(float(v) for v in torch.as_tensor(current_state, dtype=torch.float64).flatten())
+        if len(state) != width:
+            raise InvalidSpecError(f"current_state must have {width} values, got {list(state)!r}.")
+    return ValidityCheck(policy=policy, dt=1.0 / float(fps) if fps else None, current_state=state)
+
+
 def to_model_space(raw: torch.Tensor, normalizer: ActionNormalizer) -> torch.Tensor:
     """Robot-unit actions ``[..., D]`` back to the model's normalized space (float64)."""
     # The exact affine inverse of denormalize; ``normalize`` would clamp quantile actions to [-1, 1] and move a

@@ -17,7 +17,7 @@ wire's codec and observation schemas live in the neutral :mod:`trajectory_ensemb
 See docs/openpi.md.
 """
 
-from .policy import OpenPIPolicy, build_model
+from .policy import OpenPIPolicy
 from .server import HEALTH_ROUTES, ROUTES, OpenPIServer, ServerLimits, ServerThread
 
 __all__ = [
@@ -27,5 +27,4 @@ __all__ = [
     "OpenPIServer",
     "ServerLimits",
     "ServerThread",
-    "build_model",
 ]

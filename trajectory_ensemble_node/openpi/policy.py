@@ -116,19 +116,6 @@ class LocalBackend:
         return self.model.submit_request(job.request)
 
 
-def build_model(params: node_params.NodeParams) -> tuple[Cosmos3ActionModel, str]:
-    """The model the node would serve for ``params``: the faces' one factory
-    (:func:`~trajectory_ensemble_node.serving.model_factory.build_model`), and its weights notice.
-
-    Returns:
-        `tuple[Cosmos3ActionModel, str]`: the model (engine not started) and the weights notice.
-
-    Raises:
-        ModelLoadError, StatsFileError, LimitsFileError, ParameterError: as the node's startup.
-    """
-    return model_factory.build_model(params), model_notice(params.model)
-
-
 class OpenPIPolicy:
     """Serve OpenPI requests from one model with the node's rules.
 

@@ -28,11 +28,11 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import numpy as np
-import torch
 
 from ..contract import CandidateGroup, CandidateTrajectorySpec, EnsembleResult, allowed_reducers, check_request
-from ..engine import GroupHandle, GroupRequest, ProgressEvent, ValidityCheck, ValidityPolicy
+from ..engine import GroupHandle, GroupRequest, ProgressEvent, ValidityPolicy
 from ..engine.context import ExecutionContext
+from ..engine.validity import request_check
 from ..errors import (
     AbortReason,
     GroupFailedError,
@@ -261,11 +261,7 @@ class RemoteModel:
         base_seed = fresh_base_seed() if base_seed is None else base_seed
         seeds = candidate_seeds(base_seed, spec.count, spec.seed_policy)
         group = CandidateGroup.for_spec(request_id or uuid.uuid4().hex, spec)
-        validity = None
-        if self.validity != ValidityPolicy() or current_state is not None:
-            validity = ValidityCheck(policy=self.validity, dt=1.0 / float(fps) if fps else None,
-                                     current_state=None if current_state is None else tuple(
-                                         float(v) for v in torch.as_tensor(current_state).flatten()))
+        validity = request_check(self.validity, p.action_dim, fps, current_state)
         names = self.capabilities.state_names
         if names and state is None:
             raise MissingObservationKeyError(f"missing [{STATE_KEY!r}]: the remote engine's model takes the robot's "

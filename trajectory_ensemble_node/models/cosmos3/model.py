@@ -11,7 +11,8 @@ import torch
 from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import Cosmos3OmniPipeline, CosmosActionCondition
 
 from ...contract import DEFAULT_MAX_CANDIDATES, CandidateGroup, CandidateTrajectorySpec, EnsembleResult, check_request
-from ...engine import ExecutionContext, GroupHandle, GroupRequest, ProgressEvent, ValidityCheck, ValidityPolicy
+from ...engine import ExecutionContext, GroupHandle, GroupRequest, ProgressEvent, ValidityPolicy
+from ...engine.validity import request_check
 from ...errors import InvalidSpecError
 from ...normalization import ActionNormalizer
 from ...reducers import check_mode_threshold, configured_reducer
@@ -244,7 +245,7 @@ class Cosmos3ActionModel(EnsembleService):
             check_step_capture(step_capture, self.device)
         if deadline_s and rollout is not None:
             raise InvalidSpecError("a rollout cannot take a deadline: its log-probs need the full step grid.")
-        validity = self._validity_check(int(action.raw_action_dim), fps, current_state)
+        validity = request_check(self.validity, int(action.raw_action_dim), fps, current_state)
         if context is not None:
             check_context(context, action, rollout=rollout, guidance_scale=float(guidance_scale),
                           supported=self.adapter.capabilities.context_guidance)
@@ -301,20 +302,6 @@ class Cosmos3ActionModel(EnsembleService):
                                                action=action, fps=float(fps), guidance_scale=float(guidance_scale),
                                                device=self.device)
         return observation_embedding(conditioning, grid)
-
-    def _validity_check(self, width: int, fps: float, current_state) -> ValidityCheck | None:
-        # None keeps the engine's default (NaN/Inf only, one survivor), so plain requests build nothing new.
-        policy = self.validity
-        if policy == ValidityPolicy() and current_state is None:
-            return None
-        if policy.limits is not None:
-            policy.limits.check_width(width)
-        state = None
-        if current_state is not None:
-            state = tuple(float(v) for v in torch.as_tensor(current_state, dtype=torch.float64).flatten())
-            if len(state) != width:
-                raise InvalidSpecError(f"current_state must have {width} values, got {list(state)!r}.")
-        return ValidityCheck(policy=policy, dt=1.0 / float(fps) if fps else None, current_state=state)
 
     def submit(self, **kwargs) -> GroupHandle:
         """Build a request (see :meth:`make_request`) and queue it; returns a handle to wait on or cancel."""

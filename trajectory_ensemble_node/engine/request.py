@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -133,6 +134,17 @@ class GroupRequest:
     @property
     def base_seed(self) -> int:
         return self.seeds[0]
+
+    def report_progress(self, stage: str, step: int, total: int) -> None:
+        """Tell ``on_progress`` (on the caller's thread, the engine's or a remote group's); a broken callback is
+        logged and ends nothing."""
+        if self.on_progress is None:
+            return
+        try:
+            self.on_progress(ProgressEvent(self.request_id, stage, step, total))
+        except Exception:  # noqa: BLE001 - a broken callback must not take the engine or a group down
+            logging.getLogger("trajectory_ensemble.engine").exception("progress callback of group %s raised",
+                                                                      self.request_id)
 
 
 class GroupHandle:

@@ -34,7 +34,7 @@ from .adapter import CandidateModelAdapter, ForwardAborted, Slice
 from .completion import complete_group, named_failure
 from .deadline import StepCosts, plan_steps, refuse_unmeetable
 from .heap import trim_heap
-from .request import EngineConfig, GroupHandle, GroupRequest, ProgressEvent
+from .request import EngineConfig, GroupHandle, GroupRequest
 from .run import GroupRun
 from .status import GroupStatus
 
@@ -433,13 +433,6 @@ class GroupEngine:
             finally:
                 run.state = None
 
-    def _progress(self, run: GroupRun, stage: str, step: int, total: int | None = None) -> None:
-        callback = run.request.on_progress
-        if callback is None:
-            return
-        if total is None:
-            total = step
-        try:
-            callback(ProgressEvent(run.request.request_id, stage, step, total))
-        except Exception:  # noqa: BLE001 - a broken callback must not take the engine down
-            logger.exception("progress callback of group %s raised", run.request.request_id)
+    @staticmethod
+    def _progress(run: GroupRun, stage: str, step: int, total: int | None = None) -> None:
+        run.request.report_progress(stage, step, step if total is None else total)

@@ -30,7 +30,7 @@ from urllib.parse import urlsplit
 import numpy as np
 
 from ..contract import CandidateGroup, CandidateTrajectorySpec, EnsembleResult, allowed_reducers, check_request
-from ..engine import GroupHandle, GroupRequest, ProgressEvent, ValidityPolicy
+from ..engine import GroupHandle, GroupRequest, ValidityPolicy
 from ..engine.context import ExecutionContext
 from ..engine.validity import request_check
 from ..errors import (
@@ -293,13 +293,14 @@ class RemoteModel:
 
     def _serve(self, handle: RemoteHandle, submitted: float) -> None:
         request = handle.request
+        steps = request.payload.num_inference_steps
         result: EnsembleResult | None = None
         error: BaseException | None = None
         try:
-            self._progress(request, "queued", 0)
+            request.report_progress("queued", 0, steps)
             # The first connection's handshake says how this server draws (it may have restarted as another).
             first = self._connect(request, submitted)
-            self._progress(request, "denoising", 0)  # sent: the remote reports no steps, only its reply
+            request.report_progress("denoising", 0, steps)  # sent: the remote reports no steps, only its reply
             per_request = samples_per_request(first.metadata)
             if per_request is not None and per_request < request.count:
                 if per_request != 1:
@@ -312,8 +313,7 @@ class RemoteModel:
         except BaseException as caught:  # noqa: BLE001 - every outcome ends the handle
             error = caught
         if error is None:
-            steps = request.payload.num_inference_steps
-            self._progress(request, "reducing", steps)
+            request.report_progress("reducing", steps, steps)
         canceled = handle.cancel_requested
         if canceled is not None:
             result, error = None, canceled
@@ -327,17 +327,6 @@ class RemoteModel:
             self._canceled.discard(request.request_id)
             self._outcomes["succeeded" if error is None else type(error).__name__] += 1
         handle.finish(result, error)
-
-    @staticmethod
-    def _progress(request: GroupRequest, stage: str, step: int) -> None:
-        """The stages the node publishes as feedback, as the local engine reports them (a broken callback ends
-        nothing)."""
-        if request.on_progress is None:
-            return
-        try:
-            request.on_progress(ProgressEvent(request.request_id, stage, step, request.payload.num_inference_steps))
-        except Exception:  # noqa: BLE001 - as the local engine: a callback must not fail the group
-            logger.exception("progress callback of group %s raised", request.request_id)
 
     def _budget(self, request: GroupRequest, submitted: float) -> tuple[float, float]:
         """Seconds left for the reply, and the deadline to send (ms, 0 = none)."""

@@ -115,25 +115,31 @@ class ModelHost:
         # Under use_sim_time staleness is judged on the simulated clock, so a slowed-down simulation (or a paused
         # one) is not refused as stale; otherwise on the host's monotonic clock, which never jumps.
         self.sim_time = bool(node.get_parameter("use_sim_time").value)
-        # A model that takes state reads, by name, the joint state of the image's moment (stamped nearest it).
-        capabilities = self.model.capabilities
-        self.state_names = tuple(capabilities.state_names) if capabilities.uses_state else ()
-        # Header stamps are on the ROS clock either way: a frame stamped after "now" is never fresh. A frame the model
-        # cannot encode is refused on arrival, so it never becomes the frame every later goal fails on.
-        self.observations = ObservationBuffer(
-            self.image_topics, self.state_topic, stamp_clock=self.now_s,
-            min_image_side=self.limits.min_image_side, state_names=self.state_names,
-            max_state_skew_s=p.max_state_skew_s, **({"clock": self.now_s} if self.sim_time else {}))
-        # A start-jump limit without a current state would pass anything: such goals need a recent state.
-        self.requires_state = bool(p.require_state or self.model.capabilities.uses_state or self.start_jump)
-        self.memory = ChunkMemory()
-        # A simulator reset or a seek drops what the old time line made meaningless (the node owns the clock feed).
-        self.simulated_time = simulated_time
-        if simulated_time is not None:
-            simulated_time.bind(self.observations, self.memory)
-        self.outputs = OutputTopics(node, p)
-        self._subscriptions: list[Any] = []
+        # Started before its capabilities are read: a remote model learns from its server's handshake whether it
+        # takes state, and by which names.
         self.model.start()
+        try:
+            # A model that takes state reads, by name, the joint state of the image's moment (stamped nearest it).
+            capabilities = self.model.capabilities
+            self.state_names = tuple(capabilities.state_names) if capabilities.uses_state else ()
+            # Header stamps are on the ROS clock either way: a frame stamped after "now" is never fresh. A frame the
+            # model cannot encode is refused on arrival, so it never becomes the frame every later goal fails on.
+            self.observations = ObservationBuffer(
+                self.image_topics, self.state_topic, stamp_clock=self.now_s,
+                min_image_side=self.limits.min_image_side, state_names=self.state_names,
+                max_state_skew_s=p.max_state_skew_s, **({"clock": self.now_s} if self.sim_time else {}))
+            # A start-jump limit without a current state would pass anything: such goals need a recent state.
+            self.requires_state = bool(p.require_state or capabilities.uses_state or self.start_jump)
+            self.memory = ChunkMemory()
+            # A simulator reset or a seek drops what the old time line made meaningless (the node owns the clock).
+            self.simulated_time = simulated_time
+            if simulated_time is not None:
+                simulated_time.bind(self.observations, self.memory)
+            self.outputs = OutputTopics(node, p)
+        except BaseException:
+            self.model.stop()
+            raise
+        self._subscriptions: list[Any] = []
         try:
             on_phase("warming up")
             for line in self.warm_up():

@@ -25,7 +25,7 @@ silently. Half-precision inputs are reduced in float32 and returned in their own
 | ``median`` | elementwise median; even N: mean of the two middle values | no | any | - |
 | ``trimmed_mean`` | elementwise mean after dropping ``k = floor(0.2 N)`` lowest and highest | no | any | - |
 | ``medoid`` | the candidate with least summed Frobenius distance to the others | no | normalized | - |
-| ``mode`` | the largest complete-linkage cluster (cut: 2x the median k-th nearest-neighbour distance, k = max(1, N // 4)), averaged over its densest core (radius 0.25x the median pairwise distance) | no | normalized | - |
+| ``mode`` | the largest complete-linkage cluster (cut: 2x the median k-th nearest-neighbour distance, k = max(1, N // 4)), averaged over its densest core (radius 0.35x the median pairwise distance) | no | normalized | - |
 | ``pose_gripper`` | per 10-wide block: mean translation, chordal-mean rotation, median gripper | no | raw | 10 |
 | ``backward_coherence`` | the candidate nearest the previous chunk over the overlap (BID) | no | normalized | - |
 | ``mode_continuity`` | in the cluster nearest the previous chunk over the overlap, its nearest member | no | normalized | - |

@@ -1,4 +1,5 @@
-"""Conformal threshold and AUROC (:mod:`trajectory_ensemble_node.stats`) and the shifted scene family that ``trajectory-ensemble calibrate`` uses."""
+"""The statistics every calibration and results file shares (:mod:`trajectory_ensemble_node.stats`): the conformal
+threshold, AUROC and the paired bootstrap of two scores' AUROCs."""
 
 from __future__ import annotations
 
@@ -7,9 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from trajectory_ensemble_node.toy import task
-from trajectory_ensemble_node.stats import auroc, conformal_threshold
-from trajectory_ensemble_lab.toy.shifted import FAMILIES, make_shifted_scene, render_shifted, shifted_scenes
+from trajectory_ensemble_node.stats import auroc, conformal_threshold, paired_bootstrap_auroc
 
 
 def test_threshold_is_the_conformal_rank():
@@ -36,13 +35,10 @@ def test_auroc_counts_pairs_and_ties():
     assert auroc([1, 1], [1, 1]) == 0.5
 
 
-def test_shifted_scenes_are_deterministic_and_differ_from_training_images():
-    for family in FAMILIES:
-        a, b = make_shifted_scene(2_000_007, family), make_shifted_scene(2_000_007, family)
-        assert np.array_equal(render_shifted(a), render_shifted(b))
-        plain = task.render(task.make_scene(2_000_007))
-        assert not np.array_equal(render_shifted(a), plain)
-    two = shifted_scenes(5, family="two_obstacles")
-    assert all(len(s.extra_obstacles) == 1 for s in two)
-    with pytest.raises(ValueError, match="'three'"):
-        make_shifted_scene(1, "three")
+def test_paired_bootstrap_of_a_score_against_itself_has_no_margin():
+    rng = np.random.default_rng(2)
+    labels = rng.random(100) < 0.4
+    score = labels + rng.normal(size=100)
+    out = paired_bootstrap_auroc(labels, score, score)
+    assert out["difference"] == 0.0 and out["ci_difference"] == [0.0, 0.0]
+    assert out["ci_a"][0] < out["a"] < out["ci_a"][1]

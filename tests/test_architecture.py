@@ -9,7 +9,8 @@ the tools and the lab's ROS modules import rclpy; the two faces are apart (``ope
 ``remote/`` is a served model, not a face, and imports no face (``ros/``, ``openpi/``, ``fleet/``), nor does
 ``wire/``, the codec and schemas they all speak; ``fleet/``, a backend of the OpenPI face, never imports ``ros/``.
 Every product package has a layer (:data:`LAYERS`, docs/development.md) and imports nothing from a layer above. No
-module stands a ``SimpleNamespace`` in for a message.
+module stands a ``SimpleNamespace`` in for a message. The tests mirror the product: every folder under ``tests/`` is
+a product package's path or one of the harness folders (:data:`TEST_HARNESS_FOLDERS`).
 
 At run time: every module of the ROS-free packages (the core, ``serving/``, ``engine/``, ``models/``, ``wire/``,
 ``openpi/``, ``remote/``, the service and the catalog) imports in a fresh interpreter where any rclpy import fails, so
@@ -535,6 +536,51 @@ def test_the_re_export_scan_finds_planted_shims():
         f"{PACKAGE}.ros.bags only re-exports", f"{PACKAGE}.ros.host only re-exports",
         f"{PACKAGE}.ros.params only re-exports",
     ]
+
+
+# --- the tests mirror the product ---------------------------------------------------------------------------------
+
+TEST_HARNESS_FOLDERS = ("fuzz", "reliability", "packaging")
+"""Folders under ``tests/`` that are no product package: hypothesis over every hostile input surface, hostile load
+and misconfiguration over DDS, and the wheel, image, launch files and workspace (docs/development.md, "Tests")."""
+
+
+def product_package_folders(root: Path = REPO_ROOT / PACKAGE) -> set[str]:
+    """Every package folder of the product, relative to it (``engine``, ``models/cosmos3``, ...)."""
+    return {init.parent.relative_to(root).as_posix() for init in root.rglob("__init__.py") if init.parent != root}
+
+
+def misplaced_test_folders(tests_root: Path, packages: set[str]) -> list[str]:
+    """Each folder under ``tests_root`` holding a file that is neither a product package's path nor inside a harness
+    folder, e.g. one left named after a removed package (``tools``). Empty folders, ``__pycache__`` and hidden ones
+    (pytest never collects them) hold no test."""
+    folders = {path.parent.relative_to(tests_root).as_posix() for path in tests_root.rglob("*")
+               if path.is_file() and not any(part == "__pycache__" or part.startswith(".")
+                                             for part in path.relative_to(tests_root).parts)}
+    return sorted(
+        f"tests/{folder} is neither a product package nor a harness folder ({', '.join(TEST_HARNESS_FOLDERS)})"
+        for folder in folders - {"."}
+        if folder not in packages and folder.split("/")[0] not in TEST_HARNESS_FOLDERS
+    )
+
+
+def test_every_test_folder_is_a_product_package_or_a_harness_folder():
+    packages = product_package_folders()
+    assert not packages & set(TEST_HARNESS_FOLDERS), "a harness folder would hide a product package's tests"
+    assert misplaced_test_folders(REPO_ROOT / "tests", packages) == []
+
+
+def test_the_test_folder_check_finds_a_removed_package_and_a_folder_that_is_no_package(tmp_path: Path):
+    # Guards the guard: a folder named after the removed tools/, and models/gadget under a real package, are found;
+    # a package, a nested package, a harness folder's own subfolder, caches, a hidden and an empty folder pass.
+    for name in ("test_core.py", "engine/test_engine.py", "models/cosmos3/test_state.py", "fuzz/soak/run.py",
+                 "packaging/test_wheel.py", "tools/test_calibrate.py", "models/gadget/test_gadget.py",
+                 "__pycache__/x.pyc", "serving/__pycache__/y.pyc", ".hypothesis/examples/z"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("")
+    (tmp_path / "remote").mkdir()
+    found = misplaced_test_folders(tmp_path, {"engine", "models", "models/cosmos3", "serving", "remote"})
+    assert [line.split(" is ")[0] for line in found] == ["tests/models/gadget", "tests/tools"]
 
 
 # --- the run-time check -------------------------------------------------------------------------------------------

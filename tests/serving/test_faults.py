@@ -25,3 +25,20 @@ def test_fault_injector_fires_once_then_the_adapter_is_back_to_normal():
     assert torch.isnan(adapter.finish(None).candidates).all()
     with pytest.raises(ValueError, match="unknown fault"):
         faults.arm("meteor")
+
+
+def test_the_nan_fault_corrupts_only_the_chosen_candidates():
+    class Adapter:
+        def forward(self, slices, should_abort=None):
+            return 0
+
+        def finish(self, state):
+            return SimpleNamespace(candidates=torch.zeros(4, 8, 2))
+
+    injector = FaultInjector(Adapter(), step_delay_s=0.0)
+    injector.arm("nan_candidates:1,3")
+    out = injector._adapter.finish(None).candidates
+    assert [bool(torch.isnan(c).all()) for c in out] == [False, True, False, True]
+    assert not torch.isnan(injector._adapter.finish(None).candidates).any()  # it fires once
+    with pytest.raises(ValueError):
+        injector.arm("nan_candidates:x")

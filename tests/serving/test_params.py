@@ -1,4 +1,4 @@
-"""ros/params.py: the parameter table, config/serve.yaml and validation. Runs without rclpy."""
+"""serving/params.py: the parameter table, config/serve.yaml and validation. Runs without rclpy."""
 
 from __future__ import annotations
 
@@ -73,3 +73,16 @@ def test_mode_threshold_defaults_to_the_relative_rule_and_is_taken_on_a_remote_e
     # The remote model reduces its one-sample groups with the engine's completion, at this cut (tests/remote).
     remote = params.validate({"mode_threshold": 0.05, "engine": "openpi", "engine_url": "ws://127.0.0.1:9"}, env={})
     assert remote.mode_threshold == 0.05
+
+
+def test_new_parameters_are_checked_and_quote_the_bad_value(tmp_path):
+    with pytest.raises(params.ParameterError) as info:
+        params.validate({"domain_name": "pusht", "reducer": "mode", "min_valid_candidates": 0,
+                         "position_limit_policy": "squash", "guidance_mode": "x", "continuity_reducer": "nope",
+                         "limits_file": str(tmp_path / "missing.yaml"), "uncertainty_threshold": 0.1,
+                         "uncertainty_calibration_file": str(tmp_path / "missing.json"), "start_jump_joints": ["a"]},
+                        env={})
+    text = str(info.value)
+    for fragment in ("min_valid_candidates: must be in [1", "'squash'", "guidance_mode: 'x'", "continuity_reducer:",
+                     "missing.yaml' is not an existing file", "not both", "start_jump_joints: 1 names"):
+        assert fragment in text, fragment

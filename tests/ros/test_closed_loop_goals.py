@@ -1,4 +1,5 @@
-"""serving/continuity.py, the closed-loop goal fields in ros/goals.py, ros/results.py, and the new parameters.
+"""The closed-loop goal fields (continue_previous, reset_context, inference_delay, guidance, deadline) planned by
+ros/goals.py, and ros/results.py's typed result and feedback fields.
 
 Pure: no node, no DDS (the node-level behaviour is tests/ros/test_node_continuity.py and test_node_trust.py).
 """
@@ -9,74 +10,18 @@ import math
 from types import SimpleNamespace
 
 import pytest
-import torch
 
 pytest.importorskip("trajectory_ensemble_msgs")
 
-from trajectory_ensemble_node.engine.context import LatencyEstimator  # noqa: E402
 from trajectory_ensemble_node.errors import (  # noqa: E402
     DelayTooLongError,
     ErrorCode,
     ExecutionContextError,
     GoalRequestError,
     NegativeDelayError,
-    ParameterError,
 )
 from trajectory_ensemble_node.ros import goals, results  # noqa: E402
 from trajectory_ensemble_node.serving import continuity, params  # noqa: E402
-from trajectory_ensemble_node.serving.faults import FaultInjector  # noqa: E402
-
-H, D, DT = 8, 2, 0.125
-
-
-def chunk(stamp: float = 10.0, instruction: str = "go", version: int = 0) -> continuity.ServedChunk:
-    return continuity.ServedChunk(torch.arange(H * D, dtype=torch.float32).reshape(H, D), stamp, DT, instruction,
-                                  version)
-
-
-def decide(memory: continuity.ChunkMemory, **overrides) -> continuity.ContinuityDecision:
-    kwargs = dict(continue_previous=True, reset=False, inference_delay=0, guidance="prefix", stamp=10.5,
-                  instruction="go", weights_version=0)
-    return memory.decide(**{**kwargs, **overrides})
-
-
-def test_a_continuation_aligns_by_stamps_and_takes_the_frozen_count_from_the_goal_or_the_estimate():
-    memory = continuity.ChunkMemory(LatencyEstimator(initial=0.3))
-    assert decide(memory).status == continuity.NO_PREVIOUS
-    memory.remember(chunk())
-    from_goal = decide(memory, inference_delay=2)
-    assert (from_goal.status, from_goal.delay_source) == (continuity.CONTINUED, "goal")
-    assert (from_goal.context.shift, from_goal.context.frozen) == (4, 2)  # 0.5 s at dt 0.125
-    estimated = decide(memory)
-    assert estimated.delay_source == "estimate" and estimated.context.frozen == 3  # ceil(0.3 / 0.125)
-    # An estimate past what is left of the chunk freezes what is left instead of refusing the goal.
-    late = decide(memory, stamp=10.0 + 6 * DT)
-    assert late.context.frozen == 2 == late.context.overlap
-    # A goal's own delay is taken at its word: past the chunk's end it is a named error.
-    with pytest.raises(DelayTooLongError):
-        decide(memory, stamp=10.0 + 6 * DT, inference_delay=3)
-
-
-@pytest.mark.parametrize(("overrides", "reason"), [
-    ({"reset": True}, continuity.RESET_REQUESTED),
-    ({"weights_version": 1}, continuity.WEIGHTS_UPDATED),
-    ({"instruction": "stop"}, continuity.INSTRUCTION_CHANGED),
-    ({"stamp": 9.0}, continuity.OLDER_OBSERVATION),
-    ({"stamp": 10.0 + H * DT}, continuity.ELAPSED),
-])
-def test_each_drop_rule_starts_fresh_with_its_reason_and_forgets_the_chunk(overrides, reason):
-    memory = continuity.ChunkMemory()
-    memory.remember(chunk())
-    decision = decide(memory, **overrides)
-    assert decision.context is None and decision.status == reason
-    assert memory.last is None and decide(memory).status == continuity.NO_PREVIOUS
-
-
-def test_not_asking_keeps_the_chunk_for_a_later_continuation():
-    memory = continuity.ChunkMemory()
-    memory.remember(chunk())
-    assert decide(memory, continue_previous=False).status == continuity.NOT_REQUESTED
-    assert decide(memory).status == continuity.CONTINUED
 
 
 def make_goal(**fields) -> SimpleNamespace:
@@ -121,18 +66,6 @@ def test_bad_closed_loop_and_deadline_fields_are_named_errors(fields, error, quo
     with pytest.raises(error, match=None) as info:
         plan(make_goal(**fields))
     assert quoted in str(info.value)
-
-
-def test_new_parameters_are_checked_and_quote_the_bad_value(tmp_path):
-    with pytest.raises(ParameterError) as info:
-        node_params(min_valid_candidates=0, position_limit_policy="squash", guidance_mode="x",
-                    continuity_reducer="nope", limits_file=str(tmp_path / "missing.yaml"),
-                    uncertainty_threshold=0.1, uncertainty_calibration_file=str(tmp_path / "missing.json"),
-                    start_jump_joints=["a"])
-    text = str(info.value)
-    for fragment in ("min_valid_candidates: must be in [1", "'squash'", "guidance_mode: 'x'", "continuity_reducer:",
-                     "missing.yaml' is not an existing file", "not both", "start_jump_joints: 1 names"):
-        assert fragment in text, fragment
 
 
 def test_results_map_the_engine_metrics_onto_typed_fields():
@@ -189,47 +122,3 @@ def test_a_failed_goal_s_result_names_its_code_and_reports_dropped_candidates_on
     continuing = results.failure_result(ErrorCode.PREEMPTED, "preempted", base_seed=7, weights_version=1,
                                         continuity_status=continuity.CONTINUED)
     assert continuing.continuity.status == "continued" and math.isnan(continuing.continuity.seam_jump)
-
-
-def test_a_clock_jump_voids_the_goals_decided_before_it_and_names_why_the_next_one_starts_fresh():
-    memory = continuity.ChunkMemory(LatencyEstimator(margin=0.0))
-    memory.remember(chunk())
-    before = memory.epoch
-    assert memory.observe_latency(0.2, epoch=before)
-    assert memory.clock_jumped(backward=True)  # a simulator reset: the chunk was dropped
-    assert memory.last is None and decide(memory).status == continuity.CLOCK_JUMPED_BACK
-    # A goal decided before the jump and finished after it keeps neither its chunk nor its latency.
-    assert not memory.remember(chunk(), epoch=before) and not memory.observe_latency(99.0, epoch=before)
-    assert memory.estimator.estimate == pytest.approx(0.2)
-    assert memory.remember(chunk(), epoch=memory.epoch) and decide(memory).status == continuity.CONTINUED
-    # A forward jump (a seek) resets the estimate and keeps the chunk.
-    assert not memory.clock_jumped(backward=False)
-    assert memory.estimator.estimate is None and memory.last is not None
-
-
-def test_the_frozen_count_covers_what_has_gone_since_the_stamp_plus_the_estimate():
-    memory = continuity.ChunkMemory(LatencyEstimator(initial=0.1, margin=0.0))
-    memory.remember(chunk())
-    decision = decide(memory, elapsed_s=2 * DT)  # two rows gone at the decision, 0.1 s still to come
-    assert decision.latency_s == pytest.approx(2 * DT + 0.1)
-    assert decision.context.frozen == 3  # ceil(0.35 / 0.125)
-    # An off-grid stamp: shift 4.5, so 3 new rows have an old action at or after their time.
-    late = decide(memory, stamp=10.0 + 4.5 * DT)
-    assert late.context.overlap == 3 and late.context.frozen == 1
-
-
-def test_the_nan_fault_corrupts_only_the_chosen_candidates():
-    class Adapter:
-        def forward(self, slices, should_abort=None):
-            return 0
-
-        def finish(self, state):
-            return SimpleNamespace(candidates=torch.zeros(4, H, D))
-
-    injector = FaultInjector(Adapter(), step_delay_s=0.0)
-    injector.arm("nan_candidates:1,3")
-    out = injector._adapter.finish(None).candidates
-    assert [bool(torch.isnan(c).all()) for c in out] == [False, True, False, True]
-    assert not torch.isnan(injector._adapter.finish(None).candidates).any()  # it fires once
-    with pytest.raises(ValueError):
-        injector.arm("nan_candidates:x")

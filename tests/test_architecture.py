@@ -40,8 +40,7 @@ MODEL_NEVER_IMPORTS = ("toy", "ros", "openpi", "serving", "cli", "replay", "cali
 """What models/ stays below: the task it was trained on, the faces, the serving layer and the offline tools."""
 RCLPY_ALLOWED = ("ros", "cli", "replay", "demo")
 """Where rclpy may be imported in the product (relative to the package): the node, the operator commands, the bag
-replay and the toy's simulator and demo harness. Calibration reaches the node only through replay, and ``tools/``
-is re-exports only."""
+replay and the toy's simulator and demo harness. Calibration reaches the node only through replay."""
 LAB_RCLPY_ALLOWED = ("bench.ros_floor", "bench.ros_overhead", "bench.closed_loop_ros", "bench.clock_rate",
                      "grpo.ros", "toy.markers_figure")
 """Where rclpy may be imported in the lab: its measurements and training through the node."""

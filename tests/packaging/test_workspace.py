@@ -28,7 +28,7 @@ NODE_NAME = "trajectory_ensemble"
 # Where the node serves GenerateTrajectory (~/generate_trajectory), for the launch test below.
 ACTION_NAME = f"/{NODE_NAME}/generate_trajectory"
 
-# Every parameter the node reads: its parameter table is the one list (ros/params.py imports without rclpy).
+# Every parameter the node reads: its parameter table is the one list (serving/params.py imports without rclpy).
 PARAMETER_NAMES = {spec.name for spec in PARAMETERS}
 # The node's key in serve.yaml: the wildcard matches it in any namespace.
 CONFIG_KEY = f"/**/{NODE_NAME}"

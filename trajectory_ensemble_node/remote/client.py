@@ -171,7 +171,7 @@ def served_state_names(meta: Mapping[str, Any]) -> tuple[str, ...]:
     if (not isinstance(names, list) or not names or not all(isinstance(n, str) for n in names)
             or state.get("key") != STATE_KEY or state.get("width") != len(names)):
         raise RemoteSchemaError(f"the remote engine's handshake has a state block this node cannot read: "
-                                f"{quote_value(state)}; expected {{'key': {STATE_KEY!r}, 'width': S, 'names': [S "
+                                f"{quote_value(state)}; expected {{'key': '{STATE_KEY}', 'width': S, 'names': [S "
                                 f"names]}}")
     return tuple(names)
 

@@ -264,7 +264,7 @@ class RemoteModel:
         validity = request_check(self.validity, p.action_dim, fps, current_state)
         names = self.capabilities.state_names
         if names and state is None:
-            raise MissingObservationKeyError(f"missing [{STATE_KEY!r}]: the remote engine's model takes the robot's "
+            raise MissingObservationKeyError(f"missing ['{STATE_KEY}']: the remote engine's model takes the robot's "
                                              f"state ({list(names)}), and the request has none")
         payload = RemotePayload(prompt=prompt, image=np.ascontiguousarray(action.image),
                                 num_inference_steps=num_inference_steps,

@@ -111,7 +111,10 @@ def test_the_oracle_trains_resumes_and_plays_an_episode_through_the_reducers(tin
     table = mode_core_rules([0.35])
     ruled = evaluate(net, [100_000], [0], ("single", "core 0.35", "mode"), Execution(count=4, max_steps=16),
                      log=lambda line: None, rules=table)
-    assert asdict(ruled.episodes["core 0.35"][0]) == asdict(result.episodes["mode"][0])  # the shipped fraction
+    ruled_ep, named_ep = asdict(ruled.episodes["core 0.35"][0]), asdict(result.episodes["mode"][0])
+    # The shipped fraction plays the same episode; gym-pusht's coverage of one pose can differ by an ulp between envs.
+    assert ruled_ep.pop("max_coverage") == pytest.approx(named_ep.pop("max_coverage"), abs=1e-9)
+    assert ruled_ep == named_ep
     with pytest.raises(UnknownReducerError):
         evaluate(net, [100_000], [0], ("single", "core 0.2"), Execution(count=4, max_steps=16), rules=table)
     with pytest.raises(ValueError, match="share no"):

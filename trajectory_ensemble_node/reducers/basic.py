@@ -154,14 +154,19 @@ def _rms_distances(candidates: torch.Tensor) -> torch.Tensor:
     return _pairwise_distances(candidates) / math.sqrt(candidates[0].numel())
 
 
+def _median(values: torch.Tensor) -> float:
+    ordered = values.sort().values
+    n = ordered.numel()
+    return float(ordered[n // 2]) if n % 2 == 1 else float((ordered[n // 2 - 1] + ordered[n // 2]) * 0.5)
+
+
 def _relative_threshold(distances: torch.Tensor, factor: float = MODE_RELATIVE_FACTOR) -> float:
     n = distances.shape[0]
     if n <= 2:
         return 0.0
     k = max(1, n // 4)
-    kth = distances.masked_fill(torch.eye(n, dtype=torch.bool), math.inf).sort(dim=1).values[:, k - 1].sort().values
-    median = kth[n // 2] if n % 2 == 1 else (kth[n // 2 - 1] + kth[n // 2]) * 0.5
-    return factor * float(median)
+    kth = distances.masked_fill(torch.eye(n, dtype=torch.bool), math.inf).sort(dim=1).values[:, k - 1]
+    return factor * _median(kth)
 
 
 def relative_mode_threshold(candidates: torch.Tensor, factor: float = MODE_RELATIVE_FACTOR) -> float:
@@ -220,9 +225,12 @@ def mode_clusters(candidates: torch.Tensor, threshold: float | None = None) -> t
     Raises:
         InvalidSpecError: ``threshold`` is neither ``None`` nor a finite number ``>= 0``.
     """
-    threshold = check_mode_threshold(threshold)
-    n = candidates.shape[0]
-    linkage = _rms_distances(candidates)
+    return _clusters(_rms_distances(candidates), check_mode_threshold(threshold))
+
+
+def _clusters(distances: torch.Tensor, threshold: float | None) -> tuple[tuple[int, ...], ...]:
+    n = distances.shape[0]
+    linkage = distances.clone()
     if threshold is None:
         threshold = _relative_threshold(linkage)
     linkage.fill_diagonal_(math.inf)
@@ -240,12 +248,6 @@ def mode_clusters(candidates: torch.Tensor, threshold: float | None = None) -> t
         linkage[j], linkage[:, j] = math.inf, math.inf
         members[i].extend(members.pop(j))
     return tuple(tuple(sorted(members[key])) for key in sorted(members))
-
-
-def _median(values: torch.Tensor) -> float:
-    ordered = values.sort().values
-    n = ordered.numel()
-    return float(ordered[n // 2]) if n % 2 == 1 else float((ordered[n // 2 - 1] + ordered[n // 2]) * 0.5)
 
 
 def mode_core(candidates: torch.Tensor, members: tuple[int, ...],
@@ -281,10 +283,13 @@ def mode_core(candidates: torch.Tensor, members: tuple[int, ...],
     Returns:
         `tuple[int, ...]`: The core's positions, ascending, a non-empty subset of ``members``.
     """
-    n = candidates.shape[0]
+    return _core(_rms_distances(candidates), members, fraction)
+
+
+def _core(distances: torch.Tensor, members: tuple[int, ...], fraction: float) -> tuple[int, ...]:
+    n = distances.shape[0]
     if len(members) <= 1 or n <= 2:
         return tuple(members)
-    distances = _rms_distances(candidates)
     upper = torch.triu_indices(n, n, offset=1)
     radius = fraction * _median(distances[upper[0], upper[1]])
     index = torch.tensor(members)
@@ -338,11 +343,12 @@ def mode_reduce(candidates: torch.Tensor, threshold: float | None = None, *,
     Returns:
         `torch.Tensor` of shape `[H, D]`.
     """
-    clusters = mode_clusters(candidates, threshold)
+    distances = _rms_distances(candidates)
+    clusters = _clusters(distances, check_mode_threshold(threshold))
     # max() keeps the first of equal keys, and clusters are ordered by lowest position.
     chosen = max(clusters, key=len)
     if threshold is None:
-        chosen = mode_core(candidates, chosen, core_fraction)
+        chosen = _core(distances, chosen, core_fraction)
     index = torch.tensor(chosen, device=candidates.device)
     return candidates.index_select(0, index).mean(dim=0)
 

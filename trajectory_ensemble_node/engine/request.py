@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+import uuid
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..contract import CandidateGroup, CandidateTrajectorySpec, EnsembleResult
+from ..contract import CandidateGroup, CandidateTrajectorySpec, EnsembleResult, check_request
 from ..errors import (
     AbortReason,
     GroupAbortedError,
@@ -17,7 +18,8 @@ from ..errors import (
     InvalidSpecError,
 )
 from ..normalization import ActionNormalizer
-from ..reducers import Reducer
+from ..reducers import Reducer, configured_reducer
+from ..seeding import candidate_seeds, fresh_base_seed
 from ..uncertainty import NoveltyCheck
 from .context import ExecutionContext
 from .deadline import check_deadline
@@ -145,6 +147,35 @@ class GroupRequest:
         except Exception:  # noqa: BLE001 - a broken callback must not take the engine or a group down
             logging.getLogger("trajectory_ensemble.engine").exception("progress callback of group %s raised",
                                                                       self.request_id)
+
+
+def new_group(spec: CandidateTrajectorySpec | None, *, base_seed: int | None, request_id: str | None, max_count: int,
+              action_dim: int, valid_reducers: Sequence[str], domain_name: str, mode_threshold: float | None
+              ) -> tuple[CandidateTrajectorySpec, tuple[int, ...], CandidateGroup, Reducer | None]:
+    """The spec, seeds, ids and reducer of a group, the same for every served model's ``make_request``.
+
+    Args:
+        spec (`CandidateTrajectorySpec`, *optional*): As asked (``None``: one candidate); held to ``max_count``.
+        base_seed (`int`, *optional*): The request's seed (``None``: a fresh one). request_id (`str`, *optional*):
+            The group's id (``None``: a fresh one).
+        max_count (`int`), action_dim (`int`), valid_reducers (`Sequence[str]`), domain_name (`str`): What the
+            spec is checked against (``contract.check_request``, the same messages as a goal or a parameter file).
+        mode_threshold (`float`, *optional*): The model's fixed cut for ``mode`` (``configured_reducer``).
+
+    Returns:
+        `tuple`: the checked spec, the seeds ``[count]``, the group and its reducer (``None`` for ``"none"``).
+
+    Raises:
+        InvalidSpecError: and its subclasses (count above the maximum, unknown reducer, reducer invalid for the
+            action layout, seed).
+    """
+    spec = spec or CandidateTrajectorySpec(max_count=max_count)
+    spec = check_request(spec.count, spec.reducer, max_count=max_count, action_dim=action_dim,
+                         valid_reducers=valid_reducers, domain_name=domain_name,
+                         return_candidates=spec.return_candidates, seed_policy=spec.seed_policy, base_seed=base_seed)
+    reducer = None if spec.reducer == "none" else configured_reducer(spec.reducer, mode_threshold)
+    seeds = candidate_seeds(fresh_base_seed() if base_seed is None else base_seed, spec.count, spec.seed_policy)
+    return spec, seeds, CandidateGroup.for_spec(request_id or uuid.uuid4().hex, spec), reducer
 
 
 class GroupHandle:

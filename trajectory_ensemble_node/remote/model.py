@@ -21,7 +21,6 @@ import http.client
 import os
 import threading
 import time
-import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -29,9 +28,10 @@ from urllib.parse import urlsplit
 
 import numpy as np
 
-from ..contract import CandidateGroup, CandidateTrajectorySpec, EnsembleResult, allowed_reducers, check_request
+from ..contract import CandidateTrajectorySpec, EnsembleResult, allowed_reducers
 from ..engine import GroupHandle, GroupRequest, ValidityPolicy
 from ..engine.context import ExecutionContext
+from ..engine.request import new_group
 from ..engine.validity import request_check
 from ..errors import (
     AbortReason,
@@ -45,8 +45,7 @@ from ..errors import (
 )
 from ..quoting import bound_text
 from ..models.cosmos3 import MIN_IMAGE_SIDE
-from ..reducers import available_reducers, check_mode_threshold, configured_reducer
-from ..seeding import candidate_seeds, fresh_base_seed
+from ..reducers import available_reducers, check_mode_threshold
 from ..serving import model_factory
 from ..serving.params import NodeParams
 from ..uncertainty import AlarmRule, alarm_in_force
@@ -253,14 +252,9 @@ class RemoteModel:
         p = self.params
         if rollout is not None:
             raise TrajectoryEnsembleError("rollout goals are not served on a remote engine (engine: openpi)")
-        spec = spec or CandidateTrajectorySpec(max_count=p.max_candidates)
-        spec = check_request(spec.count, spec.reducer, max_count=p.max_candidates, action_dim=p.action_dim,
-                             valid_reducers=self.valid_reducers(), domain_name=p.domain_name,
-                             return_candidates=spec.return_candidates, seed_policy=spec.seed_policy,
-                             base_seed=base_seed)
-        base_seed = fresh_base_seed() if base_seed is None else base_seed
-        seeds = candidate_seeds(base_seed, spec.count, spec.seed_policy)
-        group = CandidateGroup.for_spec(request_id or uuid.uuid4().hex, spec)
+        spec, seeds, group, reducer = new_group(
+            spec, base_seed=base_seed, request_id=request_id, max_count=p.max_candidates, action_dim=p.action_dim,
+            valid_reducers=self.valid_reducers(), domain_name=p.domain_name, mode_threshold=self.mode_threshold)
         validity = request_check(self.validity, p.action_dim, fps, current_state)
         names = self.capabilities.state_names
         if names and state is None:
@@ -269,9 +263,7 @@ class RemoteModel:
         payload = RemotePayload(prompt=prompt, image=np.ascontiguousarray(action.image),
                                 num_inference_steps=num_inference_steps,
                                 state=None if state is None else tuple(float(v) for v in state))
-        return GroupRequest(group=group, spec=spec, seeds=seeds, payload=payload,
-                            reducer=None if spec.reducer == "none" else configured_reducer(spec.reducer,
-                                                                                           self.mode_threshold),
+        return GroupRequest(group=group, spec=spec, seeds=seeds, payload=payload, reducer=reducer,
                             normalizer=self.normalizer, on_progress=on_progress, validity=validity,
                             deadline_s=deadline_s, uncertainty_threshold=self.uncertainty_threshold, context=context)
 

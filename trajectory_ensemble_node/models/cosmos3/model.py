@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -10,14 +9,14 @@ from pathlib import Path
 import torch
 from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import Cosmos3OmniPipeline, CosmosActionCondition
 
-from ...contract import DEFAULT_MAX_CANDIDATES, CandidateGroup, CandidateTrajectorySpec, EnsembleResult, check_request
+from ...contract import DEFAULT_MAX_CANDIDATES, CandidateTrajectorySpec, EnsembleResult
 from ...engine import ExecutionContext, GroupHandle, GroupRequest, ProgressEvent, ValidityPolicy
+from ...engine.request import new_group
 from ...engine.validity import request_check
 from ...errors import InvalidSpecError
 from ...normalization import ActionNormalizer
-from ...reducers import check_mode_threshold, configured_reducer
+from ...reducers import check_mode_threshold
 from ...safety import ActionLimits, load_limits
-from ...seeding import candidate_seeds, fresh_base_seed
 from ...uncertainty import AlarmRule, NoveltyCheck, alarm_in_force
 from ...service import EnsembleService
 from .adapter import Cosmos3Adapter, Cosmos3Request
@@ -219,7 +218,6 @@ class Cosmos3ActionModel(EnsembleService):
             MissingObservationKeyError, ObservationArrayError, NonFiniteStateError: a model with a state input got
                 no ``state``, one of the wrong shape, or one holding NaN/Inf (``StateInput.check``).
         """
-        spec = spec or CandidateTrajectorySpec(max_count=self.max_candidates)
         check_action_request(self.pipe, action)
         state_input = self.adapter.state_input
         if state_input is not None:
@@ -227,16 +225,12 @@ class Cosmos3ActionModel(EnsembleService):
             state = state_input.check(state)
         else:
             state = None
-        # The same check, and the same messages, as a goal or a parameter file; a spec built with a larger
-        # max_count is held to this model's maximum.
-        spec = check_request(
-            spec.count, spec.reducer, max_count=self.max_candidates, action_dim=int(action.raw_action_dim),
-            valid_reducers=self.valid_reducers(), domain_name=action.domain_name,
-            return_candidates=spec.return_candidates, seed_policy=spec.seed_policy, base_seed=base_seed,
-        )
+        spec, seeds, group, reducer = new_group(
+            spec, base_seed=base_seed, request_id=request_id, max_count=self.max_candidates,
+            action_dim=int(action.raw_action_dim), valid_reducers=self.valid_reducers(),
+            domain_name=action.domain_name, mode_threshold=self.mode_threshold)
         if not isinstance(num_inference_steps, int) or num_inference_steps < 1:
             raise InvalidSpecError(f"num_inference_steps must be an int >= 1, got {num_inference_steps!r}.")
-        reducer = None if spec.reducer == "none" else configured_reducer(spec.reducer, self.mode_threshold)
         if rollout is not None:
             if not isinstance(rollout, RolloutSpec):
                 raise InvalidSpecError(f"rollout must be a RolloutSpec, got {type(rollout).__name__}.")
@@ -249,10 +243,6 @@ class Cosmos3ActionModel(EnsembleService):
         if context is not None:
             check_context(context, action, rollout=rollout, guidance_scale=float(guidance_scale),
                           supported=self.adapter.capabilities.context_guidance)
-        if base_seed is None:
-            base_seed = fresh_base_seed()
-        seeds = candidate_seeds(base_seed, spec.count, spec.seed_policy)
-        group = CandidateGroup.for_spec(request_id or uuid.uuid4().hex, spec)
         payload = Cosmos3Request(
             prompt=prompt,
             action=action,

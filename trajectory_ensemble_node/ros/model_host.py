@@ -10,8 +10,8 @@ and goes with it. In between:
   take; the costs deadlines are planned from come from it);
 - ``activate`` / ``deactivate``: :meth:`subscribe` / :meth:`unsubscribe` the camera, state and instruction topics;
 - every goal: :meth:`build` turns a validated plan and the latest observation into a group request (every refusal
-  that needs the observation happens here, before admission), :meth:`remember` keeps what was served for the next
-  continuation;
+  that needs the observation happens here, before admission), :meth:`submit` hands it to the engine by the one
+  deadline rule, :meth:`remember` keeps what was served for the next continuation;
 - ``cleanup`` / ``shutdown``: :meth:`release` stops the engine and gives the model's memory back.
 """
 
@@ -31,7 +31,7 @@ from std_msgs.msg import String
 
 from ..catalog import model_notice
 from ..contract import CandidateTrajectorySpec, EnsembleResult
-from ..engine import GroupRequest
+from ..engine import GroupHandle, GroupRequest
 from ..engine.validity import to_model_space
 from ..errors import (
     ErrorCode,
@@ -49,7 +49,7 @@ from ..serving.continuity import ChunkMemory
 from ..serving.input_limits import InputLimits, check_image_size, check_instruction
 from ..serving.observation_buffer import ObservationBuffer
 from ..serving.observations import Observation, state_positions
-from ..serving.request_path import ServedModel, build_request, deadline_left, decide, remember
+from ..serving.request_path import ServedModel, build_request, deadline_left, decide, remember, submit
 from ..serving.startup_checks import bundled_settings_mismatch
 from ..serving.planning import GoalPlan
 from .clock import SimulatedTime
@@ -320,6 +320,17 @@ class ModelHost:
         # What the engine would refuse at submission (an unmeetable deadline, cold or warm) is refused here.
         self.model.check_request(request, refuse_cold=True)
         return observation, request
+
+    def submit(self, record: GoalRecord, request: GroupRequest) -> GroupHandle:
+        """Submit a built goal by the request path's one deadline rule: what is left of its deadline, counted from
+        acceptance, goes to the engine (``serving.request_path.submit``, as on the wire).
+
+        Raises:
+            DeadlineUnmeetableError: it passed while the goal was built; or what the engine refuses at submission.
+        """
+        assert record.plan is not None
+        return submit(self.model.submit_request, request, record.plan.deadline_s, record.accepted,
+                      who=f"goal {record.goal_id}", since_what="acceptance")
 
     def _current_state(self, observation: Observation) -> tuple[float, ...] | None:
         if not self.start_jump or observation.state is None:

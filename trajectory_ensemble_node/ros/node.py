@@ -291,7 +291,7 @@ class TrajectoryEnsembleNode(LifecycleNode):
             # It waited in the queue: decided again on the observation as it is now (it may refuse now, too).
             observation, request = host.build(record)
         record.observation = observation
-        record.attach(host.model.submit_request(request))
+        record.attach(host.submit(record, request))
 
     def readiness_now(self) -> str:
         """``readiness`` as ``/diagnostics`` reports it: the configure phase, then what an active node waits for."""

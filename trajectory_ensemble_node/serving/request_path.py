@@ -188,14 +188,15 @@ def build_request(model: ServedModel, params: NodeParams, *, prompt: str, spec: 
 
 
 def submit(model_submit: Callable[[GroupRequest], GroupHandle], request: GroupRequest, deadline_s: float | None,
-           since: float, *, who: str) -> GroupHandle:
-    """Submit a built request under the deadline rule (:func:`deadline_left` from ``since``, its arrival).
+           since: float, *, who: str, since_what: str = "arrival") -> GroupHandle:
+    """Submit a built request under the deadline rule (:func:`deadline_left` from ``since``: a request's arrival, a
+    goal's acceptance), so the engine gets what is left of it now.
 
     Raises:
         DeadlineUnmeetableError: the deadline passed before submission; or what the engine refuses there.
     """
     if deadline_s:
-        request.deadline_s = deadline_left(deadline_s, since, who=who)
+        request.deadline_s = deadline_left(deadline_s, since, who=who, since_what=since_what)
     return model_submit(request)
 
 

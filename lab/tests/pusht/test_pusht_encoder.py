@@ -17,7 +17,7 @@ from trajectory_ensemble_lab.pusht import INSTRUCTION
 from trajectory_ensemble_lab.pusht import encoder as pusht_encoder
 from trajectory_ensemble_lab.pusht import train as pusht_train
 from trajectory_ensemble_lab.pusht.recording import TEST_BAG
-from trajectory_ensemble_lab.pusht.sim import CONTROL_HZ, make_env, read_state
+from trajectory_ensemble_lab.pusht.sim import CONTROL_HZ, make_env, read_state, render_states
 
 # Four scenes far apart: agent (x, y), T (x, y, angle).
 STATES = np.array([[100.0, 100.0, 300.0, 350.0, 0.3], [400.0, 120.0, 150.0, 300.0, 2.0],
@@ -36,7 +36,7 @@ def test_frames_drawn_from_states_are_the_envs_own_observations():
         frames.append(obs["pixels"])
     state = read_state(env)
     states.append([*state.agent, *state.block])
-    assert np.array_equal(pusht_encoder.render_states(np.array(states)), np.stack(frames))
+    assert np.array_equal(render_states(np.array(states)), np.stack(frames))
 
 
 def test_targets_are_agent_t_position_and_the_ts_eight_vertices_in_env_pixels():
@@ -55,7 +55,7 @@ def trained(checkpoint, tmp_path_factory):
     pipe, _ = load_pipeline(str(checkpoint), "cpu", "float32")
     pipe.vae.float()
     before = {k: v.clone() for k, v in pipe.vae.encoder.state_dict().items()}
-    frames = torch.from_numpy(pusht_encoder.render_states(STATES))
+    frames = torch.from_numpy(render_states(STATES))
     targets = torch.from_numpy(pusht_encoder.state_targets(STATES))
     lines: list[str] = []
     readout = pusht_encoder.train(pipe, frames, targets, steps=40, batch=4, lr=1e-3, work_dir=work / "run",
@@ -105,10 +105,10 @@ def test_the_bundle_is_under_10_mb_loads_through_the_catalog_and_serves(trained)
 def test_train_pusht_with_the_encoder_encodes_anew_and_never_reuses_the_old_encoders_cache(trained, checkpoint,
                                                                                         tmp_path):
     bundle = trained[5] / "bundle"
-    old = pusht_train.load_for_training(checkpoint, 0, [TEST_BAG])
+    old = pusht_train.load_for_training(checkpoint, 0, pusht_train.normalization_images([TEST_BAG]))
     first = pusht_train.build_pusht_dataset(old, [TEST_BAG], stride=32, cache_dir=tmp_path, log=lambda m: None)
     assert len(list((tmp_path / "pusht_data").glob("*.pt"))) == 1
-    new = pusht_train.load_for_training(checkpoint, 0, [TEST_BAG], encoder=bundle)
+    new = pusht_train.load_for_training(checkpoint, 0, pusht_train.normalization_images([TEST_BAG]), encoder=bundle)
     for name, value in new.vae.state_dict().items():
         assert torch.equal(value, load_pipeline(str(bundle), "cpu", "float32")[0].vae.state_dict()[name].float())
     second = pusht_train.build_pusht_dataset(new, [TEST_BAG], stride=32, cache_dir=tmp_path, log=lambda m: None)

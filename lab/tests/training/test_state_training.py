@@ -127,3 +127,67 @@ def test_a_few_steps_train_and_save_a_checkpoint_that_serves_with_the_state(pipe
     assert torch.equal(model.generate(**kwargs, state=[40.0, 500.0]).candidates, near.candidates)
     with pytest.raises(MissingObservationKeyError, match="agent_x"):
         model.generate(**kwargs)
+
+
+def test_frames_encoded_together_give_the_serving_paths_latents_and_state_frames(pipe):
+    states = _states()
+    one_by_one = encode_states(pipe, states, FORMAT, log=lambda message: None)
+    together = encode_states(pipe, states, FORMAT, frame_batch=3, log=lambda message: None)
+    assert together.condition.shape == one_by_one.condition.shape
+    # The state frames are built by the same function from the same numbers: equal bit for bit. The VAE's batched
+    # convolutions may round the image latents differently in the last bits.
+    assert torch.equal(together.condition[:, :, 1], one_by_one.condition[:, :, 1])
+    assert torch.allclose(together.condition[:, :, 0], one_by_one.condition[:, :, 0], rtol=0, atol=1e-5)
+    assert torch.equal(together.actions, one_by_one.actions)
+    assert torch.equal(together.branch.prefix.input_ids, one_by_one.branch.prefix.input_ids)
+
+
+def test_frames_encoded_together_must_share_one_size(pipe):
+    states = _states()
+    states[2].image = states[2].image[:48]
+    with pytest.raises(fit_module.TrainingError, match=r"state 2 has a frame of shape \(48, 64, 3\)"):
+        encode_states(pipe, states, FORMAT, frame_batch=4, log=lambda message: None)
+
+
+def _fit_args(*extra: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    add_fit_arguments(parser)
+    return parser.parse_args(["--steps", "6", "--batch", "4", "--log-every", "1", "--save-dtype", "float32",
+                              *extra])
+
+
+def test_a_stopped_run_resumed_from_its_checkpoint_ends_where_an_unstopped_run_ends(pipe, tmp_path):
+    dataset = encode_states(pipe, _states(), FORMAT, log=lambda message: None)
+    initial = {k: v.clone() for k, v in pipe.transformer.state_dict().items()}
+
+    def restart():
+        pipe.transformer.load_state_dict(initial)
+
+    straight = fit(pipe, dataset, _fit_args("--checkpoint-every", "0"), tmp_path / "straight", tmp_path / "w1")
+    straight_weights = {k: v.clone() for k, v in pipe.transformer.state_dict().items()}
+
+    # A run of the same length that checkpoints at step 3 and is stopped there: what resume.pt holds is step 3.
+    restart()
+    work = tmp_path / "w2"
+    fit(pipe, dataset, _fit_args("--checkpoint-every", "3"), tmp_path / "first", work)
+    state = torch.load(work / fit_module.RESUME_FILE, weights_only=False)
+    assert state["step"] == 3 and len(state["history"]) == 3
+    restart()  # a fresh process: the weights it starts from are the run's initial ones
+    resumed = fit(pipe, dataset, _fit_args("--checkpoint-every", "3", "--resume"), tmp_path / "resumed", work)
+    assert [h["step"] for h in resumed["loss_history"]] == [1, 2, 3, 4, 5, 6]
+    assert [h["loss"] for h in resumed["loss_history"]] == [h["loss"] for h in straight["loss_history"]]
+    for name, value in pipe.transformer.state_dict().items():
+        assert torch.equal(value, straight_weights[name]), name
+    restart()
+
+
+def test_resume_refuses_a_checkpoint_of_another_length(pipe, tmp_path):
+    dataset = encode_states(pipe, _states(), FORMAT, log=lambda message: None)
+    initial = {k: v.clone() for k, v in pipe.transformer.state_dict().items()}
+    fit(pipe, dataset, _fit_args("--checkpoint-every", "3"), tmp_path / "out", tmp_path / "w")
+    pipe.transformer.load_state_dict(initial)
+    args = _fit_args("--checkpoint-every", "3", "--resume")
+    args.steps = 9
+    with pytest.raises(fit_module.TrainingError, match="continues a run of --steps 6, this run asks for --steps 9"):
+        fit(pipe, dataset, args, tmp_path / "out", tmp_path / "w")
+    pipe.transformer.load_state_dict(initial)

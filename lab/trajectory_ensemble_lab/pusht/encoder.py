@@ -36,7 +36,7 @@ from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import Cosmos3OmniPipeline
 
 from trajectory_ensemble_node.errors import TrajectoryEnsembleError, describe_error
 from trajectory_ensemble_node.provenance import git_commit, utc_now
-from .sim import KEYPOINTS, PushTError, make_env, to_world
+from .sim import KEYPOINTS, PushTError, make_env, render_states, to_world
 
 TARGETS = 20
 """Readout outputs: agent ``(x, y)``, T position ``(x, y)`` (its body origin), the T's 8 vertices ``(x, y)``."""
@@ -47,32 +47,6 @@ GATE_PX = 5.0
 """The gate: mean error of the agent's and of the T's position on validation frames, env pixels ("a few")."""
 VALIDATION_SEEDS = (100_000, 200_000)
 """Gate frames come from validation starts only; held-out starts (200 000 and up) are refused."""
-
-
-def render_states(states: np.ndarray, env=None) -> np.ndarray:
-    """The env's 96x96 pixel observation of each state, drawn by ``gym_pusht``'s own renderer.
-
-    Args:
-        states (`np.ndarray` of shape `[N, 5]`): Agent ``(x, y)``, T ``(x, y, angle)`` (env pixels, radians).
-        env (*optional*): A ``make_env(pixels=True)`` env to draw with (reset here).
-
-    Returns:
-        `np.ndarray` of shape `[N, 96, 96, 3]`, uint8.
-    """
-    env = env if env is not None else make_env(pixels=True)
-    env.reset(seed=0)
-    raw = env.unwrapped
-    frames = np.empty((len(states), 96, 96, 3), dtype=np.uint8)
-    for i, state in enumerate(np.asarray(states, dtype=np.float64)):
-        raw.agent.position = (float(state[0]), float(state[1]))
-        # Angle first: pymunk turns a body about its centre of gravity (as PushTSim.set_state).
-        raw.block.angle = float(state[4])
-        raw.block.position = (float(state[2]), float(state[3]))
-        # Shapes draw from their cached world position, which only a step or a reindex updates.
-        raw.space.reindex_shapes_for_body(raw.agent)
-        raw.space.reindex_shapes_for_body(raw.block)
-        frames[i] = raw._render()
-    return frames
 
 
 def state_targets(states: np.ndarray) -> np.ndarray:

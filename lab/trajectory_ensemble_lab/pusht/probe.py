@@ -208,13 +208,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1, help="torch threads (1)")
     parser.add_argument("--json", type=Path, default=None, help="write the result here")
     args = parser.parse_args(argv)
-    from .train import build_pusht_dataset, demo_bags, listed_episodes, load_for_training
+    from .train import build_pusht_dataset, demo_bags, listed_episodes, load_for_training, normalization_images
 
     torch.set_num_threads(args.threads)
     log = lambda message: print(message, file=sys.stderr)  # noqa: E731
     try:
         bag_paths = demo_bags(args.bags)
-        pipe = load_for_training(args.policy, 0, bag_paths)
+        pipe = load_for_training(args.policy, 0, normalization_images(bag_paths))
         parts = [build_pusht_dataset(pipe, [bag], stride=args.stride, cache_dir=args.work_dir, log=lambda _: None)
                  for bag in bag_paths]
         starts = [bag_start(listed_episodes([bag]), bag) for bag in bag_paths]

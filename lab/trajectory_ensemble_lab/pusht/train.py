@@ -35,6 +35,8 @@ import torch
 from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import Cosmos3OmniPipeline
 
 from trajectory_ensemble_node.errors import TrajectoryEnsembleError, describe_error
+from trajectory_ensemble_node.models.cosmos3 import StateInput, declare_state_input, declared_state_input
+from trajectory_ensemble_node.models.cosmos3.state import write_state_input
 from trajectory_ensemble_node.normalization import ActionNormalizer
 from trajectory_ensemble_node.replay import bags
 from ..toy.pipeline import TOY_CONFIG
@@ -44,8 +46,9 @@ from ..training.dataset import EncodedDataset, ExampleFormat, LabelledState, con
 from ..training.fit import add_fit_arguments, fit
 from ..training.pipeline import fresh_pipeline, normalize_latents
 from . import INSTRUCTION
+from .demos import Episode
 from .recording import EPISODES_KEY, RecordedEpisode, read_demo_bag
-from .sim import CONTROL_HZ
+from .sim import CONTROL_HZ, make_env, render_states
 
 CHUNK = 16
 """Actions per chunk (Diffusion Policy's prediction horizon); it executes 8 of them."""
@@ -67,6 +70,13 @@ PUSHT_CONFIG = dataclasses.replace(
 """Shape of the PushT policy: the toy's layout, wider (hidden 256 against 192), under 10 MB in fp16 with its VAE and
 tokenizer (4 layers of this width would be 10.3 MB)."""
 
+STATE_NAMES = ("agent_x", "agent_y")
+"""The PushT policy's state input: the agent's position, env pixels (the JointState names a node is sent)."""
+EPISODES_PER_PART = 40
+"""State-only episodes encoded (and cached) together: the unit a stopped or sharded encoding resumes by."""
+FRAME_BATCH = 32
+"""Conditioning frames per VAE call when encoding state-only episodes."""
+
 DEFAULT_BAGS = Path("out/pusht/demos/bags")
 DEFAULT_OUT = Path("out/pusht/policy")
 STATS_FILE = "action_stats.json"
@@ -83,6 +93,14 @@ def action_stats() -> dict[str, dict[str, dict[str, list[float]]]]:
 def action_normalizer() -> ActionNormalizer:
     """The node's own normalizer over :func:`action_stats` (so training and serving use one formula)."""
     return ActionNormalizer.from_dict(action_stats(), "minmax", ACTION_WIDTH, DOMAIN_NAME, source="pusht.action_stats")
+
+
+def state_input() -> StateInput:
+    """The agent's position as the policy's state input: :data:`STATE_NAMES`, ``minmax`` over ``[0, 512]``, declared
+    under the ``pusht`` domain of ``action_stats.json``."""
+    low, high = ACTION_RANGE
+    return StateInput.from_stats(STATE_NAMES, "minmax", {"min": [low, low], "max": [high, high]},
+                                 domain=DOMAIN_NAME, source="pusht.state_input")
 
 
 def demo_bags(root: str | Path) -> list[Path]:
@@ -135,6 +153,93 @@ def demo_states(bag_paths: Sequence[Path], *, clips: bool = False, stride: int =
             yield from episode_states(episode, normalizer, clips=clips, stride=stride)
 
 
+def state_episode_states(episode: Episode, normalizer: ActionNormalizer, *, stride: int = 1, with_state: bool,
+                         env=None) -> Iterator[LabelledState]:
+    """One example per control step ``t`` (every ``stride``-th) of a state-only episode (``pusht-demos
+    --states-only``): the frame gym-pusht draws of state ``t`` (bit for bit the env's observation), the expert's
+    labels ``t .. t + 15`` (for a DART episode its clean targets, not the noisy ones sent), and with ``with_state``
+    the agent's position at ``t`` as ``proprio``.
+
+    Args:
+        episode (`Episode`): States ``[K + 1, 5]`` and labels ``[K, 2]`` (env pixels).
+        normalizer (`ActionNormalizer`): Maps actions into the model's units (:func:`action_normalizer`).
+        stride (`int`): Control steps between examples.
+        with_state (`bool`): Give each example the agent's position (:func:`state_input`).
+        env (*optional*): A ``make_env(pixels=True)`` env to draw with.
+    """
+    labels = normalizer.normalize(torch.as_tensor(episode.labels, dtype=torch.float64)).numpy()
+    steps = list(range(0, len(episode.labels), stride))
+    frames = render_states(episode.states[steps], env)
+    for frame, t in zip(frames, steps):
+        yield LabelledState(image=frame, chunks=[chunk_at(labels, t).astype(np.float32)],
+                            proprio=episode.states[t, :2].copy() if with_state else None)
+
+
+def state_episode_files(folders: Sequence[Path]) -> list[Path]:
+    """The state-only episode files under ``folders``, in name order (start, expert seed).
+
+    Raises:
+        TrainingError: a folder holds none.
+    """
+    files: list[Path] = []
+    for folder in folders:
+        found = sorted(p for p in Path(folder).glob("pusht_*.npz") if not p.name.endswith(".tmp.npz"))
+        if not found:
+            raise TrainingError(f"no state-only episode (pusht_*.npz) under {str(folder)!r}")
+        files.extend(found)
+    return files
+
+
+def build_state_dataset(pipe: Cosmos3OmniPipeline, files: Sequence[Path], *, stride: int = 1,
+                        cache_dir: Path | None = None, shard: tuple[int, int] = (0, 1),
+                        log=print) -> EncodedDataset | None:
+    """Encode the state-only episodes ``files``, :data:`EPISODES_PER_PART` at a time, each part cached by content.
+
+    The episodes trained on are :func:`.oracle.training_episodes`': clean successes and every DART episode. With a
+    state input declared on ``pipe`` each example carries the agent's position. ``shard = (k, n)`` encodes only the
+    parts ``k, k + n, ...`` and returns ``None``: ``n`` processes fill one cache, and a run then reads it whole.
+
+    Raises:
+        TrainingError: ``stride`` below 1, a bad shard, no file, or a start outside the demonstration range.
+    """
+    from .oracle import training_episodes
+    from .state_demos import read_episode
+
+    if stride < 1:
+        raise TrainingError(f"stride must be an integer >= 1, got {stride!r}")
+    if not (0 <= shard[0] < shard[1]):
+        raise TrainingError(f"shard must be K/N with 0 <= K < N, got {shard[0]}/{shard[1]}")
+    if not files:
+        raise TrainingError("build_state_dataset needs at least one episode file, got none")
+    with_state = declared_state_input(pipe) is not None
+    normalizer, env = action_normalizer(), make_env(pixels=True)
+    parts_files = [list(files[i:i + EPISODES_PER_PART]) for i in range(0, len(files), EPISODES_PER_PART)]
+    parts, done, started = [], 0, time.perf_counter()
+    for index, part_files in enumerate(parts_files):
+        if index % shard[1] != shard[0]:
+            continue
+        cache = None
+        if cache_dir is not None:
+            key = _cache_key(pipe, part_files, False, stride)
+            cache = Path(cache_dir) / "pusht_data" / f"{key}.pt"
+        if cache is not None and cache.exists():
+            part = EncodedDataset(**torch.load(cache, weights_only=False))
+        else:
+            episodes = training_episodes([read_episode(path) for path in part_files])
+            states = (s for ep in episodes
+                      for s in state_episode_states(ep, normalizer, stride=stride, with_state=with_state, env=env))
+            part = encode_states(pipe, states, PUSHT_FORMAT, frame_batch=FRAME_BATCH, log=lambda message: None)
+            if cache is not None:
+                cache.parent.mkdir(parents=True, exist_ok=True)
+                torch.save(part.__dict__, cache)
+        parts.append(part)
+        done += part.num_states
+        log(f"encoded part {index + 1}/{len(parts_files)}, {done} states ({time.perf_counter() - started:.0f} s)")
+    if shard[1] > 1:
+        return None
+    return parts[0] if len(parts) == 1 else concat_datasets(parts)
+
+
 def listed_episodes(bag_paths: Sequence[Path]) -> list[dict[str, object]]:
     """The episodes the bags list in their ``custom_data`` (seeds, steps, route), without reading a frame."""
     return [entry for path in bag_paths
@@ -152,17 +257,21 @@ def normalization_images(bag_paths: Sequence[Path], count: int = NORMALIZATION_F
     return images
 
 
-def _cache_key(pipe: Cosmos3OmniPipeline, bag: Path, clips: bool, stride: int) -> str:
-    # A bag's latents depend on its bytes, the VAE and its normalization, and how examples are cut.
+def _cache_key(pipe: Cosmos3OmniPipeline, source: Path | Sequence[Path], clips: bool, stride: int) -> str:
+    # Latents depend on the data's bytes (a bag folder's files, or episode files), the VAE and its normalization,
+    # the state input (its frame is part of the condition), and how examples are cut.
     digest = hashlib.sha256()
-    for file in sorted(bag.iterdir()):
-        if file.is_file():
-            digest.update(file.name.encode())
-            digest.update(hashlib.sha256(file.read_bytes()).digest())
+    files = sorted(p for p in source.iterdir() if p.is_file()) if isinstance(source, Path) else list(source)
+    for file in files:
+        digest.update(file.name.encode())
+        digest.update(hashlib.sha256(file.read_bytes()).digest())
     for tensor in pipe.vae.state_dict().values():
         digest.update(tensor.detach().cpu().float().numpy().tobytes())
+    declared = declared_state_input(pipe)
     settings = {"format": PUSHT_FORMAT.__dict__, "clips": clips, "stride": stride, "stats": action_stats(),
                 "latents_mean": list(pipe.vae.config.latents_mean), "latents_std": list(pipe.vae.config.latents_std)}
+    if declared is not None:  # absent without one, so the keys of caches written before state inputs still hold
+        settings["state_input"] = declared.entry()
     digest.update(json.dumps(settings, sort_keys=True).encode())
     return digest.hexdigest()[:16]
 
@@ -234,21 +343,44 @@ def install_encoder(pipe: Cosmos3OmniPipeline, bundle: Path, images: Sequence[np
         normalize_latents(pipe, list(images), PUSHT_FORMAT)
 
 
-def load_for_training(init: Path | None, seed: int, bag_paths: Sequence[Path],
-                      encoder: Path | None = None) -> Cosmos3OmniPipeline:
+def state_normalization_images(files: Sequence[Path], count: int = NORMALIZATION_FRAMES) -> list[np.ndarray]:
+    """:func:`normalization_images` for state-only episodes: frame 0 and the middle frame of the first episodes."""
+    from .state_demos import read_episode
+
+    images: list[np.ndarray] = []
+    env = make_env(pixels=True)
+    for path in files[: -(-count // 2)]:
+        states = read_episode(path).states
+        images.extend(render_states(states[[0, len(states) // 2]], env))
+    return images[:count]
+
+
+def load_for_training(init: Path | None, seed: int, images: Sequence[np.ndarray], encoder: Path | None = None,
+                      with_state: bool = False) -> Cosmos3OmniPipeline:
     """The saved pipeline ``init``, or (``None``) a fresh :data:`PUSHT_CONFIG` one from ``seed``, its latents
-    normalized on the bags' frames; with ``encoder`` (a ``pusht-encoder train`` bundle), that bundle's VAE in place
-    of its own, normalized on the bags' frames (the latent cache is keyed by the VAE, so nothing stale is reused)."""
+    normalized on ``images`` (training frames); with ``encoder`` (a ``pusht-encoder train`` bundle), that bundle's VAE
+    in place of its own, normalized on ``images`` (the latent cache is keyed by the VAE, so nothing stale is reused);
+    with ``with_state``, declaring :func:`state_input` (a saved ``init`` must declare the same one).
+
+    Raises:
+        TrainingError: ``init`` declares another state input than the one asked for.
+    """
     if init is not None:
         from trajectory_ensemble_node.catalog import load_pipeline
 
         pipe, _ = load_pipeline(str(init), "cpu", "float32")
         print(f"initialized from {init}", flush=True)
+        declared = declared_state_input(pipe)
+        wanted = state_input().entry() if with_state else None
+        if (declared.entry() if declared is not None else None) != wanted:
+            raise TrainingError(f"{str(init)!r} declares the state input {declared.entry() if declared else None}, "
+                                f"this run asks for {wanted}")
     else:
-        pipe = fresh_pipeline(PUSHT_CONFIG, seed, normalization_images(bag_paths), PUSHT_FORMAT,
+        pipe = fresh_pipeline(PUSHT_CONFIG, seed, images, PUSHT_FORMAT,
                               log=lambda message: print(message, flush=True))
+        declare_state_input(pipe, state_input() if with_state else None)
     if encoder is not None:
-        install_encoder(pipe, encoder, normalization_images(bag_paths))
+        install_encoder(pipe, encoder, images)
         print(f"VAE from {encoder}", flush=True)
     return pipe
 
@@ -264,6 +396,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--clips", action="store_true",
                         help="train the vision term on each example's 17 following frames (about 1.1 s of VAE per "
                              "example on one core); default: toward the latent mean")
+    parser.add_argument("--states", type=Path, action="append", default=None,
+                        help="a folder of state-only episodes (pusht-demos --states-only: DIR/states), repeatable; "
+                             "frames are drawn from the states, DART episodes train on the expert's clean labels; "
+                             "instead of --bags")
+    parser.add_argument("--state-input", action="store_true",
+                        help="declare the agent's position (agent_x, agent_y, env pixels) as the policy's state "
+                             "input, fed as a clean latent frame (needs --states)")
+    parser.add_argument("--encode-shard", default=None, metavar="K/N",
+                        help="with --states: encode only every N-th part from part K into the work dir's cache, "
+                             "then exit (N processes fill one cache; a run without it then reads it)")
     parser.add_argument("--stride", type=int, default=1, help="control steps between training examples")
     parser.add_argument("--encoder", type=Path, default=None,
                         help="a pusht-encoder train bundle whose trained VAE replaces the pipeline's (the latents "
@@ -273,11 +415,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_prefix_arguments(parser, CHUNK)
 
 
-def write_stats(directory: Path) -> Path:
-    """Write :func:`action_stats` as ``directory/action_stats.json`` (the node's ``action_stats_file``)."""
+def write_stats(directory: Path, declared: StateInput | None = None) -> Path:
+    """Write :func:`action_stats` as ``directory/action_stats.json`` (the node's ``action_stats_file``), with the
+    state input ``declared`` merged into it (the checkpoint's declaration lives in the same file)."""
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / STATS_FILE
     path.write_text(json.dumps(action_stats(), indent=1) + "\n")
+    write_state_input(directory, declared)
     return path
 
 
@@ -296,24 +440,43 @@ def _train(args: argparse.Namespace) -> int:
     work_dir: Path = args.work_dir
     work_dir.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    bag_paths = demo_bags(args.bags)
-    episodes = listed_episodes(bag_paths)
-    print(f"{len(bag_paths)} bags, {len(episodes)} episodes, {sum(int(e['steps']) for e in episodes)} steps",
-          flush=True)
-    pipe = load_for_training(args.init, args.seed, bag_paths, args.encoder)
-    dataset = build_pusht_dataset(pipe, bag_paths, clips=args.clips, stride=args.stride, cache_dir=work_dir,
-                                  log=lambda message: print(message, flush=True))
+    log = lambda message: print(message, flush=True)  # noqa: E731
+    if args.state_input and not args.states:
+        raise TrainingError("--state-input trains from state-only episodes: give --states")
+    if args.states:
+        if args.clips:
+            raise TrainingError("--clips needs recorded frames: give --bags, not --states")
+        files = state_episode_files(args.states)
+        episodes = [{"env_seed": int(p.stem.split("_")[1]), "expert_seed": int(p.stem.split("_")[2])} for p in files]
+        print(f"{len(files)} state-only episode files under {[str(d) for d in args.states]}", flush=True)
+        pipe = load_for_training(args.init, args.seed, state_normalization_images(files), args.encoder,
+                                 args.state_input)
+        dataset = build_state_dataset(pipe, files, stride=args.stride, cache_dir=work_dir,
+                                      shard=_shard(args.encode_shard), log=log)
+        if dataset is None:
+            print(f"encoded shard {args.encode_shard} in {time.perf_counter() - started:.0f} s", flush=True)
+            return 0
+    else:
+        bag_paths = demo_bags(args.bags)
+        episodes = listed_episodes(bag_paths)
+        print(f"{len(bag_paths)} bags, {len(episodes)} episodes, {sum(int(e['steps']) for e in episodes)} steps",
+              flush=True)
+        pipe = load_for_training(args.init, args.seed, normalization_images(bag_paths), args.encoder)
+        dataset = build_pusht_dataset(pipe, bag_paths, clips=args.clips, stride=args.stride, cache_dir=work_dir,
+                                      log=log)
     encode_s = time.perf_counter() - started
     print(f"encode {encode_s:.0f} s", flush=True)
-    write_stats(work_dir / "checkpoint")
+    declared = declared_state_input(pipe)
+    write_stats(work_dir / "checkpoint", declared)
     result = fit(pipe, dataset, args, args.out, work_dir)
-    write_stats(args.out)
+    write_stats(args.out, declared)
     wall = time.perf_counter() - started
     history = result["loss_history"]
     summary = {
         "config": {k: v for k, v in PUSHT_CONFIG.__dict__.items() if k != "extra"},
         "format": PUSHT_FORMAT.__dict__,
         "action_stats": action_stats(),
+        "state_input": declared.entry() if declared is not None else None,
         "args": {k: str(v) for k, v in vars(args).items() if not k.startswith("_")},
         "demonstrations": [[e["env_seed"], e["expert_seed"]] for e in episodes],
         **{k: v for k, v in result.items() if k != "train_seconds"},
@@ -326,3 +489,13 @@ def _train(args: argparse.Namespace) -> int:
     print(f"saved {args.out} ({result['saved_bytes'] / 1e6:.2f} MB) after {wall / 60:.1f} min; final loss "
           f"{history[-1]['loss']:.4f}", flush=True)
     return 0 if history and math.isfinite(history[-1]["loss"]) else 1
+
+
+def _shard(text: str | None) -> tuple[int, int]:
+    if text is None:
+        return (0, 1)
+    try:
+        k, n = (int(part) for part in text.split("/"))
+    except ValueError:
+        raise TrainingError(f"--encode-shard must be K/N, got {text!r}") from None
+    return (k, n)

@@ -80,6 +80,9 @@ def add_fit_arguments(parser: argparse.ArgumentParser, *, steps: int = 3000, bat
                         help="half of each batch's sigmas are shifted by this toward high noise (1 = none)")
     parser.add_argument("--init", type=Path, default=None,
                         help="continue from this pipeline directory (e.g. the shipped weights) instead of a fresh one")
+    parser.add_argument("--resume", action="store_true",
+                        help="continue from <work-dir>/resume.pt (weights, EMA, optimizer, schedule, generators), "
+                             "written every --checkpoint-every steps; the run must ask for the same --steps")
     parser.add_argument("--freeze-text", action=argparse.BooleanOptionalAction, default=freeze_text,
                         help="keep the text pathway's weights as they are and compute the instruction's per-layer "
                              "keys/values once, so each step runs the generation tokens alone")
@@ -296,7 +299,15 @@ def fit(pipe: Cosmos3OmniPipeline, dataset: EncodedDataset, args: argparse.Names
     history: list[dict[str, float]] = []
     window: list[tuple[float, float, float]] = []
     train_started = time.perf_counter()
-    for step in range(1, args.steps + 1):
+    first = 1
+    resume_path = work_dir / RESUME_FILE
+    if args.resume and resume_path.is_file():
+        first = load_resume(resume_path, transformer, ema, optimizer, schedule, generator, rng, args.steps,
+                            history) + 1
+        print(f"resumed from {resume_path} at step {first - 1}", flush=True)
+        if frozen:  # the text pathway's weights came with the checkpoint: its keys/values are computed again
+            prefix_cache = instruction_cache(transformer, dataset.branch)
+    for step in range(first, args.steps + 1):
         if bimodal is None:
             states = rng.integers(0, dataset.num_states, size=args.batch)
         else:
@@ -330,6 +341,7 @@ def fit(pipe: Cosmos3OmniPipeline, dataset: EncodedDataset, args: argparse.Names
             # Checkpoints live in the work dir (git-ignored out/), never in the shipped assets.
             save_pipeline(pipe, work_dir / "checkpoint", getattr(torch, args.save_dtype), ema)
             (work_dir / "checkpoint" / "STEP").write_text(str(step))
+            save_resume(resume_path, step, args.steps, transformer, ema, optimizer, schedule, generator, rng, history)
     transformer.eval()
     size = save_pipeline(pipe, out, getattr(torch, args.save_dtype), ema)
     for name, param in transformer.named_parameters():
@@ -345,6 +357,50 @@ def fit(pipe: Cosmos3OmniPipeline, dataset: EncodedDataset, args: argparse.Names
         "loss_history": history,
         "saved_bytes": size,
     }
+
+
+RESUME_FILE = "resume.pt"
+"""The resumable checkpoint in a run's work dir: fp32 weights, EMA, optimizer, schedule, generators, step."""
+
+
+def save_resume(path: Path, step: int, steps: int, transformer: torch.nn.Module, ema: list[torch.Tensor] | None,
+                optimizer: torch.optim.Optimizer, schedule, generator: torch.Generator, rng: np.random.Generator,
+                history: list[dict[str, float]]) -> None:
+    """Write what :func:`fit` needs to continue after ``step`` exactly as an unstopped run would (atomically)."""
+    state = {"step": step, "steps": steps, "transformer": transformer.state_dict(), "ema": ema,
+             "optimizer": optimizer.state_dict(), "schedule": schedule.state_dict(),
+             "generator": generator.get_state(), "rng": rng.bit_generator.state, "history": history}
+    tmp = path.with_suffix(".tmp")
+    torch.save(state, tmp)
+    tmp.replace(path)
+
+
+def load_resume(path: Path, transformer: torch.nn.Module, ema: list[torch.Tensor] | None,
+                optimizer: torch.optim.Optimizer, schedule, generator: torch.Generator, rng: np.random.Generator,
+                steps: int, history: list[dict[str, float]]) -> int:
+    """Restore :func:`save_resume`'s state in place; return the step it was written after.
+
+    Raises:
+        TrainingError: the checkpoint was written by a run of another length (the one-cycle schedule is fixed by
+            it), or with EMA where this run has none (or the reverse).
+    """
+    state = torch.load(path, weights_only=False)
+    if state["steps"] != steps:
+        raise TrainingError(f"{str(path)!r} continues a run of --steps {state['steps']}, this run asks for "
+                            f"--steps {steps}")
+    if (state["ema"] is None) != (ema is None):
+        raise TrainingError(f"{str(path)!r} was written {'without' if state['ema'] is None else 'with'} EMA, "
+                            "unlike this run")
+    transformer.load_state_dict(state["transformer"])
+    if ema is not None:
+        for kept, saved in zip(ema, state["ema"]):
+            kept.copy_(saved)
+    optimizer.load_state_dict(state["optimizer"])
+    schedule.load_state_dict(state["schedule"])
+    generator.set_state(state["generator"])
+    rng.bit_generator.state = state["rng"]
+    history.extend(state["history"])
+    return int(state["step"])
 
 
 def _runs(values: list[int]) -> list[tuple[int, int, int]]:

@@ -1,0 +1,107 @@
+"""``train-pusht --states``: the PushT policy from state-only episodes, with the agent's position as its state input.
+
+Frames are drawn from the episodes' states (the env's own observations, checked in test_pusht_encoder), each example
+carries the expert's clean labels (a DART episode's, not what it sent) and, with the state input, the agent's position
+at its frame as a state frame built by the serving path's own function. The encoded parts are cached and can be
+filled by several processes; the written statistics keep the state declaration the node reads."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+
+from trajectory_ensemble_node.models.cosmos3 import build_state_frame, declared_state_input, read_state_input
+from trajectory_ensemble_lab.pusht import train as pusht_train
+from trajectory_ensemble_lab.pusht.demos import DartNoise, run_episode
+from trajectory_ensemble_lab.pusht.state_demos import read_episode, write_episode
+from trajectory_ensemble_lab.training import TrainingError
+
+START, STRIDE = 10, 8
+
+
+@pytest.fixture(scope="module")
+def episodes(tmp_path_factory):
+    """A clean success, a clean failure (cut at 30 steps) and a DART episode of start 10, as state-only files."""
+    folder = tmp_path_factory.mktemp("states")
+    played = [run_episode(START, 0), run_episode(START, 1, max_steps=30),
+              run_episode(START, 2, max_steps=40, dart=DartNoise(6.0))]
+    assert played[0].success and not played[1].success and played[2].dart_sigma > 0
+    for ep in played:
+        write_episode(folder, ep)
+    return folder, played
+
+
+@pytest.fixture(scope="module")
+def encoded(episodes, tmp_path_factory):
+    folder, _ = episodes
+    work = tmp_path_factory.mktemp("work")
+    files = pusht_train.state_episode_files([folder])
+    images = pusht_train.state_normalization_images(files, count=4)
+    pipe = pusht_train.load_for_training(None, 0, images, with_state=True)
+    dataset = pusht_train.build_state_dataset(pipe, files, stride=STRIDE, cache_dir=work, log=lambda m: None)
+    return pipe, files, dataset, work
+
+
+def test_examples_are_the_kept_episodes_steps_with_clean_labels_and_the_agents_position(encoded):
+    pipe, files, dataset, _ = encoded
+    played = [read_episode(path) for path in files]  # as written: float32 states
+    assert [ep.expert_seed for ep in played] == [0, 1, 2]
+    kept = [played[0], played[2]]  # the clean failure is left out; a DART episode trains whatever its end
+    steps = [t for ep in kept for t in range(0, len(ep.labels), STRIDE)]
+    assert dataset.num_states == len(steps) and tuple(dataset.actions.shape) == (len(steps), 16, 2)
+    # The image frame and the state frame, both clean conditioning frames of a 6x6 latent.
+    assert tuple(dataset.condition.shape[1:]) == (16, 2, 6, 6)
+    normalizer, declared = pusht_train.action_normalizer(), declared_state_input(pipe)
+    assert declared.names == ("agent_x", "agent_y")
+    row = 0
+    for ep in kept:
+        labels = normalizer.normalize(torch.as_tensor(ep.labels, dtype=torch.float64)).numpy()
+        for t in range(0, len(ep.labels), STRIDE):
+            assert np.array_equal(dataset.actions[row].numpy(), pusht_train.chunk_at(labels, t).astype(np.float32))
+            normalized, _ = declared.normalize(tuple(ep.states[t, :2]))
+            assert torch.equal(dataset.condition[row, :, 1], build_state_frame(normalized.float(), 16, 6, 6))
+            row += 1
+    dart = played[2]
+    assert not np.array_equal(dart.labels, dart.actions)  # the labels trained on are not the noisy targets sent
+
+
+def test_parts_are_cached_and_shards_fill_the_same_cache(episodes, encoded, tmp_path):
+    pipe, files, dataset, work = encoded
+    assert len(list((work / "pusht_data").glob("*.pt"))) == 1
+    again = pusht_train.build_state_dataset(pipe, files, stride=STRIDE, cache_dir=work, log=lambda m: None)
+    assert torch.equal(again.condition, dataset.condition) and torch.equal(again.actions, dataset.actions)
+    assert pusht_train.build_state_dataset(pipe, files, stride=STRIDE, cache_dir=tmp_path, shard=(0, 2),
+                                           log=lambda m: None) is None
+    assert len(list((tmp_path / "pusht_data").glob("*.pt"))) == 1
+    read_back = pusht_train.build_state_dataset(pipe, files, stride=STRIDE, cache_dir=tmp_path, log=lambda m: None)
+    assert torch.equal(read_back.condition, dataset.condition)
+    with pytest.raises(TrainingError, match="shard must be K/N with 0 <= K < N, got 2/2"):
+        pusht_train.build_state_dataset(pipe, files, shard=(2, 2))
+
+
+def test_validation_starts_never_train(episodes, encoded, tmp_path):
+    _, played = episodes
+    pipe = encoded[0]
+    write_episode(tmp_path, dataclasses.replace(played[0], env_seed=100_003))
+    with pytest.raises(TrainingError, match="start 100003"):
+        pusht_train.build_state_dataset(pipe, pusht_train.state_episode_files([tmp_path]), stride=STRIDE)
+
+
+def test_the_written_statistics_keep_the_state_declaration(tmp_path):
+    pusht_train.write_stats(tmp_path, pusht_train.state_input())
+    declared = read_state_input(tmp_path)
+    assert declared.names == ("agent_x", "agent_y") and declared.domain == "pusht"
+    assert declared.entry() == pusht_train.state_input().entry()
+    pusht_train.write_stats(tmp_path / "plain")
+    assert read_state_input(tmp_path / "plain") is None
+
+
+def test_the_state_input_needs_state_only_episodes(capsys):
+    parser = argparse.ArgumentParser()
+    pusht_train.add_arguments(parser)
+    assert pusht_train.run(parser.parse_args(["--state-input", "--steps", "1"])) == 2
+    assert "--state-input trains from state-only episodes: give --states" in capsys.readouterr().err

@@ -12,7 +12,6 @@ from trajectory_ensemble_node.normalization import (
     NORMALIZATION_METHODS,
     STAT_KEYS,
     ActionNormalizer,
-    drop_padding,
 )
 
 WIDTH = 4
@@ -146,14 +145,3 @@ def test_bad_method_or_width(method, width):
 def test_from_dict_accepts_tensors():
     norm = ActionNormalizer.from_dict({"q01": torch.zeros(2), "q99": torch.ones(2)}, "quantile", 2)
     torch.testing.assert_close(norm.normalize(torch.tensor([0.5, 1.0])), torch.tensor([0.0, 1.0]))
-
-
-def test_drop_padding_keeps_the_raw_channels():
-    padded = torch.cat((torch.randn(16, 10), torch.zeros(16, 54)), dim=-1)
-    kept = drop_padding(padded, 10)
-    assert kept.shape == (16, 10) and torch.equal(kept, padded[:, :10])
-    assert drop_padding(torch.zeros(3, 16, 64), 20).shape == (3, 16, 20)
-    with pytest.raises(ValueError, match="65"):
-        drop_padding(padded, 65)
-    with pytest.raises(ValueError, match="0"):
-        drop_padding(padded, 0)

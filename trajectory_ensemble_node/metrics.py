@@ -173,10 +173,3 @@ def peak_memory_bytes(device: torch.device | str) -> int:
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     # ru_maxrss is KiB on Linux and bytes on macOS.
     return int(rss if sys.platform == "darwin" else rss * 1024)
-
-
-def reset_peak_memory(device: torch.device | str) -> None:
-    """Reset the CUDA peak counter (no-op on CPU, where the RSS high-water mark is not reset)."""
-    device = torch.device(device)
-    if device.type == "cuda" and torch.cuda.is_available():
-        torch.cuda.reset_peak_memory_stats(device)

@@ -180,28 +180,6 @@ class ActionNormalizer:
         return (actions + 1.0) * 0.5 * denominator + offset
 
 
-def drop_padding(actions: torch.Tensor, raw_width: int) -> torch.Tensor:
-    """Drop the padding channels Cosmos 3 appends (zeros up to the model's ``action_dim``, e.g. 64).
-
-    Call it before reduction and denormalization: padding is not an action and must not enter either.
-
-    Args:
-        actions (`torch.Tensor` of shape `[..., D_model]`): Model actions, ``D_model >= raw_width``.
-        raw_width (`int`): The embodiment's raw action width (e.g. 10 for ``droid_lerobot``).
-
-    Returns:
-        `torch.Tensor` of shape `[..., raw_width]`: A view of the first ``raw_width`` channels.
-
-    Raises:
-        ValueError: If ``raw_width`` is not an int in ``[1, D_model]``.
-    """
-    if isinstance(raw_width, bool) or not isinstance(raw_width, int) or raw_width < 1:
-        raise ValueError(f"raw_width must be an int >= 1, got {raw_width!r}")
-    if actions.ndim < 1 or actions.shape[-1] < raw_width:
-        raise ValueError(f"cannot keep {raw_width} channels of actions with shape {tuple(actions.shape)}")
-    return actions[..., :raw_width]
-
-
 def _check_method(method: object, source: str) -> None:
     if method not in NORMALIZATION_METHODS:
         raise StatsFileError(f"{source}: normalization method must be one of {NORMALIZATION_METHODS}, got {method!r}")

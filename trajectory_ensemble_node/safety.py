@@ -105,10 +105,6 @@ class ActionLimits:
     def width(self) -> int:
         return len(self.channels)
 
-    @property
-    def has_position_limits(self) -> bool:
-        return any(c.min is not None or c.max is not None for c in self.channels)
-
     def column(self, key: str, default: float) -> torch.Tensor:
         """``[D]`` float64 tensor of one limit across channels, ``default`` where unlimited."""
         return torch.tensor([default if getattr(c, key) is None else getattr(c, key) for c in self.channels],

@@ -254,9 +254,3 @@ def steps_report(extras: Mapping[str, Any], steps_fitted: int | None, deadline_s
         used=extras.get("steps_used", steps),
         deadline_ms=None if deadline_s is None else 1000.0 * deadline_s,
         deadline_met=None if deadline_s is None else bool(met))
-
-
-def step_metrics(extras: dict[str, Any], steps_fitted: int | None, deadline_s: float | None,
-                 met: bool | None) -> dict[str, Any]:
-    """:func:`steps_report` flattened."""
-    return steps_report(extras, steps_fitted, deadline_s, met).as_metrics()

@@ -250,8 +250,3 @@ def validity_counts(report: ValidityReport, action_clamped: bool | None = None) 
     """
     return ValidityCounts.from_metrics(report.counts()) if action_clamped is None else replace(
         ValidityCounts.from_metrics(report.counts()), action_clamped=action_clamped)
-
-
-def validity_metrics(screening: Screening, action_clamped: bool) -> dict[str, Any]:
-    """Per-group counts for the result metrics (:class:`ValidityCounts` flattened)."""
-    return validity_counts(screening.report, action_clamped).as_metrics()

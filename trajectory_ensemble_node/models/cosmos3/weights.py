@@ -35,10 +35,6 @@ def _attention_modules(transformer: Cosmos3OmniTransformer) -> list[tuple[str, C
     return [(name, m) for name, m in transformer.named_modules() if isinstance(m, Cosmos3PackedMoTAttention)]
 
 
-def is_fused(transformer: Cosmos3OmniTransformer) -> bool:
-    return any(hasattr(m, "to_qkv") for _, m in _attention_modules(transformer))
-
-
 def _load_shard(sizes: tuple[int, int, int], param: torch.nn.Parameter, loaded: torch.Tensor,
                 shard_id: str | None = None) -> None:
     """``weight_loader`` of a fused q/k/v parameter: the whole tensor, or one shard of it by id."""

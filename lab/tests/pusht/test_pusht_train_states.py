@@ -17,6 +17,7 @@ import torch
 from trajectory_ensemble_node.models.cosmos3 import build_state_frame, declared_state_input, read_state_input
 from trajectory_ensemble_lab.pusht import train as pusht_train
 from trajectory_ensemble_lab.pusht.demos import DartNoise, run_episode
+from trajectory_ensemble_lab.pusht.sim import make_env
 from trajectory_ensemble_lab.pusht.state_demos import read_episode, write_episode
 from trajectory_ensemble_lab.training import TrainingError
 
@@ -105,3 +106,42 @@ def test_the_state_input_needs_state_only_episodes(capsys):
     pusht_train.add_arguments(parser)
     assert pusht_train.run(parser.parse_args(["--state-input", "--steps", "1"])) == 2
     assert "--state-input trains from state-only episodes: give --states" in capsys.readouterr().err
+
+
+def test_the_evaluators_send_the_agents_position_to_a_model_that_takes_it(encoded, tmp_path):
+    from trajectory_ensemble_node.serving.params import validate
+    from trajectory_ensemble_lab.pusht import evaluate as ev
+    from trajectory_ensemble_lab.pusht.bench import Drawer
+
+    pipe, _, dataset, work = encoded
+    parser = argparse.ArgumentParser()
+    pusht_train.add_arguments(parser)
+    args = parser.parse_args(["--steps", "2", "--batch", "4", "--checkpoint-every", "0", "--log-every", "1"])
+    out = tmp_path / "policy"
+    pusht_train.fit(pipe, dataset, args, out, work)
+    pusht_train.write_stats(out, declared_state_input(pipe))
+    policy = ev.InProcessPolicy(validate(ev.serve_params(out, num_inference_steps=2, candidate_count=2)))
+    try:
+        assert policy.metadata["state"]["names"] == ["agent_x", "agent_y"]
+        sent = []
+        original = policy.infer
+
+        def spy(obs):
+            sent.append(obs)
+            return original(obs)
+
+        policy.infer = spy
+        record = ev.run_episode(policy, 100_000, count=2, reducer="mode", max_steps=10)
+        env = make_env(pixels=True)
+        obs, _ = env.reset(seed=100_000)
+        groups = [obs for obs in sent if "observation/image" in obs]
+        assert record.requests == len(groups) == 2
+        assert np.array_equal(groups[0]["observation/state"], np.asarray(obs["agent_pos"], dtype=np.float64))
+        chunk, _ = Drawer(policy, 2)(obs["pixels"], seed=1, step=0, session="s", count=2, reducer="mode",
+                                     agent_pos=np.array([300.0, 40.0]))
+        assert np.array_equal(sent[-1]["observation/state"], [300.0, 40.0]) and chunk.shape == (16, 2)
+    finally:
+        policy.close()
+    with pytest.raises(ev.PushTError, match=r"PushT has only \['agent_x', 'agent_y'\], not \['joint_3'\]"):
+        ev.agent_state({"state": {"names": ["agent_x", "joint_3"]}}, [1.0, 2.0])
+    assert ev.agent_state({}, [1.0, 2.0]) == {}

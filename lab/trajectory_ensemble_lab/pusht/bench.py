@@ -54,6 +54,7 @@ from .evaluate import (
     IMAGE_KEY,
     SPLITS,
     ChunkPolicy,
+    agent_state,
     InProcessPolicy,
     WirePolicy,
     check_served,
@@ -86,6 +87,7 @@ class Drawer:
 
     def __init__(self, policy: ChunkPolicy, count: int) -> None:
         self.policy, self.count = policy, count
+        self.metadata = getattr(policy, "metadata", None) or {}
         self.latency_ms: dict[int, list[float]] = {}
 
     def reset(self, session: str) -> None:
@@ -93,16 +95,18 @@ class Drawer:
         self.policy.infer({"endpoint": "reset", "session_id": session})
 
     def __call__(self, frame: np.ndarray, *, seed: int, step: int, session: str, count: int, reducer: str,
-                 first_candidate: bool = False, delay: int | None = None,
-                 guidance: str = "") -> tuple[np.ndarray, float]:
+                 first_candidate: bool = False, delay: int | None = None, guidance: str = "",
+                 agent_pos: np.ndarray | None = None) -> tuple[np.ndarray, float]:
         """The chunk ``[H, 2]`` (env pixels, float64) for the frame at ``step``, and the request's wall time in ms.
+        ``agent_pos`` (env pixels) is sent as the state when the served model takes one (:func:`agent_state`).
 
         Raises:
             MethodRefused: the server refused the request with a named error.
         """
         request: dict[str, Any] = {IMAGE_KEY: frame, "prompt": INSTRUCTION, "seed": seed, "num_candidates": count,
                                    "reducer": reducer, "session_id": session, "stamp": step / CONTROL_HZ,
-                                   "return_candidates": first_candidate}
+                                   "return_candidates": first_candidate,
+                                   **(agent_state(self.metadata, agent_pos) if agent_pos is not None else {})}
         if delay is not None:
             request.update(continue_previous=True, inference_delay=delay, guidance=guidance)
         started = time.perf_counter()
@@ -143,7 +147,8 @@ def run_episode(draw: Drawer, env: Any, env_seed: int, method: Method, delay: in
         nonlocal index
         chunk, ms = draw(obs["pixels"], seed=request_seed(env_seed, index), step=t, session=session,
                          count=method.count, reducer=method.reducer, first_candidate=first_candidate,
-                         delay=delay if continued else None, guidance=method.guidance or "")
+                         delay=delay if continued else None, guidance=method.guidance or "",
+                         agent_pos=obs["agent_pos"])
         index += 1
         episode.group_ms.append(ms)
         return chunk

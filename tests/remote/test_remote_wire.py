@@ -20,7 +20,6 @@ from trajectory_ensemble_node.errors import (
 from trajectory_ensemble_node.wire import codec
 from trajectory_ensemble_node.openpi.extras import parse_extras
 from trajectory_ensemble_node.remote.client import check_metadata, error_from_frame, samples_per_request
-from trajectory_ensemble_node.remote.groups import context_extra
 from trajectory_ensemble_node.serving.params import validate
 
 PREVIOUS = np.linspace(-1, 1, 16, dtype=np.float32).reshape(8, 2)
@@ -35,8 +34,8 @@ def test_the_context_extra_becomes_the_execution_context_it_describes():
     assert torch.equal(got.previous, torch.from_numpy(PREVIOUS))
     assert (got.previous_stamp, got.stamp, got.dt, got.frozen, got.guidance) == (10.0, 10.25, 0.125, 1, "mask")
     assert got.shift == 2
-    # What the node sends is what the server reads back, bit for bit.
-    again = parse_extras(codec.unpack(codec.pack({"context": context_extra(got)}))).context
+    # What the node sends (its fields, remote.groups.request_frame) is what the server reads back, bit for bit.
+    again = parse_extras(codec.unpack(codec.pack({"context": got.fields()}))).context
     assert torch.equal(again.previous, got.previous)
     assert (again.previous_stamp, again.stamp, again.dt, again.frozen, again.guidance, again.max_guidance_weight) == (
         got.previous_stamp, got.stamp, got.dt, got.frozen, got.guidance, got.max_guidance_weight)

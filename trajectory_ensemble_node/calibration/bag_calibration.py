@@ -39,8 +39,9 @@ from typing import Any
 
 from ..cli.exits import fail
 from ..provenance import git_commit, utc_now
-from ..stats import conformal_threshold, wilson
+from ..stats import conformal_threshold
 from . import reducer_choice
+from .novelty_calibration import rate
 
 EXIT_OK = 0
 EXIT_BAD_INPUT = 2
@@ -143,11 +144,6 @@ def _normalizer(args: argparse.Namespace) -> Any:
     return load_action_stats(validate(_node_params(args)))
 
 
-def _rate(flags: Sequence[bool]) -> dict[str, Any]:
-    hits = int(sum(flags))
-    return {"rate": hits / max(len(flags), 1), "count": hits, "of": len(flags), "ci95": list(wilson(hits, len(flags)))}
-
-
 def calibrate_from_bags(args: argparse.Namespace) -> dict[str, Any]:
     """Score the bags and compute the threshold (module docstring); the JSON document.
 
@@ -178,7 +174,7 @@ def calibrate_from_bags(args: argparse.Namespace) -> dict[str, Any]:
         "acceptance_false_alarm_at_most": args.alpha + 0.05,
     }
     if held_scores:
-        false_alarms = _rate([s > threshold for s in held_scores])
+        false_alarms = rate([s > threshold for s in held_scores])
         uncertainty.update(false_alarm_rate=false_alarms["rate"], false_alarms=false_alarms,
                            acceptance_met=false_alarms["rate"] <= args.alpha + 0.05)
     novelty = _novelty(args, cal_scores, cal_frames, held_scores, held_frames)

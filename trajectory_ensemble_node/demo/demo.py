@@ -71,13 +71,6 @@ def default_model() -> str:
     return str(next(spec.default for spec in PARAMETERS if spec.name == "model"))
 
 
-def model_notice(model: str) -> str:
-    """What the weights are (e.g. ``untrained demo weights``), for plot titles."""
-    from ..catalog import model_notice as notice
-
-    return str(notice(model))
-
-
 def toy_installed() -> bool:
     """Whether the toy policy's weights are in the package."""
     from ..toy import toy_pipeline_dir
@@ -163,6 +156,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"demo: node ready after {time.monotonic() - started:.1f} s; replaying {args.bag.name} "
               f"({args.candidates} candidates per goal, return_candidates)")
         report = replay(opts)
+        from ..catalog import model_notice  # catalog imports diffusers: only once a title is drawn
+
         report.model_title = f"model {model} ({model_notice(model)})"
         status = finish(report, opts)
         if status == 0 and model == "toy" and str(args.open_loop_bag) not in ("", "."):

@@ -21,6 +21,7 @@ it).
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -351,16 +352,10 @@ estimate restarts from them instead of refusing every later goal."""
 _MAD_TO_STD = 1.4826
 
 
-def _median(values: list[float]) -> float:
-    ordered = sorted(values)
-    mid = len(ordered) // 2
-    return ordered[mid] if len(ordered) % 2 else 0.5 * (ordered[mid - 1] + ordered[mid])
-
-
 def _robust_band(values: list[float]) -> tuple[float, float]:
     """Median of ``values`` and the gate's half-width ``OUTLIER_GATE * max(1.4826 MAD, floors)`` around it."""
-    median = _median(values)
-    mad = _median([abs(v - median) for v in values])
+    median = statistics.median(values)
+    mad = statistics.median([abs(v - median) for v in values])
     scale = max(_MAD_TO_STD * mad, OUTLIER_FLOOR[0] * abs(median), OUTLIER_FLOOR[1])
     return median, OUTLIER_GATE * scale
 

@@ -269,7 +269,8 @@ class OpenPIPolicy:
         # A passed deadline, and one the measured costs cannot meet, are refused here, before the encode.
         request = build_request(self.model, self.params, prompt=plan.instruction, spec=plan.spec,
                                 base_seed=plan.base_seed, image=job.observation.image, request_id=job.request_id,
-                                context=job.decision.context, deadline_s=self._deadline_left(job),
+                                context=job.decision.context,
+                                deadline_s=deadline_left(plan.deadline_s, job.arrival, who=f"request {job.request_id}"),
                                 state=job.observation.model_state)
         if plan.deadline_s:
             self.model.check_request(request)
@@ -290,10 +291,6 @@ class OpenPIPolicy:
         job.handle = submit(lambda _: self.backend.submit(job), job.request, job.plan.deadline_s, job.arrival,
                             who=f"request {job.request_id}")
         return job.handle
-
-    @staticmethod
-    def _deadline_left(job: Job) -> float | None:
-        return deadline_left(job.plan.deadline_s, job.arrival, who=f"request {job.request_id}")
 
     def reply(self, job: Job, result: EnsembleResult) -> dict[str, Any]:
         """The reply dict for a finished group; remembers the chunk in the job's session."""

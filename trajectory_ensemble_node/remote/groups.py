@@ -25,7 +25,6 @@ import torch
 from ..contract import EnsembleResult
 from ..engine import GroupRequest
 from ..engine.completion import finish_group
-from ..engine.context import ExecutionContext
 from ..engine.validity import to_model_space
 from ..errors import RemoteSchemaError, TooFewValidCandidatesError
 from ..quoting import QUOTE_CHARS, bound_text, quote_value
@@ -50,11 +49,6 @@ class RemotePayload:
     image: np.ndarray
     num_inference_steps: int
     state: tuple[float, ...] | None = None
-
-
-def context_extra(context: ExecutionContext) -> dict[str, Any]:
-    """The ``context`` extra of a request continuing ``context`` (see :mod:`..openpi.extras`): its fields."""
-    return context.fields()
 
 
 def request_frame(request: GroupRequest, *, image_key: str, prompt_key: str, extras: Sequence[str],
@@ -82,7 +76,7 @@ def request_frame(request: GroupRequest, *, image_key: str, prompt_key: str, ext
     if deadline_ms > 0:
         wanted["deadline_ms"] = float(deadline_ms)
     if request.context is not None:
-        wanted["context"] = context_extra(request.context)
+        wanted["context"] = request.context.fields()  # the context extra, as the server parses it
     frame.update({key: value for key, value in wanted.items() if key in extras})
     return frame
 

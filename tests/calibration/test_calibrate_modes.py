@@ -9,6 +9,7 @@ import pytest
 
 from trajectory_ensemble_node.calibration import calibrate
 from trajectory_ensemble_node.cli import main
+from trajectory_ensemble_node.cli.dispatch import lab_module
 
 LAB = "trajectory_ensemble_lab"
 
@@ -41,4 +42,4 @@ def test_with_the_lab_the_families_are_its_shifted_families(capsys: pytest.Captu
     with pytest.raises(SystemExit):
         main(["calibrate", "--help"])
     assert "{" + ",".join(shifted.FAMILIES) + "}" in capsys.readouterr().out
-    assert calibrate._lab_module(calibrate.SCENE_CALIBRATION_MODULE) is not None
+    assert lab_module(calibrate.SCENE_CALIBRATION_MODULE) is not None

@@ -17,11 +17,10 @@ the scorer).
 from __future__ import annotations
 
 import argparse
-import importlib
 import sys
 from pathlib import Path
-from types import ModuleType
 
+from ..cli.dispatch import lab_module
 from ..novelty import SCORER_KINDS
 from . import bag_calibration, novelty_calibration
 
@@ -35,24 +34,6 @@ EXIT_NO_LAB = 2
 """Exit status of the toy-scene mode when the lab is not installed (a usage error: ``--bag`` still works)."""
 
 
-def _lab_module(name: str) -> ModuleType | None:
-    """The lab module ``name``, or ``None`` when the lab (or that module) is not installed.
-
-    Args:
-        name (`str`): Dotted module name under ``trajectory_ensemble_lab``.
-
-    Raises:
-        ModuleNotFoundError: The lab is installed but one of its own imports is missing (a broken install, not an
-            absent lab: hiding it would blame the wrong thing).
-    """
-    try:
-        return importlib.import_module(name)
-    except ModuleNotFoundError as error:
-        if error.name and (name == error.name or name.startswith(error.name + ".")):
-            return None
-        raise
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """``calibrate``'s flags: the toy-scene mode's, then the ``--bag`` mode's
     (:func:`.bag_calibration.add_bag_arguments`).
@@ -60,7 +41,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     Args:
         parser (`argparse.ArgumentParser`): The ``calibrate`` subcommand's parser.
     """
-    shifted = _lab_module(SHIFTED_MODULE)
+    shifted = lab_module(SHIFTED_MODULE)
     # Without the lab the toy-scene mode cannot run (run() says so); --family then takes any name.
     families = shifted.FAMILIES if shifted is not None else None
     parser.add_argument("--scenes", type=int, default=100, help="calibration scenes K (in distribution)")
@@ -101,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
     """
     if getattr(args, "bag", None):  # episodes from a team's bags instead of toy scenes
         return bag_calibration.run(args, toy_json=DEFAULT_JSON)
-    scenes = _lab_module(SCENE_CALIBRATION_MODULE)
+    scenes = lab_module(SCENE_CALIBRATION_MODULE)
     if scenes is None:
         print(f"error: calibrate without --bag calibrates on toy scenes, an experiment of the lab "
               f"({SCENE_CALIBRATION_MODULE}), and trajectory_ensemble_lab is not installed. Pass --bag BAG to "

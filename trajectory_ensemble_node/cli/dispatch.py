@@ -18,6 +18,7 @@ import importlib.metadata
 import os
 import sys
 from collections.abc import Mapping, Sequence
+from types import ModuleType
 
 BROKEN_PIPE_EXIT = 141
 """Exit status when stdout's reader closed early (128 + SIGPIPE, what a shell reports for a piped tool)."""
@@ -58,6 +59,25 @@ def _load(module_name: str):
         missing = exc.name or str(exc)
         print(f"error: {module_name} could not be imported ({missing} is missing): {exc}", file=sys.stderr)
         raise SystemExit(2) from exc
+
+
+def lab_module(name: str) -> ModuleType | None:
+    """The lab module ``name`` (the product never imports the lab: by name only), or ``None`` when the lab (or that
+    module) is not installed.
+
+    Args:
+        name (`str`): Dotted module name under ``trajectory_ensemble_lab``.
+
+    Raises:
+        ModuleNotFoundError: The lab is installed but one of its own imports is missing (a broken install, not an
+            absent lab: hiding it would blame the wrong thing).
+    """
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as error:
+        if error.name and (name == error.name or name.startswith(error.name + ".")):
+            return None
+        raise
 
 
 def commands() -> dict[str, tuple[str, str]]:

@@ -36,6 +36,7 @@ from typing import Any
 
 from ..errors import TrajectoryEnsembleError
 from ..replay import bags
+from ..cli.dispatch import lab_module
 from ..cli.launcher import NodeProcess, NodeStartError, pick_domain_id, ros_env
 from ..replay.playback import ReplayOptions
 from ..replay.replay import EXIT_BAD_INPUT, EXIT_UNREACHABLE, NodeUnreachableError, finish, replay
@@ -280,11 +281,7 @@ def pusht_skip_reason(args: argparse.Namespace) -> str | None:
 
     if not args.pusht:
         return "--no-pusht"
-    try:
-        importlib.import_module(PUSHT_PANEL_MODULE)
-    except ModuleNotFoundError as error:
-        if not error.name or not (PUSHT_PANEL_MODULE == error.name or PUSHT_PANEL_MODULE.startswith(error.name + ".")):
-            raise
+    if lab_module(PUSHT_PANEL_MODULE) is None:
         return f"the lab ({PUSHT_PANEL_MODULE}) is not installed (pip install -e lab, as make test does)"
     try:
         importlib.import_module("gym_pusht")

@@ -10,11 +10,11 @@ episodes through a node and writing their report is :mod:`.sim_report`. This mod
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import sys
 from pathlib import Path
 
+from ..cli.dispatch import lab_module
 from ..toy import task
 from ..toy.episodes import EXECUTE, STEP_BUDGET
 from .sim_model import DEFAULT_RTF, SimSettings
@@ -80,11 +80,8 @@ def settings_from(args: argparse.Namespace) -> SimSettings:
 
 def _run_lab_env(args: argparse.Namespace) -> int:
     # The PushT world needs gym_pusht, which only the lab installs.
-    try:
-        module = importlib.import_module(PUSHT_MODULE)
-    except ModuleNotFoundError as error:
-        if not error.name or not (PUSHT_MODULE == error.name or PUSHT_MODULE.startswith(error.name + ".")):
-            raise  # the lab is there but one of its own imports is missing: say that, not "no lab"
+    module = lab_module(PUSHT_MODULE)
+    if module is None:
         print(f"error: sim --env {args.env} plays gym_pusht/PushT-v0 through the lab ({PUSHT_MODULE}), which is not "
               "installed; install the lab (pip install -e lab, as make test does) or use --env toy", file=sys.stderr)
         return EXIT_NO_LAB

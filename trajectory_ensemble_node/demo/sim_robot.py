@@ -51,7 +51,7 @@ class SimRobot:
                  world: SimWorld | None = None) -> None:
         from rclpy.action import ActionClient
         from rclpy.qos import QoSProfile
-        from sensor_msgs.msg import Image
+        from sensor_msgs.msg import Image, JointState
         from trajectory_ensemble_msgs.action import GenerateTrajectory
         from trajectory_ensemble_msgs.msg import ActionTrajectory
 
@@ -61,13 +61,15 @@ class SimRobot:
         self.session, self.settings, self.node_name, self.log = session, settings, node, log
         self.world: SimWorld = world if world is not None else ToyWorld()
         self.image_topic = image_topic or f"{node}/observation/image"
+        self.state_topic = f"{node}/observation/state"
         self.clock = SimClock(settings.real_time_factor)
         self.clock.pause()
-        self._Image, self._Goal = Image, GenerateTrajectory.Goal
+        self._Image, self._JointState, self._Goal = Image, JointState, GenerateTrajectory.Goal
         self._ns_to_time = ns_to_time
         n = session.node
         self.clock_out = ClockPublisher(n, self.clock)
         self.image_pub = n.create_publisher(Image, self.image_topic, QoSProfile(depth=10))
+        self.state_pub = n.create_publisher(JointState, self.state_topic, QoSProfile(depth=10))
         n.create_subscription(ActionTrajectory, f"{node}/trajectory",
                               lambda msg: self._offer(msg, self.clock.now_ns()), QoSProfile(depth=10))
         # Deep service queues, as the node's own: a goal response must not be dropped while the node is busy.
@@ -144,6 +146,13 @@ class SimRobot:
             # At a high real-time factor a late loop lets sim time run ahead of the last /clock; the node drops a frame
             # stamped too far after its own clock, so its clock goes out first.
             self.clock_out.publish()
+        joints = self.world.joint_state()
+        if joints is not None:
+            # Before the frame, with its stamp: the node pairs a frame with the state nearest its stamp.
+            state = self._JointState(name=list(joints[0]), position=[float(v) for v in joints[1]])
+            state.header.stamp = msg.header.stamp
+            for _ in range(repeats):
+                self.state_pub.publish(state)
         for _ in range(repeats):
             self.image_pub.publish(msg)
         self._last_frame_ns = t_ns

@@ -57,6 +57,12 @@ class SimWorld(Protocol):
         """Which way a chunk ``rows`` ``[H, D]`` planned from ``start`` ``[D]`` goes (0 where the world has none)."""
         ...
 
+    def joint_state(self) -> tuple[tuple[str, ...], np.ndarray] | None:
+        """The robot's state at the frame :meth:`render` draws now: joint names and values ``[J]``, published as a
+        ``JointState`` with the frame's stamp (a model that takes the state pairs the two); ``None`` where the
+        world publishes none."""
+        ...
+
 
 class ToyWorld:
     """The toy task's point robot: it is where its plan says, and the episode ends on a collision, at the target or
@@ -88,6 +94,9 @@ class ToyWorld:
 
     def passing_side(self, rows: np.ndarray, start: np.ndarray) -> int:
         return task.passing_side(self._scene(), rows, start=start)
+
+    def joint_state(self) -> None:
+        return None  # the toy policy takes no state
 
     def _scene(self) -> task.Scene:
         if self.scene is None:

@@ -108,19 +108,26 @@ def test_the_state_input_needs_state_only_episodes(capsys):
     assert "--state-input trains from state-only episodes: give --states" in capsys.readouterr().err
 
 
-def test_the_evaluators_send_the_agents_position_to_a_model_that_takes_it(encoded, tmp_path):
-    from trajectory_ensemble_node.serving.params import validate
-    from trajectory_ensemble_lab.pusht import evaluate as ev
-    from trajectory_ensemble_lab.pusht.bench import Drawer
-
+@pytest.fixture(scope="module")
+def state_checkpoint(encoded, tmp_path_factory):
+    """A PushT checkpoint with the agent's position as its state input, after two training steps."""
     pipe, _, dataset, work = encoded
     parser = argparse.ArgumentParser()
     pusht_train.add_arguments(parser)
     args = parser.parse_args(["--steps", "2", "--batch", "4", "--checkpoint-every", "0", "--log-every", "1"])
-    out = tmp_path / "policy"
+    out = tmp_path_factory.mktemp("state_policy") / "policy"
     pusht_train.fit(pipe, dataset, args, out, work)
     pusht_train.write_stats(out, declared_state_input(pipe))
-    policy = ev.InProcessPolicy(validate(ev.serve_params(out, num_inference_steps=2, candidate_count=2)))
+    return out
+
+
+def test_the_evaluators_send_the_agents_position_to_a_model_that_takes_it(state_checkpoint):
+    from trajectory_ensemble_node.serving.params import validate
+    from trajectory_ensemble_lab.pusht import evaluate as ev
+    from trajectory_ensemble_lab.pusht.bench import Drawer
+
+    policy = ev.InProcessPolicy(validate(ev.serve_params(state_checkpoint, num_inference_steps=2,
+                                                         candidate_count=2)))
     try:
         assert policy.metadata["state"]["names"] == ["agent_x", "agent_y"]
         sent = []
@@ -145,3 +152,30 @@ def test_the_evaluators_send_the_agents_position_to_a_model_that_takes_it(encode
     with pytest.raises(ev.PushTError, match=r"PushT has only \['agent_x', 'agent_y'\], not \['joint_3'\]"):
         ev.agent_state({"state": {"names": ["agent_x", "joint_3"]}}, [1.0, 2.0])
     assert ev.agent_state({}, [1.0, 2.0]) == {}
+
+
+def test_the_node_takes_the_sims_joint_state_and_serves_the_in_process_chunks(state_checkpoint, tmp_path,
+                                                                              ros_domain_id):
+    # The PushT sim publishes the agent's position as a JointState (agent_x, agent_y) with each frame's stamp; the
+    # node pairs them, so goal c serves request c's frame, state and seed: the in-process chunks, bit for bit.
+    pytest.importorskip("rclpy")
+    pytest.importorskip("trajectory_ensemble_msgs")
+    import json
+
+    from trajectory_ensemble_lab.bench import cli
+
+    common = ["--pusht", "--episodes", "1", "--seed", "100000", "--count", "2", "--max-steps", "12", "--steps", "2",
+              "--trace", "--methods", "single,mode", "--delays", "0", "--continuity", "",
+              "--policy", str(state_checkpoint)]
+    records = {}
+    for through in ("process", "node"):
+        parser = argparse.ArgumentParser()
+        cli.add_arguments(parser)
+        out = tmp_path / f"{through}.json"
+        assert cli.run(parser.parse_args([*common, "--through", through, "--json", str(out)])) == 0
+        records[through] = json.loads(out.read_text())
+    for name in ("single", "mode"):
+        node = records["node"]["pusht"][name]["per_episode"][0]
+        local = records["process"]["pusht"][name]["per_episode"][0]
+        assert node["steps"] == local["steps"] == 12
+        assert node["actions"] == local["actions"], name

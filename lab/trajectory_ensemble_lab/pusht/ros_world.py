@@ -32,7 +32,7 @@ import numpy as np
 from trajectory_ensemble_node.provenance import git_commit, utc_now
 from trajectory_ensemble_node.stats import wilson
 
-from .evaluate import SPLITS, request_seed, serve_params
+from .evaluate import AGENT_STATE_NAMES, SPLITS, request_seed, serve_params
 from .sim import CONTROL_HZ, MAX_STEPS, PushTError, make_env, read_state
 
 SPLIT = "validation"
@@ -77,6 +77,7 @@ class PushTWorld:
         self.env = env if env is not None else make_env(pixels=True)
         self.traces: list[PushTTrace] = []
         self._pixels: np.ndarray | None = None
+        self._agent: np.ndarray | None = None
 
     def episode_id(self, episode: int) -> int:
         return int(episode)
@@ -86,7 +87,7 @@ class PushTWorld:
 
     def reset(self, episode: int) -> np.ndarray:
         obs, _ = self.env.reset(seed=int(episode))
-        self._pixels = obs["pixels"]
+        self._pixels, self._agent = obs["pixels"], np.asarray(obs["agent_pos"], dtype=np.float64)
         self.traces.append(PushTTrace(int(episode)))
         return np.asarray(obs["agent_pos"], dtype=np.float64)
 
@@ -98,7 +99,7 @@ class PushTWorld:
     def step(self, previous: np.ndarray, target: np.ndarray, steps: int, budget: int) -> tuple[np.ndarray, str]:
         action = np.asarray(target, dtype=np.float32)
         obs, _, terminated, truncated, info = self.env.step(action)
-        self._pixels = obs["pixels"]
+        self._pixels, self._agent = obs["pixels"], np.asarray(obs["agent_pos"], dtype=np.float64)
         trace = self.traces[-1]
         trace.actions.append([float(v) for v in action])
         trace.coverage.append(float(info["coverage"]))
@@ -110,6 +111,13 @@ class PushTWorld:
 
     def passing_side(self, rows: np.ndarray, start: np.ndarray) -> int:
         return 0  # the toy's obstacle sides; PushT has none
+
+    def joint_state(self) -> tuple[tuple[str, ...], np.ndarray]:
+        """The agent's position in the frame now, env pixels, as ``agent_x``, ``agent_y`` (what a PushT policy with
+        a state input takes; a policy without one ignores the topic)."""
+        if self._agent is None:
+            raise PushTError("PushTWorld: reset(seed) before the first state")
+        return AGENT_STATE_NAMES, self._agent.copy()
 
 
 @contextmanager

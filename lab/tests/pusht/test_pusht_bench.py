@@ -180,3 +180,16 @@ def test_through_the_node_plays_the_same_goals_as_in_process(checkpoint, in_proc
     guided = node["continuity"]["guided_mode"]["2"]["per_episode"][0]
     assert guided["steps"] == 20 or guided["success"]
     assert len(guided["seams"]) >= 1
+
+
+def test_without_policy_the_bundled_pusht_model_is_served(tmp_path):
+    from trajectory_ensemble_node.bundled import bundled_policy
+
+    if not (bundled_policy("pusht").directory / "model_index.json").is_file():
+        pytest.skip("this install has no bundled PushT weights")
+    out = tmp_path / "shipped.json"
+    assert _bench(["--pusht", "--episodes", "1", "--seed", str(VALIDATION_SEED_BASE), "--count", "2",
+                   "--max-steps", "8", "--steps", "2", "--methods", "single", "--json", str(out)]) == 0
+    record = json.loads(out.read_text())
+    assert record["settings"]["policy"] == str(bundled_policy("pusht").directory)
+    assert record["pusht"]["single"]["episodes"] == 1

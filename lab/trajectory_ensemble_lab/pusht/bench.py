@@ -335,7 +335,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                             "validation start)")
     group.add_argument("--count", type=int, default=8, help="--pusht: candidates N of the reducer methods (8)")
     group.add_argument("--policy", type=Path, default=None,
-                       help="--pusht --through process: a PushT checkpoint (train-pusht's --out)")
+                       help="--pusht --through process|node: a PushT checkpoint (train-pusht's --out); default: the "
+                            "bundled model: pusht")
     group.add_argument("--continuity", type=str, default="",
                        help=f"--pusht: continuity methods at --delays, comma-separated (of {list(CONTINUITY_METHODS)} "
                             "and the rest of chunk_execution's)")
@@ -364,6 +365,21 @@ def run(args: argparse.Namespace) -> int:
         return 3
 
 
+def shipped_policy() -> Path:
+    """The bundled ``model: pusht`` weights' folder, which ``--pusht`` serves without ``--policy``.
+
+    Raises:
+        PushTError: the installed package has no PushT weights (the message says how to build a checkpoint).
+    """
+    from trajectory_ensemble_node.bundled import bundled_policy
+
+    bundled = bundled_policy("pusht")
+    if bundled is None or not (bundled.directory / "model_index.json").is_file():
+        raise PushTError("bench --pusht without --policy serves the bundled model: pusht, whose weights this install "
+                         "lacks; give --policy DIR (a train-pusht checkpoint)")
+    return bundled.directory
+
+
 def _run(args: argparse.Namespace) -> int:
     # The code that ran is the code at the start: a long run can outlive commits made beside it.
     started, commit = utc_now(), git_commit()
@@ -388,7 +404,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.concurrent < 1:
         raise PushTError(f"--concurrent must be >= 1, got {args.concurrent}")
     if args.through in ("process", "node") and args.policy is None:
-        raise PushTError(f"bench --pusht --through {args.through} needs --policy DIR (a train-pusht checkpoint)")
+        args.policy = shipped_policy()
     seeds = range(first, first + episodes)
 
     def report(line: str) -> None:

@@ -25,6 +25,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
                    "the product's Python lines and files per folder at two commits (bench/results/code-sizes.md)"),
     "pusht-oracle": ("trajectory_ensemble_lab.pusht.oracle_cli",
                      "the PushT state oracle (lab only): train it, and measure the product's reducers on it"),
+    "pusht-dagger": ("trajectory_ensemble_lab.pusht.dagger",
+                     "a DAgger round for the PushT policy: the expert takes over from the states its episodes reach"),
     "pusht-encoder": ("trajectory_ensemble_lab.pusht.encoder",
                       "train the PushT pipeline's VAE encoder to read the agent and the T (lab readout), gate it"),
 }

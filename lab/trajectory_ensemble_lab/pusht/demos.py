@@ -82,6 +82,8 @@ class Episode:
         labels (`np.ndarray` of shape `(K, 2)`, float32, *optional*): The expert's clean target at each step; equal
             to ``actions`` unless the episode ran with :class:`DartNoise` (then ``actions`` holds what was sent).
         dart_sigma (`float`): The noise's sigma in pixels, 0 for a clean demonstration.
+        takeover_step (`int`, *optional*): For a DAgger takeover (:mod:`.dagger`), the step of the policy's episode
+            whose state the expert took over from (``states[0]``); ``None`` for a demonstration from a reset.
     """
 
     env_seed: int
@@ -99,6 +101,7 @@ class Episode:
     states: np.ndarray | None = None
     labels: np.ndarray | None = None
     dart_sigma: float = 0.0
+    takeover_step: int | None = None
 
     @property
     def steps(self) -> int:

@@ -182,8 +182,9 @@ class Examples:
 
 
 def training_episodes(episodes: Sequence[Episode]) -> list[Episode]:
-    """What the oracle trains on: clean successes, and every DART episode (its labels are the expert's clean
-    targets whether or not the noise let it finish).
+    """What the oracle trains on: clean successes, every DART episode (its labels are the expert's clean
+    targets whether or not the noise let it finish), and every DAgger takeover (the expert's clean targets from a
+    state the policy visited, cut after a horizon).
 
     Raises:
         TrainingError: an episode's start is not a demonstration start (validation and held-out never train).
@@ -192,7 +193,7 @@ def training_episodes(episodes: Sequence[Episode]) -> list[Episode]:
     if bad:
         raise TrainingError(f"the oracle trains on demonstration starts 0..{VALIDATION_SEED_BASE - 1} only, got "
                             f"start {bad[0]}")
-    return [ep for ep in episodes if ep.success or ep.dart_sigma > 0]
+    return [ep for ep in episodes if ep.success or ep.dart_sigma > 0 or ep.takeover_step is not None]
 
 
 def build_examples(episodes: Sequence[Episode], config: OracleConfig) -> Examples:

@@ -93,15 +93,29 @@ def render_states(states: np.ndarray, env=None) -> np.ndarray:
     raw = env.unwrapped
     frames = np.empty((len(states), 96, 96, 3), dtype=np.uint8)
     for i, state in enumerate(np.asarray(states, dtype=np.float64)):
-        raw.agent.position = (float(state[0]), float(state[1]))
-        # Angle first: pymunk turns a body about its centre of gravity (as PushTSim.set_state).
-        raw.block.angle = float(state[4])
-        raw.block.position = (float(state[2]), float(state[3]))
-        # Shapes draw from their cached world position, which only a step or a reindex updates.
-        raw.space.reindex_shapes_for_body(raw.agent)
-        raw.space.reindex_shapes_for_body(raw.block)
+        _place(raw, state[:2], state[2:5])
         frames[i] = raw._render()
     return frames
+
+
+def set_env_state(env: Any, state: PushTState) -> None:
+    """Put a (wrapped, reset) ``PushTEnv``'s agent and T where ``state`` says, with its velocities, so that the
+    env's next ``step`` continues from it (what :func:`read_state` read is what it steps from)."""
+    raw = env.unwrapped
+    _place(raw, state.agent, state.block)
+    raw.agent.velocity = tuple(float(v) for v in state.agent_velocity)
+    raw.block.velocity = tuple(float(v) for v in state.block_velocity[:2])
+    raw.block.angular_velocity = float(state.block_velocity[2])
+
+
+def _place(raw: Any, agent: np.ndarray, block: np.ndarray) -> None:
+    raw.agent.position = (float(agent[0]), float(agent[1]))
+    # Angle first: pymunk turns a body about its centre of gravity (as PushTSim.set_state).
+    raw.block.angle = float(block[2])
+    raw.block.position = (float(block[0]), float(block[1]))
+    # Shapes draw (and collide) from their cached world position, which only a step or a reindex updates.
+    raw.space.reindex_shapes_for_body(raw.agent)
+    raw.space.reindex_shapes_for_body(raw.block)
 
 
 def read_state(env: Any) -> PushTState:

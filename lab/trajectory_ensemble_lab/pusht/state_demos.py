@@ -39,7 +39,8 @@ def write_episode(folder: Path, ep: Episode) -> Path:
     tmp = path.with_suffix(".tmp.npz")
     meta = {"env_seed": ep.env_seed, "expert_seed": ep.expert_seed, "success": ep.success, "coverage": ep.coverage,
             "max_coverage": ep.max_coverage, "seconds": ep.seconds, "plans": ep.plans, "dart_sigma": ep.dart_sigma,
-            "route": ep.route.as_dict() if ep.route else None, "routes_open": [r.as_dict() for r in ep.routes_open]}
+            "route": ep.route.as_dict() if ep.route else None, "routes_open": [r.as_dict() for r in ep.routes_open],
+            "takeover_step": ep.takeover_step}
     np.savez_compressed(tmp, states=ep.states.astype(np.float32), actions=ep.actions.astype(np.float32),
                         labels=ep.labels.astype(np.float32), meta=np.array(json.dumps(meta)))
     tmp.replace(path)
@@ -55,7 +56,7 @@ def read_episode(path: Path) -> Episode:
     route = ExpertRoute(**meta["route"]) if meta["route"] else None
     return Episode(meta["env_seed"], meta["expert_seed"], route, [ExpertRoute(**r) for r in meta["routes_open"]],
                    meta["success"], meta["coverage"], meta["max_coverage"], actions, states[:, :2].copy(), None,
-                   meta["seconds"], meta["plans"], states, labels, meta["dart_sigma"])
+                   meta["seconds"], meta["plans"], states, labels, meta["dart_sigma"], meta.get("takeover_step"))
 
 
 def read_episodes(folder: Path) -> list[Episode]:

@@ -40,61 +40,42 @@ from ..errors import (
 
 
 class GroupStatus(str, enum.Enum):
-    """Where a group is, or how it ended (module docstring)."""
+    """Where a group is, or how it ended, each ending with its row of the module docstring's table: ``reason``, the
+    finish reason of an aborted group (``None`` while live, on success and on a refusal); ``service_counter``, the
+    :meth:`EnsembleService.outcome_counts` key it adds to; ``goal_counter``, the node's ``goals_<name>`` counter it
+    adds to (both ``""`` while live). Only a client's own cancel or a preemption is a goal counter of its own; every
+    other goal that ended without a trajectory is "aborted" (the action server's own word).
+    """
+
+    reason: AbortReason | None
+    service_counter: str
+    goal_counter: str
+
+    def __new__(cls, value: str, reason: AbortReason | None = None, service_counter: str = "",
+                goal_counter: str = "") -> GroupStatus:
+        member = str.__new__(cls, value)
+        member._value_ = value
+        member.reason, member.service_counter, member.goal_counter = reason, service_counter, goal_counter
+        return member
 
     WAITING = "waiting"
     RUNNING = "running"
-    FINISHED_SUCCEEDED = "finished_succeeded"
-    FINISHED_REFUSED = "finished_refused"
-    FINISHED_FAILED = "finished_failed"
-    FINISHED_CANCELED = "finished_canceled"
-    FINISHED_PREEMPTED = "finished_preempted"
-    FINISHED_SHUTDOWN = "finished_shutdown"
-    FINISHED_NOT_ACTIVE = "finished_deactivated"
+    FINISHED_SUCCEEDED = "finished_succeeded", None, "succeeded", "succeeded"
+    FINISHED_REFUSED = "finished_refused", None, "failed", "aborted"
+    FINISHED_FAILED = "finished_failed", AbortReason.FAILED, "failed", "aborted"
+    FINISHED_CANCELED = "finished_canceled", AbortReason.CANCELED, "canceled", "canceled"
+    FINISHED_PREEMPTED = "finished_preempted", AbortReason.PREEMPTED, "preempted", "preempted"
+    FINISHED_SHUTDOWN = "finished_shutdown", AbortReason.SHUTDOWN, "shutdown", "aborted"
+    FINISHED_NOT_ACTIVE = "finished_deactivated", AbortReason.NOT_ACTIVE, "failed", "aborted"
 
     @property
     def finished(self) -> bool:
         """Whether the group has ended (a ``FINISHED_*`` status)."""
         return self.value.startswith("finished_")
 
-    @property
-    def reason(self) -> AbortReason | None:
-        """The finish reason of an aborted group; ``None`` while live, on success and on a refusal."""
-        return _REASONS.get(self)
-
-    @property
-    def service_counter(self) -> str:
-        """The :meth:`EnsembleService.outcome_counts` key this ending adds to (``""`` while live)."""
-        return _SERVICE_COUNTER.get(self, "")
-
-    @property
-    def goal_counter(self) -> str:
-        """The node's ``goals_<name>`` counter this ending adds to (``""`` while live)."""
-        return _GOAL_COUNTER.get(self, "")
-
 
 FINISHED = tuple(status for status in GroupStatus if status.finished)
 """The ways a group ends, in table order."""
-
-_REASONS = {
-    GroupStatus.FINISHED_FAILED: AbortReason.FAILED, GroupStatus.FINISHED_CANCELED: AbortReason.CANCELED,
-    GroupStatus.FINISHED_PREEMPTED: AbortReason.PREEMPTED, GroupStatus.FINISHED_SHUTDOWN: AbortReason.SHUTDOWN,
-    GroupStatus.FINISHED_NOT_ACTIVE: AbortReason.NOT_ACTIVE,
-}
-_SERVICE_COUNTER = {
-    GroupStatus.FINISHED_SUCCEEDED: "succeeded", GroupStatus.FINISHED_REFUSED: "failed",
-    GroupStatus.FINISHED_FAILED: "failed", GroupStatus.FINISHED_CANCELED: "canceled",
-    GroupStatus.FINISHED_PREEMPTED: "preempted", GroupStatus.FINISHED_SHUTDOWN: "shutdown",
-    GroupStatus.FINISHED_NOT_ACTIVE: "failed",
-}
-# Only a client's own cancel or a preemption is counted apart; every other goal that ended without a trajectory
-# is "aborted" (the action server's own word).
-_GOAL_COUNTER = {
-    GroupStatus.FINISHED_SUCCEEDED: "succeeded", GroupStatus.FINISHED_REFUSED: "aborted",
-    GroupStatus.FINISHED_FAILED: "aborted", GroupStatus.FINISHED_CANCELED: "canceled",
-    GroupStatus.FINISHED_PREEMPTED: "preempted", GroupStatus.FINISHED_SHUTDOWN: "aborted",
-    GroupStatus.FINISHED_NOT_ACTIVE: "aborted",
-}
 
 REJECTED = "rejected"
 """The goal counter of goals the action server never accepted (they never became a group, so have no status)."""

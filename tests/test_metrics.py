@@ -183,7 +183,7 @@ def test_uncertainty_entries_keep_the_order_results_carried():
         "novelty_score", "novelty_threshold", "novel", "novelty_score_window", "uncertainty_window",
         "uncertainty_score_window"]
     spread_only = estimate_uncertainty(torch.randn(5, 4, 2, generator=torch.Generator().manual_seed(0)))
-    assert list(spread_only.metrics(0.1))[-2:] == ["uncertainty_threshold", "uncertain"]
+    assert list(spread_only.report(0.1).as_metrics())[-2:] == ["uncertainty_threshold", "uncertain"]
 
 
 def test_step_std_is_numbers_in_process_and_text_only_on_the_wire():

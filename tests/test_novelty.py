@@ -17,7 +17,7 @@ from trajectory_ensemble_node.uncertainty import (
     ALARM_RULES,
     AlarmRule,
     NoveltyCheck,
-    group_uncertainty_metrics,
+    group_uncertainty,
     load_calibration,
 )
 
@@ -135,8 +135,9 @@ def test_group_metrics_without_a_scorer_are_exactly_the_spread_metrics():
     candidates = 0.1 * torch.randn(8, 8, 2)
     from trajectory_ensemble_node.uncertainty import estimate_uncertainty
 
-    assert group_uncertainty_metrics(candidates, 0.05) == estimate_uncertainty(candidates).metrics(0.05)
-    assert group_uncertainty_metrics(candidates, None) == estimate_uncertainty(candidates).metrics(None)
+    for threshold in (0.05, None):
+        spread = estimate_uncertainty(candidates).report(threshold)
+        assert group_uncertainty(candidates, threshold).as_metrics() == spread.as_metrics()
 
 
 def test_group_metrics_with_a_scorer_report_novelty_and_decide_by_the_rule():
@@ -144,14 +145,14 @@ def test_group_metrics_with_a_scorer_report_novelty_and_decide_by_the_rule():
     candidates = torch.zeros(4, 8, 2)  # no spread at all
     far = _cloud(1, 1, shift=10.0)[0]
     check = NoveltyCheck(scorer, AlarmRule("novelty", 0.01, 3.0))
-    metrics = group_uncertainty_metrics(candidates, 0.01, check, far)
+    metrics = group_uncertainty(candidates, 0.01, check, far).as_metrics()
     assert metrics["novelty_score"] == pytest.approx(scorer.score(far)) and metrics["novel"] is True
     assert metrics["uncertain"] is True and metrics["uncertainty_rule"] == "novelty"
     assert "uncertainty_threshold" not in metrics and metrics["novelty_threshold"] == 3.0
-    both = group_uncertainty_metrics(candidates, 0.01, NoveltyCheck(scorer, AlarmRule("both", 0.01, 3.0)), far)
+    both = group_uncertainty(candidates, 0.01, NoveltyCheck(scorer, AlarmRule("both", 0.01, 3.0)), far).as_metrics()
     assert both["uncertain"] is False and both["novel"] is True and both["uncertainty_threshold"] == 0.01
     with pytest.raises(NoveltyScorerError, match="no observation embedding"):
-        group_uncertainty_metrics(candidates, 0.01, check, None)
+        group_uncertainty(candidates, 0.01, check, None)
 
 
 def test_load_calibration_checks_the_scorer_is_the_calibrated_one(tmp_path):

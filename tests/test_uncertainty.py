@@ -38,7 +38,7 @@ def test_score_is_the_mean_nearest_neighbour_rms():
     # RMS over H * D = 2 elements; float32 inputs, so compare to 1e-6.
     nearest = [0.5 / math.sqrt(2), 0.5 / math.sqrt(2), math.hypot(2.7, 3.6) / math.sqrt(2)]
     assert math.isclose(u.score, sum(nearest) / 3, rel_tol=1e-6)
-    assert u.modes == 2 and u.metrics(threshold=0.1)["uncertain"] is True
+    assert u.modes == 2 and u.report(0.1).as_metrics()["uncertain"] is True
 
 
 def test_one_candidate_has_no_spread():

@@ -79,10 +79,6 @@ class Uncertainty:
             threshold=None if threshold is None else float(threshold),
             uncertain=None if threshold is None else bool(self.score > threshold))
 
-    def metrics(self, threshold: float | None = None) -> dict[str, Any]:
-        """:meth:`report` flattened (:meth:`UncertaintyReport.as_metrics`)."""
-        return self.report(threshold).as_metrics()
-
 
 @dataclass(frozen=True)
 class UncertaintyReport:
@@ -289,15 +285,6 @@ class NoveltyCheck:
         """
         return alarm_report(uncertainty.report(None), self.scorer.score(embedding), self.alarm)
 
-    def metrics(self, uncertainty: Uncertainty, embedding: torch.Tensor) -> dict[str, Any]:
-        """The novelty entries and the rule's verdict, to update :meth:`Uncertainty.metrics` with.
-
-        Args:
-            uncertainty (`Uncertainty`): The group's spread.
-            embedding (`torch.Tensor` of shape `[D]`): The group's observation embedding.
-        """
-        return alarm_metrics(uncertainty.score, self.scorer.score(embedding), self.alarm)
-
 
 def alarm_report(spread: UncertaintyReport, novelty: float | None, alarm: AlarmRule) -> UncertaintyReport:
     """``spread`` with the rule's verdict and the novelty entries, decided by ``alarm``: ``uncertainty_rule``,
@@ -320,11 +307,6 @@ def alarm_report(spread: UncertaintyReport, novelty: float | None, alarm: AlarmR
     threshold = alarm.spread_threshold if alarm.spread_threshold is not None and alarm.rule != "novelty" else None
     return replace(spread, rule=alarm.rule, uncertain=uncertain, threshold=threshold,
                    novelty=None if report == NoveltyReport() else report)
-
-
-def alarm_metrics(spread: float, novelty: float | None, alarm: AlarmRule) -> dict[str, Any]:
-    """The verdict and novelty entries of :func:`alarm_report` alone, for a bare spread score."""
-    return replace(alarm_report(UncertaintyReport(score=spread), novelty, alarm), score=None).as_metrics()
 
 
 def load_calibration(path: str | Path, scorer_path: str | Path, rule: str = "") -> NoveltyCheck:
@@ -356,12 +338,6 @@ def load_calibration(path: str | Path, scorer_path: str | Path, rule: str = "") 
         raise NoveltyScorerError(f"novelty scorer {str(scorer_path)!r} is not the one {str(path)!r} was calibrated "
                                  f"with (sha256 differs from observation.scorer_sha256)")
     return NoveltyCheck(scorer, AlarmRule(chosen, spread_threshold, novelty_threshold))
-
-
-def group_uncertainty_metrics(candidates: torch.Tensor, threshold: float | None, novelty: NoveltyCheck | None = None,
-                              embedding: torch.Tensor | None = None) -> dict[str, Any]:
-    """:func:`group_uncertainty` flattened (what the engine adds to its metrics)."""
-    return group_uncertainty(candidates, threshold, novelty, embedding).as_metrics()
 
 
 def group_uncertainty(candidates: torch.Tensor, threshold: float | None, novelty: NoveltyCheck | None = None,

@@ -72,7 +72,7 @@ def test_seam_jump_is_taken_at_the_first_free_action_against_the_old_action_at_t
     new[2] = torch.tensor([1.0, 1.0])
     context = ExecutionContext(old, 0.0, DT, 2, 3 * DT)  # shift 3: new action 2 lines up with old action 5
     assert context.seam_jump(new) == pytest.approx(math.dist((1.0, 1.0), (1.0, 1.1)))
-    assert context.metrics(new)["seam_jump"] == context.seam_jump(new)
+    assert context.report(new).as_metrics()["seam_jump"] == context.seam_jump(new)
 
 
 def test_seam_jump_past_the_old_chunk_compares_with_its_last_action_where_a_controller_holds():

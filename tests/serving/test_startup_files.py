@@ -29,7 +29,7 @@ from trajectory_ensemble_node.errors import (
 from trajectory_ensemble_node.novelty import EmbeddingSpec, fit_scorer, load_scorer
 from trajectory_ensemble_node.serving.startup_checks import load_action_stats, load_novelty, load_uncertainty_threshold
 from trajectory_ensemble_node.safety import load_limits
-from trajectory_ensemble_node.uncertainty import ALARM_RULES, AlarmRule, NoveltyCheck, group_uncertainty_metrics
+from trajectory_ensemble_node.uncertainty import ALARM_RULES, AlarmRule, NoveltyCheck, group_uncertainty
 
 SPEC = EmbeddingSpec("conditioning_latent", 2, 8)
 
@@ -181,8 +181,8 @@ def test_a_non_finite_novelty_score_is_novel_and_uncertain_under_every_rule(rule
 def test_a_scorer_that_scores_nan_at_run_time_reports_the_fault_and_alarms():
     scorer = fit_scorer("knn", _cloud(20, 0), SPEC)
     scorer.reference[:] = math.nan  # only a file could carry this, and the loader refuses it; here: in memory
-    metrics = group_uncertainty_metrics(torch.zeros(4, 8, 2), None, NoveltyCheck(scorer, AlarmRule("both", 0.1, 1.0)),
-                                        _cloud(1, 1)[0])
+    metrics = group_uncertainty(torch.zeros(4, 8, 2), None, NoveltyCheck(scorer, AlarmRule("both", 0.1, 1.0)),
+                                _cloud(1, 1)[0]).as_metrics()
     assert math.isnan(metrics["novelty_score"])
     assert metrics["novel"] is True and metrics["uncertain"] is True
     assert "not finite" in metrics["novelty_fault"]

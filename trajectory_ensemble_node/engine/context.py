@@ -292,10 +292,6 @@ class ExecutionContext:
         return ContinuityReport(self.frozen, self.shift, self.offset, self.overlap, self.guidance,
                                 self.seam_jump(chunk))
 
-    def metrics(self, chunk: torch.Tensor) -> dict[str, float | int | str]:
-        """:meth:`report` flattened."""
-        return self.report(chunk).as_metrics()
-
 
 _CONTINUITY_KEYS = ("context_frozen", "context_shift", "context_offset", "context_overlap", "context_guidance",
                     "seam_jump")

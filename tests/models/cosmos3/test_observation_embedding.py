@@ -48,7 +48,7 @@ def test_without_a_scorer_results_and_scores_are_exactly_as_before(model, check)
     assert request.novelty is None and request.payload.embedding_grid is None  # the tap is not even asked
     off = model.wait(model.submit_request(request))
     # The engine's uncertainty entries are what estimate_uncertainty gives (what the engine computed before).
-    expected = estimate_uncertainty(off.candidates).metrics(model.uncertainty_threshold)
+    expected = estimate_uncertainty(off.candidates).report(model.uncertainty_threshold).as_metrics()
     assert {k: off.metrics[k] for k in expected} == expected
     assert not NOVELTY_KEYS & set(off.metrics) and OBSERVATION_EMBEDDING not in off.metrics
     model.novelty = check

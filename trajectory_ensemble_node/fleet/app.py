@@ -36,8 +36,6 @@ from ..wire.schemas import get_schema
 from .backend import RayBackend
 from .replica import EngineReplica
 
-APP_NAME = "trajectory_ensemble"
-"""The Serve application's default name."""
 REPLICA_CPUS = 1.0
 """Logical CPUs a replica reserves (a CPU replica's torch threads; a GPU replica's host work)."""
 

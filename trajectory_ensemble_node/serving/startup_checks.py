@@ -141,8 +141,6 @@ bundled_settings_mismatch = settings_mismatch
 """For a bundled policy (``model: toy`` or ``pusht``), the action settings that differ from the ones it was trained
 with, in words (:func:`~trajectory_ensemble_node.bundled.settings_mismatch`, re-exported where the startup checks
 live)."""
-toy_settings_mismatch = bundled_settings_mismatch
-"""The check's name from when ``toy`` was the only bundled policy."""
 
 
 def load_action_stats(params: Any) -> ActionNormalizer | None:

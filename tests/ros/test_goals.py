@@ -10,6 +10,7 @@ from _node_harness import wait_until
 
 from trajectory_ensemble_node.errors import (
     CandidateCountError,
+    GoalRequestError,
     GroupCanceledError,
     GroupPreemptedError,
     ReducerLayoutError,
@@ -56,7 +57,7 @@ def test_goal_defaults_limits_and_reducer_checks_happen_before_any_model_work():
     with pytest.raises(ReducerLayoutError, match="not valid for this model"):
         goals.plan_action_goal(make_goal(reducer="median"), node_params(), default_instruction="",
                         valid_reducers=("mean",))
-    with pytest.raises(goals.GoalRequestError, match="rollout_dir"):
+    with pytest.raises(GoalRequestError, match="rollout_dir"):
         goals.plan_action_goal(make_goal(rollout=True), node_params(), default_instruction="",
                         valid_reducers=VALID)
 
@@ -68,7 +69,7 @@ def test_min_observation_stamp_is_read_in_nanoseconds_and_a_negative_one_refused
     plan = goals.plan_action_goal(make_goal(min_observation_stamp=stamp), node_params(), default_instruction="",
                            valid_reducers=VALID)
     assert plan.min_observation_stamp_ns == 12_000_000_005
-    with pytest.raises(goals.GoalRequestError, match="min_observation_stamp must be >= 0"):
+    with pytest.raises(GoalRequestError, match="min_observation_stamp must be >= 0"):
         goals.plan_action_goal(make_goal(min_observation_stamp=SimpleNamespace(sec=-1, nanosec=0)), node_params(),
                         default_instruction="", valid_reducers=VALID)
 

@@ -30,13 +30,7 @@ from typing import Any
 
 from ..engine import GroupHandle, ProgressEvent
 from ..engine.status import ABORT_ERRORS, GOAL_COUNTERS, GroupStatus
-from ..errors import (  # noqa: F401 - GoalRejectedError and GoalRequestError are importable from here too
-    AbortReason,
-    EngineShutdownError,
-    GoalRejectedError,
-    GoalRequestError,
-    GroupAbortedError,
-)
+from ..errors import AbortReason, EngineShutdownError, GoalRejectedError, GroupAbortedError
 from ..quoting import quote_value
 from ..serving.params import NodeParams
 from ..serving.planning import GoalPlan, PlanRequest, plan_goal

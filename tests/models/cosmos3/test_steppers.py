@@ -1,5 +1,5 @@
-"""Names that say one thing (issue 46): the noise scheduler's copies are the "stepper state"; the names from before
-stay as aliases of the very same objects."""
+"""Names that say one thing (issue 46): the noise scheduler's copies are the "stepper state" (issue 57: the names from
+before, ``vision_scheduler`` and ``action_scheduler``, went with the other shims)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,9 @@ from diffusers import UniPCMultistepScheduler
 from trajectory_ensemble_node.models.cosmos3.steppers import PipelineStepper
 
 
-def test_stepper_state_keeps_its_old_scheduler_names_as_aliases():
+def test_the_stepper_state_is_a_vision_copy_and_an_action_copy_only_with_actions():
     stepper = PipelineStepper(UniPCMultistepScheduler(), 4, torch.device("cpu"))
-    assert stepper.vision_scheduler is stepper.vision_state
-    assert stepper.action_scheduler is stepper.action_state is not None
+    assert stepper.action_state is not None and stepper.action_state is not stepper.vision_state
     without_action = PipelineStepper(UniPCMultistepScheduler(), 4, torch.device("cpu"), has_action=False)
-    assert without_action.action_scheduler is None
+    assert without_action.action_state is None
     assert stepper.num_steps == 4 and stepper.sigmas is stepper.vision_state.sigmas

@@ -73,17 +73,6 @@ class PipelineStepper:
     def num_steps(self) -> int:
         return len(self.timesteps)
 
-    # The names from before "stepper state" (a doc or an issue may quote them).
-    @property
-    def vision_scheduler(self) -> UniPCMultistepScheduler:
-        """Old name of :attr:`vision_state`."""
-        return self.vision_state
-
-    @property
-    def action_scheduler(self) -> UniPCMultistepScheduler | None:
-        """Old name of :attr:`action_state`."""
-        return self.action_state
-
     @property
     def sigmas(self) -> torch.Tensor:
         return self.vision_state.sigmas

@@ -18,35 +18,17 @@ import resource
 import sys
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 import torch
 
-# Every key an engine result carries in ``EnsembleResult.metrics`` (others may be added by adapters).
-GROUP_METRIC_KEYS = (
-    "candidate_count",
-    "physical_forwards",
-    "microbatches",
-    "fallback_reason",
-    "co_batched_groups_max",
-    "num_inference_steps",
-    "retries",
-    "queue_ms",
-    "encode_ms",
-    "denoise_ms",
-    "action_postprocess_ms",
-    "reduce_ms",
-    "total_ms",
-    "peak_memory_bytes",
-    "weights_version",
-)
-
 
 @dataclass(frozen=True)
 class GroupCounters:
-    """The engine's counts, timings and memory of one finished group (keys :data:`GROUP_METRIC_KEYS`, units in the
-    names). ``None``: absent from the mapping it was read from.
+    """The engine's counts, timings and memory of one finished group: every key an engine result carries in
+    ``EnsembleResult.metrics`` (:data:`GROUP_METRIC_KEYS`, its fields in order; units in the names; adapters may add
+    others). ``None``: absent from the mapping it was read from.
 
     Args:
         candidate_count (`int`), physical_forwards (`int`), microbatches (`int`), fallback_reason (`str`,
@@ -79,6 +61,10 @@ class GroupCounters:
     def from_metrics(cls, metrics: Mapping[str, Any]) -> GroupCounters:
         """The counters in a flat metrics mapping (a result's, or one that came back over a wire)."""
         return cls(**{key: metrics.get(key) for key in GROUP_METRIC_KEYS})
+
+
+GROUP_METRIC_KEYS = tuple(f.name for f in fields(GroupCounters))
+"""The keys of :class:`GroupCounters`, in the order a result's metrics list them."""
 
 
 @dataclass(frozen=True)

@@ -101,21 +101,10 @@ class Cosmos3Adapter:
         cfg_mode (`str`): Topology of classifier-free guidance. ``"fused"`` runs both branches of every candidate in
             ONE forward per step. ``"separate"`` runs the cond blocks and the uncond blocks as two forwards.
             ``"auto"`` (default) fuses groups of more than one candidate and keeps ``count=1`` groups separate.
-        prefix_cache (`bool`): Compute each text prefix's per-layer keys/values once per group (bitwise-neutral).
-        prefix_retain (`int`): Prefixes kept for later groups with the same instruction (0: none).
-        row_block_rows (`int | str`, *optional*): Run each layer's token-wise work in row ranges of at least this
-            many rows, cut at candidate boundaries (``layers.py``). ``"auto"`` (default): 256 on CPU, off on CUDA.
-            ``None`` or 0: whole layers.
-        step_capture (`str`): ``"off"`` (default), ``"cuda_graph"`` or ``"compile"``: each forward's decoder stack
-            captured once per shape and replayed (``capture.py``); a request's own ``step_capture`` overrides it.
-        forward_threads (`int | str`, *optional*): Threads a forward's independent pieces (row blocks, attention
-            runs of co-batched groups) are spread over (``workers.py``; bitwise-neutral). ``"auto"`` (default): on
-            CPU the cores torch's intra-op threads leave free (2 on two cores with ``OMP_NUM_THREADS=1``), 1 on CUDA;
-            ``None``/0/1: the calling thread only.
-        state_input (`StateInput`, *optional*): The checkpoint's state input (``state.py``); ``None`` (default):
-            the one ``pipe`` was loaded with (:func:`~.state.declared_state_input`), if any. With one, each group's
-            conditioning gets the state frame, and the instance's ``capabilities`` say ``uses_state=True`` with the
-            declared ``state_names``.
+        prefix_cache (`bool`), prefix_retain (`int`), row_block_rows (`int | str`, *optional*), step_capture
+        (`str`; a request's own overrides it), forward_threads (`int | str`, *optional*), state_input
+            (`StateInput`, *optional*): As :class:`~.model.Cosmos3ActionModel`. With a state input, each group's
+            conditioning gets the state frame, and ``capabilities`` say ``uses_state=True`` with its ``state_names``.
 
     Why ``auto`` keeps ``count=1`` separate: BLAS libraries (MKL, cuBLAS) pick GEMM kernels by row count, and a
     row's result can change in the last bits with the kernel. A lone candidate with separate branches has exactly

@@ -57,12 +57,9 @@ class Cosmos3ActionModel(EnsembleService):
 
     Args:
         pipe (`Cosmos3OmniPipeline`): Any Cosmos 3 omni pipeline, tiny or real.
-        max_batch_candidates (`int`): Most candidates in one physical forward.
-        oversize_policy (`str`): ``"microbatch"``, ``"sequential"`` or ``"reject"`` for larger groups.
-        max_retries (`int`): Whole-group reruns after a failed forward.
-        max_candidates (`int`): Largest accepted ``spec.count``.
-        action_stats (`ActionNormalizer` or `Mapping[str, ActionNormalizer]`, *optional*): Denormalization into
-            robot units, one for all domains or one per ``domain_name``.
+        max_batch_candidates (`int`), oversize_policy (`str`), max_retries (`int`), max_candidates (`int`),
+        action_stats (`ActionNormalizer` or `Mapping[str, ActionNormalizer]`, *optional*): As
+            :class:`~trajectory_ensemble_node.service.EnsembleService`.
         generator_device (`str` or `torch.device`, *optional*): Device of the per-candidate generators; defaults to
             the execution device. ``"cpu"`` makes the noise identical across CPU and GPU hosts.
         cfg_mode (`str`): ``"auto"``, ``"fused"`` or ``"separate"`` classifier-free guidance topology (see

@@ -4,13 +4,17 @@ deferred logger with a real rclpy logger."""
 from __future__ import annotations
 
 import math
-import types
 
 import numpy as np
 import pytest
 
 from trajectory_ensemble_node.errors import ErrorCode, ImageTooLargeError, InstructionTooLongError, NonFiniteStateError
-from trajectory_ensemble_node.serving.input_limits import InputLimits, check_image_size, check_instruction, check_state
+from trajectory_ensemble_node.serving.input_limits import (
+    InputLimits,
+    check_image_fields,
+    check_instruction,
+    check_state,
+)
 from trajectory_ensemble_node.serving.observations import JointStateSample
 from trajectory_ensemble_node.serving.startup_checks import (
     params_files_from_args,
@@ -40,13 +44,11 @@ def test_instruction_limits_check_characters_before_tokens():
 
 
 def test_image_limits_read_only_the_header_fields():
-    big = types.SimpleNamespace(data=b"\0" * 2000, width=10, height=10, encoding="rgb8")
     with pytest.raises(ImageTooLargeError, match="2000 bytes, above max_image_bytes=1000") as info:
-        check_image_size(big, LIMITS)
+        check_image_fields(2000, 10, 10, "rgb8", LIMITS)
     assert info.value.code == ErrorCode.IMAGE_TOO_LARGE == 61 and info.value.cause == "size"
-    wide = types.SimpleNamespace(data=b"", width=100, height=100, encoding="rgb8")
     with pytest.raises(ImageTooLargeError, match="max_image_pixels=300"):
-        check_image_size(wide, LIMITS)
+        check_image_fields(0, 100, 100, "rgb8", LIMITS)
 
 
 def _state(positions, velocities=(), efforts=()) -> JointStateSample:

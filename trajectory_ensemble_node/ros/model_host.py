@@ -46,7 +46,7 @@ from ..remote import RemoteModel
 from ..serving import model_factory
 from ..serving import params as node_params
 from ..serving.continuity import ChunkMemory
-from ..serving.input_limits import InputLimits, check_image_size, check_instruction
+from ..serving.input_limits import InputLimits, check_image_fields, check_instruction
 from ..serving.observation_buffer import ObservationBuffer
 from ..serving.observations import Observation, state_positions
 from ..serving.request_path import ServedModel, build_request, deadline_left, decide, remember, submit
@@ -234,7 +234,7 @@ class ModelHost:
 
     def _on_image(self, topic: str, msg: Image) -> None:
         try:
-            check_image_size(msg, self.limits)
+            check_image_fields(len(msg.data), msg.width, msg.height, msg.encoding, self.limits)
         except ImageTooLargeError as error:
             # Checked from the header fields, before any conversion or copy of the data.
             self.observations.count_rejection(topic, error.cause, f"{type(error).__name__}: {error}")

@@ -108,21 +108,9 @@ def check_instruction(text: str, limits: InputLimits, count_tokens: TokenCounter
             )
 
 
-def check_image_size(msg: Any, limits: InputLimits) -> None:
-    """Refuse an image message above the limits, from its fields alone (nothing is converted or copied).
-
-    Args:
-        msg (`sensor_msgs.msg.Image`): The message.
-        limits (`InputLimits`): The limits.
-
-    Raises:
-        ImageTooLargeError: more bytes than ``max_image_bytes`` or more pixels than ``max_image_pixels``.
-    """
-    check_image_fields(len(msg.data), msg.width, msg.height, msg.encoding, limits)
-
-
 def check_image_fields(size: int, width: int, height: int, encoding: str, limits: InputLimits) -> None:
-    """Refuse an image above the limits, from what any face knows of it (no message type needed).
+    """Refuse an image above the limits, from what any face knows of it (an image message's fields: nothing is
+    converted or copied).
 
     Args:
         size (`int`): Its data bytes.

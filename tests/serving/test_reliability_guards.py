@@ -16,12 +16,8 @@ from trajectory_ensemble_node.serving.input_limits import (
     check_state,
 )
 from trajectory_ensemble_node.serving.observations import JointStateSample
-from trajectory_ensemble_node.serving.startup_checks import (
-    params_files_from_args,
-    raw_reducer_without_stats,
-    section_matches,
-    unmatched_params_files,
-)
+from trajectory_ensemble_node.serving.params_file import section_matches, unmatched_params_files
+from trajectory_ensemble_node.serving.startup_checks import params_files_from_args, raw_reducer_without_stats
 
 LIMITS = InputLimits(max_instruction_chars=100, max_instruction_tokens=10, max_image_bytes=1000,
                      max_image_pixels=300)

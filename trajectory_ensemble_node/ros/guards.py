@@ -21,12 +21,8 @@ from rclpy.qos import HistoryPolicy, QoSProfile, ReliabilityPolicy
 
 from ..quoting import bound_text, quote_value
 from ..serving import params as node_params
-from ..serving.startup_checks import (
-    count_same_name,
-    params_files_from_args,
-    raw_reducer_without_stats,
-    unmatched_params_files,
-)
+from ..serving.params_file import unmatched_params_files
+from ..serving.startup_checks import count_same_name, params_files_from_args, raw_reducer_without_stats
 
 ACTION_SERVICE_QOS = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=1000, reliability=ReliabilityPolicy.RELIABLE)
 """Goal/cancel/result service queues: deep enough for a burst of hundreds of goals (rclpy's default is 10)."""

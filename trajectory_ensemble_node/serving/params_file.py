@@ -1,12 +1,15 @@
 """Reading the node's params file without rclpy, for the faces of the service that are not the node.
 
 ``serve-openpi`` and ``calibrate --bag`` take the same YAML the node does (``--params-file``), so one file
-configures every face; :func:`read_params_file` gives the raw values that :func:`.params.validate` then checks.
+configures every face; :func:`read_params_file` gives the raw values that :func:`.params.validate` then checks. The
+node itself finds the files given to it that apply to nothing here (:func:`unmatched_params_files`): ROS ignores them
+without a word.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import fnmatch
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from ..errors import ParameterError
@@ -19,8 +22,8 @@ a mapping that holds itself."""
 
 
 def _parameter_sections(tree: Any, where: str) -> Iterator[tuple[str, Any]]:
-    """``(section key, its ros__parameters)`` in file order; nested namespace keys are joined by ``/`` as in
-    startup_checks (both YAML forms ROS accepts).
+    """``(section key, its ros__parameters)`` in file order; nested namespace keys are joined by ``/`` (both YAML
+    forms ROS accepts).
 
     Raises:
         ParameterError: namespaces nested deeper than :data:`MAX_NAMESPACE_DEPTH`, or more than
@@ -50,6 +53,54 @@ def _parameter_sections(tree: Any, where: str) -> Iterator[tuple[str, Any]]:
         stack.extend(children(path, mapping, depth)[::-1])
 
 
+def section_matches(section: str, fully_qualified_name: str) -> bool:
+    """Whether a params-file section key applies to a node, with ROS's wildcards.
+
+    ``*`` matches within one name segment, ``**`` any number of segments; a key without a leading ``/`` is
+    relative to the root namespace.
+
+    Args:
+        section (`str`): The YAML key (e.g. ``/**/trajectory_ensemble``, ``trajectory_ensemble``, ``/robot/*``).
+        fully_qualified_name (`str`): The node's (e.g. ``/robot/trajectory_ensemble``).
+    """
+    pattern = [p for p in section.strip("/").split("/") if p]
+    target = [p for p in fully_qualified_name.strip("/").split("/") if p]
+
+    def match(i: int, j: int) -> bool:
+        if i == len(pattern):
+            return j == len(target)
+        if pattern[i] == "**":
+            return any(match(i + 1, k) for k in range(j, len(target) + 1))
+        return j < len(target) and fnmatch.fnmatchcase(target[j], pattern[i]) and match(i + 1, j + 1)
+
+    return match(0, 0)
+
+
+def unmatched_params_files(paths: Sequence[str], fully_qualified_name: str) -> list[tuple[str, list[str]]]:
+    """Params files none of whose sections applies to this node.
+
+    Args:
+        paths (`Sequence[str]`): ``--params-file`` paths.
+        fully_qualified_name (`str`): The node's fully qualified name.
+
+    Returns:
+        `list[tuple[str, list[str]]]`: (path, the sections it has) for each file that applies to nothing here.
+            Unreadable files are left to rcl, which already fails on them.
+    """
+    import yaml
+
+    unmatched = []
+    for path in paths:
+        try:
+            with open(path, encoding="utf-8") as handle:
+                sections = [key for key, _ in _parameter_sections(yaml.safe_load(handle), path)]
+        except (OSError, yaml.YAMLError, ParameterError):
+            continue  # rcl refused the file before the node existed; nothing to add
+        if not any(section_matches(s, fully_qualified_name) for s in sections):
+            unmatched.append((path, sections))
+    return unmatched
+
+
 def read_params_file(path: str, fully_qualified_name: str = "/trajectory_ensemble") -> dict[str, Any]:
     """The parameter values a params file gives the node, read without rclpy (for ``serve-openpi``).
 
@@ -68,8 +119,6 @@ def read_params_file(path: str, fully_qualified_name: str = "/trajectory_ensembl
         ParameterError: the file is unreadable, not YAML, or has no section for this node.
     """
     import yaml
-
-    from .startup_checks import section_matches
 
     where = f"params file {path!r}"
     try:

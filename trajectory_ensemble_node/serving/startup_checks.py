@@ -6,7 +6,8 @@
   would refuse in a loop; and discovery is eventually consistent, so a start-time refusal protects only the node
   that happens to start second. A periodic check catches both orders, and both nodes say so.
 - **Params files without a section for this node.** A YAML keyed by another node name is ignored by ROS without a
-  word, and the node runs on defaults; :func:`unmatched_params_files` finds those files in the ROS arguments.
+  word, and the node runs on defaults; :func:`.params_file.unmatched_params_files` finds those files in the ROS
+  arguments.
 - **Toy settings.** The toy policy only works with the action settings it was trained with; others are named.
 - **Raw-space reducers without action statistics.** ``pose_gripper`` needs physical units (rotation matrices); on
   normalized actions its result is not a pose mean. Warned, not refused: models without statistics (``tiny``, new
@@ -17,18 +18,14 @@ Nothing here imports rclpy at module level.
 
 from __future__ import annotations
 
-import fnmatch
 import json
 import math
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-import yaml
-
 from ..bundled import default_stats, settings_mismatch
 from ..errors import NoveltyScorerError, ParameterError
 from ..normalization import ActionNormalizer
-
 from ..reducers import available_reducers, get_reducer
 from ..uncertainty import NoveltyCheck, load_calibration
 
@@ -59,68 +56,6 @@ def params_files_from_args(args: Sequence[str]) -> list[str]:
         elif in_ros and arg == "--params-file" and i + 1 < len(args):
             files.append(args[i + 1])
     return files
-
-
-def _sections(tree: Any, prefix: str = "") -> list[str]:
-    # Keys holding ros__parameters, with nested namespace keys joined by "/" (both YAML forms ROS accepts).
-    found: list[str] = []
-    if not isinstance(tree, dict):
-        return found
-    for key, value in tree.items():
-        path = f"{prefix}/{str(key).strip('/')}" if prefix else str(key)
-        if not isinstance(value, dict):
-            continue
-        if "ros__parameters" in value:
-            found.append(path)
-        found += _sections({k: v for k, v in value.items() if k != "ros__parameters"}, path)
-    return found
-
-
-def section_matches(section: str, fully_qualified_name: str) -> bool:
-    """Whether a params-file section key applies to a node, with ROS's wildcards.
-
-    ``*`` matches within one name segment, ``**`` any number of segments; a key without a leading ``/`` is
-    relative to the root namespace.
-
-    Args:
-        section (`str`): The YAML key (e.g. ``/**/trajectory_ensemble``, ``trajectory_ensemble``, ``/robot/*``).
-        fully_qualified_name (`str`): The node's (e.g. ``/robot/trajectory_ensemble``).
-    """
-    pattern = [p for p in section.strip("/").split("/") if p]
-    target = [p for p in fully_qualified_name.strip("/").split("/") if p]
-
-    def match(i: int, j: int) -> bool:
-        if i == len(pattern):
-            return j == len(target)
-        if pattern[i] == "**":
-            return any(match(i + 1, k) for k in range(j, len(target) + 1))
-        return j < len(target) and fnmatch.fnmatchcase(target[j], pattern[i]) and match(i + 1, j + 1)
-
-    return match(0, 0)
-
-
-def unmatched_params_files(paths: Sequence[str], fully_qualified_name: str) -> list[tuple[str, list[str]]]:
-    """Params files none of whose sections applies to this node.
-
-    Args:
-        paths (`Sequence[str]`): ``--params-file`` paths.
-        fully_qualified_name (`str`): The node's fully qualified name.
-
-    Returns:
-        `list[tuple[str, list[str]]]`: (path, the sections it has) for each file that applies to nothing here.
-            Unreadable files are left to rcl, which already fails on them.
-    """
-    unmatched = []
-    for path in paths:
-        try:
-            with open(path, encoding="utf-8") as handle:
-                tree = yaml.safe_load(handle)
-        except (OSError, yaml.YAMLError):
-            continue  # rcl refused the file before the node existed; nothing to add
-        sections = _sections(tree)
-        if not any(section_matches(s, fully_qualified_name) for s in sections):
-            unmatched.append((path, sections))
-    return unmatched
 
 
 def raw_reducer_without_stats(reducer: str, action_stats_file: str) -> str | None:

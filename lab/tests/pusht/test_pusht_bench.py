@@ -134,7 +134,6 @@ def test_guidance_at_no_delay_is_named_and_left_out(checkpoint, tmp_path, capsys
     (["--methods", "modal"], "'modal'"),
     (["--continuity", "guided_mode", "--delays", "8"], "--delays in 0..7"),
     (["--concurrent", "0", "--policy", "unused"], "--concurrent must be >= 1"),
-    ([], "--policy DIR"),
 ])
 def test_a_refused_setting_exits_2_and_says_why(flags, says, capsys):
     assert _bench([*COMMON, *flags]) == 2
@@ -180,6 +179,16 @@ def test_through_the_node_plays_the_same_goals_as_in_process(checkpoint, in_proc
     guided = node["continuity"]["guided_mode"]["2"]["per_episode"][0]
     assert guided["steps"] == 20 or guided["success"]
     assert len(guided["seams"]) >= 1
+
+
+def test_without_policy_an_install_without_the_bundled_weights_is_refused_by_name(monkeypatch, tmp_path, capsys):
+    from trajectory_ensemble_node import bundled
+
+    absent = bundled.BundledPolicy("pusht", tmp_path / "absent", "PushT", rebuild="train-pusht")
+    monkeypatch.setattr(bundled, "bundled_policy", lambda name: absent if name == "pusht" else None)
+    assert _bench(COMMON) == 2
+    assert "serves the bundled model: pusht, whose weights this install lacks; give --policy DIR" in \
+        capsys.readouterr().err
 
 
 def test_without_policy_the_bundled_pusht_model_is_served(tmp_path):

@@ -35,8 +35,12 @@ import torch
 from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import Cosmos3OmniPipeline
 
 from trajectory_ensemble_node.errors import TrajectoryEnsembleError, describe_error
-from trajectory_ensemble_node.models.cosmos3 import StateInput, declare_state_input, declared_state_input
-from trajectory_ensemble_node.models.cosmos3.state import write_state_input
+from trajectory_ensemble_node.models.cosmos3 import (
+    StateInput,
+    declare_state_input,
+    declared_state_input,
+    write_state_input,
+)
 from trajectory_ensemble_node.normalization import ActionNormalizer
 from trajectory_ensemble_node.replay import bags
 from ..toy.pipeline import TOY_CONFIG

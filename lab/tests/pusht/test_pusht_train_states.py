@@ -179,3 +179,18 @@ def test_the_node_takes_the_sims_joint_state_and_serves_the_in_process_chunks(st
         local = records["process"]["pusht"][name]["per_episode"][0]
         assert node["steps"] == local["steps"] == 12
         assert node["actions"] == local["actions"], name
+
+
+def test_openloop_measures_a_state_policy_on_state_only_episodes(episodes, state_checkpoint, tmp_path):
+    import json
+
+    from trajectory_ensemble_lab.pusht.openloop import main
+
+    folder, _ = episodes
+    out = tmp_path / "openloop.json"
+    assert main(["--policy", str(state_checkpoint), "--states", str(folder), "--episodes", "2", "--every", "16",
+                 "--steps", "2", "--json", str(out)]) == 0
+    record = json.loads(out.read_text())["train"]
+    played = [read_episode(path) for path in pusht_train.state_episode_files([folder])[:2]]
+    assert record["episodes"] == 2 and record["chunks"] == sum(-(-len(ep.labels) // 16) for ep in played)
+    assert record["error_px_median"] > 0 and record["hold_still_px_median"] > 0

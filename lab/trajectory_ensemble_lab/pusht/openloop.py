@@ -2,6 +2,12 @@
 
     python -m trajectory_ensemble_lab.pusht.openloop --policy DIR --bags out/pusht/demos/bags --heldout-bags VAL \\
         --episodes 10 --every 4 --json bench/results/pusht_openloop.json
+    python -m trajectory_ensemble_lab.pusht.openloop --policy DIR --states out/pusht/oracle_demos/states \\
+        --heldout-states out/pusht/encoder/val/states --episodes 10 --every 4 --json OUT.json
+
+``--states`` takes state-only episodes (``pusht-demos --states-only``) instead of bags: the frame is drawn from the
+state, and the expert's labels (a DART episode's clean plan) are the reference. A policy that takes the agent's
+position is sent it with each frame (:func:`.evaluate.agent_state`), from bags and states alike.
 
 For every ``--every``-th control step of each demonstration the policy (``OpenPIPolicy`` in process, one candidate,
 or with ``--candidates N`` the mean of N; seed ``1000 + k`` for the k-th request) answers the recorded frame; the
@@ -24,10 +30,11 @@ import numpy as np
 from trajectory_ensemble_node.provenance import git_commit, utc_now
 
 from ..training import TrainingError
-from .evaluate import EXECUTE, IMAGE_KEY, InProcessPolicy, serve_params
+from .evaluate import EXECUTE, IMAGE_KEY, InProcessPolicy, agent_state, serve_params
 from .recording import read_demo_bag
-from .sim import PushTError
-from .train import chunk_at, demo_bags
+from .sim import PushTError, make_env, render_states
+from .state_demos import read_episode
+from .train import chunk_at, demo_bags, state_episode_files
 
 
 def chunk_errors(policy: Any, bag_paths: Sequence[Path], *, every: int = 4, seed: int = 1000,
@@ -40,28 +47,54 @@ def chunk_errors(policy: Any, bag_paths: Sequence[Path], *, every: int = 4, seed
     Returns:
         `dict`: ``chunks``, ``error_px_median`` / ``_mean`` (policy) and ``hold_still_px_median`` / ``_mean``.
     """
+    def frames():
+        for bag in bag_paths:
+            for episode in read_demo_bag(bag):
+                for t in range(0, len(episode.actions), every):
+                    yield episode.frames[t], episode.agent[t], chunk_at(episode.actions, t)[:EXECUTE]
+
+    return {"bags": len(bag_paths), **_errors(policy, frames(), seed, candidates)}
+
+
+def state_chunk_errors(policy: Any, files: Sequence[Path], *, every: int = 4, seed: int = 1000,
+                       candidates: int = 1) -> dict[str, Any]:
+    """:func:`chunk_errors` on state-only episodes: the frame drawn from state ``t``, the expert's labels
+    ``t .. t + 7`` as the reference."""
+    env = make_env(pixels=True)
+
+    def frames():
+        for path in files:
+            episode = read_episode(path)
+            steps = list(range(0, len(episode.labels), every))
+            for frame, t in zip(render_states(episode.states[steps], env), steps):
+                yield frame, episode.states[t, :2], chunk_at(episode.labels, t)[:EXECUTE]
+
+    return {"episodes": len(files), **_errors(policy, frames(), seed, candidates)}
+
+
+def _errors(policy: Any, frames, seed: int, candidates: int) -> dict[str, Any]:
     errors, hold, k = [], [], 0
-    for bag in bag_paths:
-        for episode in read_demo_bag(bag):
-            for t in range(0, len(episode.actions), every):
-                reply = policy.infer({IMAGE_KEY: episode.frames[t], "num_candidates": candidates,
-                                      "seed": seed + k})
-                k += 1
-                want = chunk_at(episode.actions, t)[:EXECUTE]
-                got = np.asarray(reply["actions"], dtype=np.float64)[:EXECUTE]
-                errors.append(float(np.linalg.norm(got - want, axis=1).mean()))
-                hold.append(float(np.linalg.norm(episode.agent[t][None] - want, axis=1).mean()))
-    return {"bags": len(bag_paths), "chunks": k, "error_px_median": float(np.median(errors)),
-            "error_px_mean": float(np.mean(errors)), "hold_still_px_median": float(np.median(hold)),
-            "hold_still_px_mean": float(np.mean(hold))}
+    for frame, agent, want in frames:
+        reply = policy.infer({IMAGE_KEY: frame, "num_candidates": candidates, "seed": seed + k,
+                              **agent_state(policy.metadata, agent)})
+        k += 1
+        got = np.asarray(reply["actions"], dtype=np.float64)[:EXECUTE]
+        errors.append(float(np.linalg.norm(got - want, axis=1).mean()))
+        hold.append(float(np.linalg.norm(np.asarray(agent, dtype=np.float64)[None] - want, axis=1).mean()))
+    return {"chunks": k, "error_px_median": float(np.median(errors)), "error_px_mean": float(np.mean(errors)),
+            "hold_still_px_median": float(np.median(hold)), "hold_still_px_mean": float(np.mean(hold))}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m trajectory_ensemble_lab.pusht.openloop", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--policy", type=Path, required=True, help="a train-pusht checkpoint (with action_stats.json)")
-    parser.add_argument("--bags", type=Path, required=True, help="training demonstration bags")
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--bags", type=Path, help="training demonstration bags")
+    source.add_argument("--states", type=Path, help="training state-only episodes (pusht-demos --states-only)")
     parser.add_argument("--heldout-bags", type=Path, default=None, help="demonstrations of validation starts")
+    parser.add_argument("--heldout-states", type=Path, default=None,
+                        help="state-only episodes of validation starts (with --states)")
     parser.add_argument("--episodes", type=int, default=10, help="bags of each set, in name order (10)")
     parser.add_argument("--every", type=int, default=4, help="control steps between the frames asked about (4)")
     parser.add_argument("--steps", type=int, default=10, help="denoising steps (10)")
@@ -75,9 +108,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     from trajectory_ensemble_node.serving.params import validate
 
-    roots = {"train": args.bags, **({"validation": args.heldout_bags} if args.heldout_bags else {})}
+    states = args.states is not None
+    train, heldout = (args.states, args.heldout_states) if states else (args.bags, args.heldout_bags)
+    roots = {"train": train, **({"validation": heldout} if heldout else {})}
     try:  # every input is checked before the policy loads, so a wrong folder is named at once
-        sets = {name: demo_bags(root)[:args.episodes] for name, root in roots.items()}
+        listed = (lambda root: state_episode_files([root])) if states else demo_bags
+        sets = {name: listed(root)[:args.episodes] for name, root in roots.items()}
         params = serve_params(args.policy, num_inference_steps=args.steps, candidate_count=args.candidates,
                               reducer="mean")
     except (TrainingError, PushTError) as error:
@@ -90,7 +126,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                                            "reducer": "none" if args.candidates == 1 else "mean"}}
     try:
         for name, bag_paths in sets.items():
-            record[name] = chunk_errors(policy, bag_paths, every=args.every, candidates=args.candidates)
+            measure = state_chunk_errors if states else chunk_errors
+            record[name] = measure(policy, bag_paths, every=args.every, candidates=args.candidates)
             r = record[name]
             print(f"{name}: policy {r['error_px_median']:.1f} px (median over {r['chunks']} chunks), holding still "
                   f"{r['hold_still_px_median']:.1f} px", flush=True)

@@ -38,3 +38,30 @@ def checkpoint(tmp_path_factory) -> Path:
     save_pipeline(pipe, out, torch.float16)
     pusht_train.write_stats(out)
     return out
+
+
+@pytest.fixture(scope="session")
+def recorded_policy():
+    """Open a PushT checkpoint in process (``OpenPIPolicy``: 2 denoising steps, 2 candidates) whose ``infer`` keeps
+    every request it is sent in ``policy.sent``; every policy opened is closed at the end of the session."""
+    from trajectory_ensemble_node.serving.params import validate
+    from trajectory_ensemble_lab.pusht.evaluate import InProcessPolicy, serve_params
+
+    opened = []
+
+    def open_policy(checkpoint: Path):
+        policy = InProcessPolicy(validate(serve_params(checkpoint, num_inference_steps=2, candidate_count=2)))
+        sent: list = []
+        infer = policy.infer
+
+        def recording(obs):
+            sent.append(obs)
+            return infer(obs)
+
+        policy.infer, policy.sent = recording, sent
+        opened.append(policy)
+        return policy
+
+    yield open_policy
+    for policy in opened:
+        policy.close()

@@ -10,9 +10,7 @@ import json
 import numpy as np
 import pytest
 
-from trajectory_ensemble_node.serving.params import validate
 from trajectory_ensemble_lab.pusht import dagger
-from trajectory_ensemble_lab.pusht.evaluate import InProcessPolicy, serve_params
 from trajectory_ensemble_lab.pusht.oracle import training_episodes
 from trajectory_ensemble_lab.pusht.sim import PushTError
 from trajectory_ensemble_lab.pusht.state_demos import read_episodes
@@ -21,19 +19,8 @@ START, EVERY, HORIZON = 10, 60, 5
 
 
 @pytest.fixture(scope="module")
-def policy(checkpoint):
-    served = InProcessPolicy(validate(serve_params(checkpoint, num_inference_steps=2, candidate_count=2)))
-    calls = []
-    original = served.infer
-
-    def counted(obs):
-        calls.append(obs)
-        return original(obs)
-
-    served.infer = counted
-    served.calls = calls
-    yield served
-    served.close()
+def policy(checkpoint, recorded_policy):
+    return recorded_policy(checkpoint)
 
 
 @pytest.fixture(scope="module")
@@ -75,9 +62,9 @@ def test_a_takeover_starts_at_the_replayed_state_and_labels_are_the_experts_clea
 
 def test_a_stopped_round_resumes_without_playing_a_start_again(policy, round_one):
     out, first = round_one
-    before = len(policy.calls)
+    before = len(policy.sent)
     again = dagger.dagger_round(policy, [START], out, every=EVERY, horizon=HORIZON, count=2, log=lambda m: None)
-    assert len(policy.calls) == before and again["episodes"] == first["episodes"]
+    assert len(policy.sent) == before and again["episodes"] == first["episodes"]
 
 
 def test_validation_starts_are_never_played(policy, tmp_path):

@@ -121,34 +121,21 @@ def state_checkpoint(encoded, tmp_path_factory):
     return out
 
 
-def test_the_evaluators_send_the_agents_position_to_a_model_that_takes_it(state_checkpoint):
-    from trajectory_ensemble_node.serving.params import validate
+def test_the_evaluators_send_the_agents_position_to_a_model_that_takes_it(state_checkpoint, recorded_policy):
     from trajectory_ensemble_lab.pusht import evaluate as ev
     from trajectory_ensemble_lab.pusht.bench import Drawer
 
-    policy = ev.InProcessPolicy(validate(ev.serve_params(state_checkpoint, num_inference_steps=2,
-                                                         candidate_count=2)))
-    try:
-        assert policy.metadata["state"]["names"] == ["agent_x", "agent_y"]
-        sent = []
-        original = policy.infer
-
-        def spy(obs):
-            sent.append(obs)
-            return original(obs)
-
-        policy.infer = spy
-        record = ev.run_episode(policy, 100_000, count=2, reducer="mode", max_steps=10)
-        env = make_env(pixels=True)
-        obs, _ = env.reset(seed=100_000)
-        groups = [obs for obs in sent if "observation/image" in obs]
-        assert record.requests == len(groups) == 2
-        assert np.array_equal(groups[0]["observation/state"], np.asarray(obs["agent_pos"], dtype=np.float64))
-        chunk, _ = Drawer(policy, 2)(obs["pixels"], seed=1, step=0, session="s", count=2, reducer="mode",
-                                     agent_pos=np.array([300.0, 40.0]))
-        assert np.array_equal(sent[-1]["observation/state"], [300.0, 40.0]) and chunk.shape == (16, 2)
-    finally:
-        policy.close()
+    policy = recorded_policy(state_checkpoint)
+    assert policy.metadata["state"]["names"] == ["agent_x", "agent_y"]
+    record = ev.run_episode(policy, 100_000, count=2, reducer="mode", max_steps=10)
+    env = make_env(pixels=True)
+    obs, _ = env.reset(seed=100_000)
+    groups = [obs for obs in policy.sent if "observation/image" in obs]
+    assert record.requests == len(groups) == 2
+    assert np.array_equal(groups[0]["observation/state"], np.asarray(obs["agent_pos"], dtype=np.float64))
+    chunk, _ = Drawer(policy, 2)(obs["pixels"], seed=1, step=0, session="s", count=2, reducer="mode",
+                                 agent_pos=np.array([300.0, 40.0]))
+    assert np.array_equal(policy.sent[-1]["observation/state"], [300.0, 40.0]) and chunk.shape == (16, 2)
     with pytest.raises(ev.PushTError, match=r"PushT has only \['agent_x', 'agent_y'\], not \['joint_3'\]"):
         ev.agent_state({"state": {"names": ["agent_x", "joint_3"]}}, [1.0, 2.0])
     assert ev.agent_state({}, [1.0, 2.0]) == {}

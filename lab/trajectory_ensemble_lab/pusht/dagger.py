@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -29,9 +28,9 @@ from trajectory_ensemble_node.provenance import git_commit, utc_now
 
 from . import VALIDATION_SEED_BASE
 from .demos import Episode
+from .demos import run_episode as run_demo
 from .evaluate import ChunkPolicy, EpisodeRecord, run_episode
-from .expert import PushTExpert
-from .sim import MAX_STEPS, PushTError, PushTState, make_env, read_state, set_env_state
+from .sim import MAX_STEPS, PushTError, PushTState, make_env, read_state
 from .state_demos import write_episode
 
 TAKEOVER_SEED_BASE = 10_000
@@ -56,38 +55,15 @@ def visited_states(env_seed: int, actions: Sequence[Sequence[float]], env: Any =
 
 def takeover(env_seed: int, state: PushTState, step: int, horizon: int, env: Any = None) -> Episode:
     """The expert's clean episode of at most ``horizon`` steps from ``state``, reached at ``step`` of start
-    ``env_seed``; its plan budget is what the env's 300 steps leave.
+    ``env_seed`` (:func:`.demos.run_episode` from that state); its plan budget is what the env's 300 steps leave.
 
     Raises:
         PushTError: ``horizon`` below 1, or ``step`` outside the env's 300 steps.
     """
     if horizon < 1 or not 0 <= step < MAX_STEPS:
         raise PushTError(f"takeover needs horizon >= 1 and 0 <= step < {MAX_STEPS}, got {horizon} and {step}")
-    started = time.perf_counter()
-    env = env if env is not None else make_env()
-    env.reset(seed=env_seed)
-    set_env_state(env, state)
-    seed = TAKEOVER_SEED_BASE + step
-    expert = PushTExpert([seed, env_seed], max_steps=MAX_STEPS - step)
-    now = read_state(env)
-    states, labels = [np.concatenate([now.agent, now.block])], []
-    cover = best = 0.0
-    success = False
-    for _ in range(min(horizon, MAX_STEPS - step)):
-        label = expert.act(now)
-        _, _, terminated, truncated, info = env.step(label)
-        labels.append(label)
-        now = read_state(env)
-        states.append(np.concatenate([now.agent, now.block]))
-        cover, success = float(info["coverage"]), bool(info["is_success"])
-        best = max(best, cover)
-        if terminated or truncated:
-            break
-    states_arr = np.array(states)
-    actions = np.array(labels, dtype=np.float32).reshape(-1, 2)
-    return Episode(env_seed, seed, expert.route, list(expert.routes_open), success, cover, best, actions,
-                   states_arr[:, :2].copy(), None, time.perf_counter() - started, expert.plans, states_arr,
-                   actions.copy(), 0.0, step)
+    return run_demo(env_seed, TAKEOVER_SEED_BASE + step, max_steps=min(horizon, MAX_STEPS - step), env=env,
+                    start=state, takeover_step=step)
 
 
 def dagger_round(policy: ChunkPolicy, starts: Sequence[int], out: Path, *, every: int = 8, horizon: int = 64,

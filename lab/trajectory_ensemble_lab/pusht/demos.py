@@ -23,7 +23,7 @@ import numpy as np
 from trajectory_ensemble_node.stats import wilson
 
 from .expert import ExpertRoute, PushTExpert
-from .sim import AGENT_RADIUS, MAX_STEPS, PushTError, make_env, read_state
+from .sim import AGENT_RADIUS, MAX_STEPS, PushTError, PushTState, make_env, read_state, set_env_state
 
 PATH_COMPARE_STEPS = 40
 """The first 4 s of two episodes are compared: long enough to reach and push the first face."""
@@ -118,7 +118,8 @@ class Episode:
 
 
 def run_episode(env_seed: int, expert_seed: int, max_steps: int = MAX_STEPS, frames: bool = False,
-                env: Any = None, dart: DartNoise | None = None) -> Episode:
+                env: Any = None, dart: DartNoise | None = None, start: PushTState | None = None,
+                takeover_step: int | None = None) -> Episode:
     """Play start ``env_seed`` with the expert seeded ``expert_seed``.
 
     Args:
@@ -128,17 +129,27 @@ def run_episode(env_seed: int, expert_seed: int, max_steps: int = MAX_STEPS, fra
         frames (`bool`): Record the env's 96x96 pixel observations (about 4 ms a step).
         env (*optional*): A ``make_env(pixels=frames)`` env to reuse.
         dart (`DartNoise`, *optional*): Send noisy targets and keep the clean ones as :attr:`Episode.labels`.
+        start (`PushTState`, *optional*): Continue from this state (positions and velocities) instead of the reset's:
+            a DAgger takeover (:mod:`.dagger`) of a policy's episode at step ``takeover_step``, whose plan budget is
+            what the env's 300 steps leave after it.
+        takeover_step (`int`, *optional*): With ``start``, the step of the policy's episode it was reached at.
 
     Raises:
-        PushTError: ``max_steps`` < 1 or a seed < 0.
+        PushTError: ``max_steps`` < 1, a seed < 0, or frames asked for with ``start`` (the reset's frame is not its).
     """
+    if start is not None and frames:
+        raise PushTError("run_episode records frames from a reset only, not from a given start state")
     if max_steps < 1 or env_seed < 0 or expert_seed < 0:
         raise PushTError(f"run_episode needs max_steps >= 1 and seeds >= 0, got max_steps={max_steps}, "
                          f"env_seed={env_seed}, expert_seed={expert_seed}")
     started = time.perf_counter()
     env = env if env is not None else make_env(pixels=frames)
     obs, info = env.reset(seed=env_seed)
-    expert = PushTExpert([expert_seed, env_seed], max_steps=min(max_steps, MAX_STEPS))
+    budget = min(max_steps, MAX_STEPS)
+    if start is not None:
+        set_env_state(env, start)
+        budget = MAX_STEPS - (takeover_step or 0)
+    expert = PushTExpert([expert_seed, env_seed], max_steps=budget)
     state = read_state(env)
     actions, labels, states = [], [], [np.concatenate([state.agent, state.block])]
     noise_rng = dart.generator(env_seed, expert_seed) if dart is not None else None
@@ -168,7 +179,7 @@ def run_episode(env_seed: int, expert_seed: int, max_steps: int = MAX_STEPS, fra
                    np.array(actions, dtype=np.float32).reshape(-1, 2), states_arr[:, :2].copy(),
                    np.stack(shown) if frames else None, time.perf_counter() - started, expert.plans,
                    states_arr, np.array(labels, dtype=np.float32).reshape(-1, 2),
-                   dart.sigma if dart is not None else 0.0)
+                   dart.sigma if dart is not None else 0.0, takeover_step)
 
 
 def path_distance(a: np.ndarray, b: np.ndarray, steps: int = PATH_COMPARE_STEPS) -> float:

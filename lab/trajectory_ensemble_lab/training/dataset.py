@@ -143,9 +143,9 @@ def condition_latents(pipe: Cosmos3OmniPipeline, example_format: ExampleFormat,
                       frames: list[tuple[np.ndarray, np.ndarray | None]], state_input=None) -> torch.Tensor:
     """The clean conditioning latents of several frames in one VAE call, as ``encode_conditioning`` builds them.
 
-    The same upstream calls as the serving path (``_prepare_action_video_conditioning`` of the frame alone,
-    ``_encode_video``, ``_remove_action_video_padding_from_latent``) and, with a state input, the same
-    ``StateInput.normalize`` and ``build_state_frame``; only the frames share one VAE call.
+    The same upstream calls as the serving path (:func:`encode_clips` of one-frame clips: the frame alone through
+    ``_prepare_action_video_conditioning``, ``_encode_video``, ``_remove_action_video_padding_from_latent``) and, with
+    a state input, the same ``StateInput.normalize`` and ``build_state_frame``; only the frames share one VAE call.
 
     Args:
         pipe (`Cosmos3OmniPipeline`): Its VAE encodes.
@@ -157,14 +157,7 @@ def condition_latents(pipe: Cosmos3OmniPipeline, example_format: ExampleFormat,
     Returns:
         `torch.Tensor` of shape `[len(frames), C, K, h, w]`, float32: K = 1 (the frame), 2 with a state input.
     """
-    videos, size = [], None
-    for image, _ in frames:
-        video, size, _, _ = pipe._prepare_action_video_conditioning(
-            [image], example_format.resolution_tier, 1, device="cpu", dtype=torch.float32
-        )
-        videos.append(video)
-    latents = pipe._encode_video(torch.cat(videos, dim=0)).contiguous().float()
-    latents = pipe._remove_action_video_padding_from_latent(latents, size)[:, :, :1]
+    latents = encode_clips(pipe, [[image] for image, _ in frames], example_format.resolution_tier, 1)[:, :, :1]
     if state_input is None:
         return latents
     states = []

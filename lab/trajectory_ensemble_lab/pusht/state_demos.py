@@ -23,6 +23,12 @@ def episode_path(folder: Path, env_seed: int, expert_seed: int) -> Path:
     return folder / f"pusht_{env_seed:06d}_{expert_seed}.npz"
 
 
+def episode_seeds(path: Path) -> tuple[int, int]:
+    """``(env seed, expert seed)`` of an episode file, from the name :func:`episode_path` gives it."""
+    _, env_seed, expert_seed = Path(path).stem.split("_")
+    return int(env_seed), int(expert_seed)
+
+
 def write_episode(folder: Path, ep: Episode) -> Path:
     """Write ``ep`` (which must carry ``states`` and ``labels``) as ``folder/pusht_<env>_<expert>.npz``.
 

@@ -53,6 +53,7 @@ from . import INSTRUCTION
 from .demos import Episode
 from .recording import EPISODES_KEY, RecordedEpisode, read_demo_bag
 from .sim import CONTROL_HZ, make_env, render_states
+from .state_demos import episode_seeds, read_episode
 
 CHUNK = 16
 """Actions per chunk (Diffusion Policy's prediction horizon); it executes 8 of them."""
@@ -207,8 +208,6 @@ def build_state_dataset(pipe: Cosmos3OmniPipeline, files: Sequence[Path], *, str
         TrainingError: ``stride`` below 1, a bad shard, no file, or a start outside the demonstration range.
     """
     from .oracle import training_episodes
-    from .state_demos import read_episode
-
     if stride < 1:
         raise TrainingError(f"stride must be an integer >= 1, got {stride!r}")
     if not (0 <= shard[0] < shard[1]):
@@ -349,8 +348,6 @@ def install_encoder(pipe: Cosmos3OmniPipeline, bundle: Path, images: Sequence[np
 
 def state_normalization_images(files: Sequence[Path], count: int = NORMALIZATION_FRAMES) -> list[np.ndarray]:
     """:func:`normalization_images` for state-only episodes: frame 0 and the middle frame of the first episodes."""
-    from .state_demos import read_episode
-
     images: list[np.ndarray] = []
     env = make_env(pixels=True)
     for path in files[: -(-count // 2)]:
@@ -451,7 +448,7 @@ def _train(args: argparse.Namespace) -> int:
         if args.clips:
             raise TrainingError("--clips needs recorded frames: give --bags, not --states")
         files = state_episode_files(args.states)
-        episodes = [{"env_seed": int(p.stem.split("_")[1]), "expert_seed": int(p.stem.split("_")[2])} for p in files]
+        episodes = [dict(zip(("env_seed", "expert_seed"), episode_seeds(path))) for path in files]
         print(f"{len(files)} state-only episode files under {[str(d) for d in args.states]}", flush=True)
         pipe = load_for_training(args.init, args.seed, state_normalization_images(files), args.encoder,
                                  args.state_input)

@@ -1,6 +1,7 @@
 """Training examples of the toy task, encoded once with the pipeline's own conditioning and VAE code.
 
-Per training state (a scene, initial, mid-episode or closed-loop; see :func:`task.training_examples`) this keeps:
+Per training state (a scene, initial, mid-episode or closed-loop; see :func:`.examples.training_examples`) this
+keeps:
 
 - the clean conditioning latent, from :func:`~trajectory_ensemble_node.models.cosmos3.conditioning.encode_conditioning`
   with exactly the arguments the serving path uses, so training sees the latent inference will see;
@@ -27,6 +28,7 @@ from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import Cosmos3OmniPipeline
 from trajectory_ensemble_node.toy import task
 from ..training import dataset as training_dataset
 from ..training.dataset import EncodedDataset, LabelledState, concat_datasets, encode_states
+from . import examples
 from .pipeline import TOY_FORMAT
 
 ToyDataset = EncodedDataset
@@ -64,7 +66,7 @@ def _cache_key(num_seeds: int, mid_probability: float, pipe: Cosmos3OmniPipeline
 def _labelled(num_seeds: int, mid_probability: float, closed_loop_states: int,
               recovery_states: int) -> list[tuple[task.Scene, list[np.ndarray]]]:
     return [example for seed in range(num_seeds)
-            for example in task.training_examples(seed, mid_probability, closed_loop_states, recovery_states)]
+            for example in examples.training_examples(seed, mid_probability, closed_loop_states, recovery_states)]
 
 
 def _starts(labelled: list[tuple[task.Scene, list[np.ndarray]]]) -> torch.Tensor:
@@ -94,7 +96,7 @@ def build_dataset(
     batch: int = 8,
     log=print,
 ) -> ToyDataset:
-    """Encode the training states of seeds ``0 .. num_seeds - 1`` (see :func:`task.training_examples`).
+    """Encode the training states of seeds ``0 .. num_seeds - 1`` (see :func:`.examples.training_examples`).
 
     Args:
         pipe (`Cosmos3OmniPipeline`): The pipeline being trained (its tokenizer and VAE are used).
@@ -103,7 +105,7 @@ def build_dataset(
         closed_loop_states (`int`): States along an expert detour per seed, up to and at the target, labelled with
             the detour's continuation (0: the original dataset).
         recovery_states (`int`): States per seed near the target, off the expert paths, labelled with the straight
-            approach (``task.recovery_state``; 0: none).
+            approach (``examples.recovery_state``; 0: none).
         cache_dir (`Path`, *optional*): Where to keep the encoded dataset between runs.
         batch (`int`): Clips per VAE call.
         log (`Callable[[str], None]`): Progress output.
@@ -113,7 +115,8 @@ def build_dataset(
         # states are cached already costs only their own encoding.
         main = build_dataset(pipe, num_seeds, mid_probability=mid_probability,
                              closed_loop_states=closed_loop_states, cache_dir=cache_dir, batch=batch, log=log)
-        labelled = [example for seed in range(num_seeds) for example in task.recovery_examples(seed, recovery_states)]
+        labelled = [example for seed in range(num_seeds)
+                    for example in examples.recovery_examples(seed, recovery_states)]
         key = _cache_key(num_seeds, 0.0, pipe, 0, recovery_states) + "_recovery"
         return concat_datasets([main, _encode_cached(pipe, labelled, cache_dir, key, batch, log)])
     key = _cache_key(num_seeds, mid_probability, pipe, closed_loop_states)

@@ -64,10 +64,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--mid-probability", type=float, default=0.35, help="share of seeds adding a mid-episode state")
     parser.add_argument("--closed-loop-states", type=int, default=0,
                         help="per seed, states along an expert detour up to the target, labelled with the detour's "
-                             "continuation (task.training_examples); 0 = the original dataset")
+                             "continuation (examples.training_examples); 0 = the original dataset")
     parser.add_argument("--recovery-states", type=int, default=0,
                         help="per seed, states near the target off the expert paths, labelled with the straight "
-                             "approach (task.recovery_state); 0 = none")
+                             "approach (examples.recovery_state); 0 = none")
     parser.add_argument("--bimodal-share", type=share, default=None,
                         help="draw this share of each batch's states from those with several expert options (the "
                              "bimodal initial scenes); default: every state equally likely")

@@ -10,20 +10,3 @@ from .request import OVERSIZE_POLICIES, EngineConfig, GroupHandle, GroupRequest,
 from .scheduler import GroupEngine
 from .status import GroupStatus
 from .validity import POSITION_POLICIES, ValidityCheck, ValidityPolicy
-
-__all__ = [
-    "OVERSIZE_POLICIES",
-    "POSITION_POLICIES",
-    "StepCosts",
-    "ValidityCheck",
-    "ValidityPolicy",
-    "EngineConfig",
-    "ExecutionContext",
-    "GroupEngine",
-    "GroupHandle",
-    "GroupRequest",
-    "GroupStatus",
-    "LatencyEstimator",
-    "ProgressEvent",
-    "reduce_candidates",
-]

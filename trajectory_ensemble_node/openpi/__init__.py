@@ -19,12 +19,3 @@ See docs/openpi.md.
 
 from .policy import OpenPIPolicy
 from .server import HEALTH_ROUTES, ROUTES, OpenPIServer, ServerLimits, ServerThread
-
-__all__ = [
-    "HEALTH_ROUTES",
-    "ROUTES",
-    "OpenPIPolicy",
-    "OpenPIServer",
-    "ServerLimits",
-    "ServerThread",
-]

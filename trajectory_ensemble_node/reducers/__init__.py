@@ -63,35 +63,3 @@ from .continuity import backward_coherence_reduce, coherence_scores, mode_contin
 from .registry import available_reducers, configured_reducer, get_reducer, register_reducer
 from .variants import ReducerVariant, parse_variants, reduce_variants
 from .types import REDUCER_SPACES, ContinuityReference, Reducer, check_finite
-
-__all__ = [
-    "MODE_CORE_FRACTION",
-    "MODE_DISTANCE_THRESHOLD",
-    "MODE_RELATIVE_FACTOR",
-    "POSE_GRIPPER_BLOCK",
-    "REDUCER_SPACES",
-    "TRIM_FRACTION",
-    "ContinuityReference",
-    "Reducer",
-    "ReducerVariant",
-    "available_reducers",
-    "backward_coherence_reduce",
-    "check_finite",
-    "check_mode_threshold",
-    "configured_reducer",
-    "coherence_scores",
-    "get_reducer",
-    "mean_reduce",
-    "median_reduce",
-    "medoid_reduce",
-    "mode_clusters",
-    "mode_continuity_reduce",
-    "mode_core",
-    "mode_reduce",
-    "parse_variants",
-    "pose_gripper_reduce",
-    "reduce_variants",
-    "register_reducer",
-    "relative_mode_threshold",
-    "trimmed_mean_reduce",
-]

@@ -1,37 +1,7 @@
 """Request-owned random streams: one seed, and one fresh generator, per candidate.
 
-The seed rule (this docstring is its reference)
------------------------------------------------
-A request carries one ``base_seed`` (a uint64; :func:`fresh_base_seed` draws one when a goal has none). Candidate
-``i`` of ``count`` gets ``seeds[i]``:
-
-* ``seeds[0] = base_seed``. Always. This is what makes ``count=1`` the plain, single-sample path bit for bit.
-* ``seeds[i]`` for ``i >= 1`` (policy ``"per_candidate"``) is the ``i``-th output of the standard SplitMix64
-  generator (Steele, Lea & Flood 2014; the seeder of ``xoshiro``) whose state starts at ``base_seed``. With
-  ``M = 2**64`` and ``G = 0x9E3779B97F4A7C15``, output ``j`` (``j = 1, 2, ...``) is
-  ``mix((base_seed + j * G) mod M)``, where ``mix(z)`` is::
-
-      z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9  mod M
-      z = (z ^ (z >> 27)) * 0x94D049BB133111EB  mod M
-      z =  z ^ (z >> 31)
-
-  So ``seeds[1..count-1]`` are the first ``count - 1`` SplitMix64 outputs, in order, **skipping any output equal to
-  ``base_seed``**. ``G`` is odd, so the states ``base_seed + j * G`` are distinct for ``j < 2**64`` and ``mix`` is a
-  bijection: the outputs never repeat among themselves, only ``base_seed`` itself can collide, and at most one output
-  is ever skipped. The seeds of one request are therefore always pairwise distinct. Example: ``base_seed = 0`` gives
-  ``(0, 0xE220A8397B1DCDAF, 0x6E789E6AA1B965F4, 0x06C45D188009454F, ...)``, the published SplitMix64 test vector.
-* Policy ``"shared"`` gives every candidate ``base_seed``. It exists ONLY for debugging (e.g. to check that the
-  batched path reproduces one sample N times): the candidates are then identical draws, not independent samples, so
-  reducing them is pointless.
-
-Every seed lies in ``[0, 2**64)``: valid for ``torch.Generator.manual_seed`` and for a ROS ``uint64`` field.
-
-Generators
-----------
-Each candidate's noise is drawn from its own ``torch.Generator`` seeded with ``seeds[i]``, so candidate ``i`` of a
-batched group draws exactly what a single-sample call with ``generator=torch.Generator().manual_seed(seeds[i])``
-draws. The engine makes them with :func:`make_generators` from the seeds when a group is prepared, so a retry or a
-sequential fallback re-derives fresh generators instead of reusing partly advanced ones.
+The seed rule (``seeds[0] = base_seed``, then SplitMix64 outputs skipping ``base_seed``, so a request's seeds are
+pairwise distinct) is stated in full in docs/python-api.md, "The seed rule".
 """
 
 from __future__ import annotations

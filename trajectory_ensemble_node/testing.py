@@ -1,27 +1,9 @@
 """Rosbag replay tests for a team's own recordings, in pytest: ``from trajectory_ensemble_node.testing import
 replay_test``.
 
-The shape of ``polymathrobotics/replay_testing``: a fixture (an input bag), a run (the node under test, fed the
-bag), and an analysis (assertions on what it published, and on how close that is to what the bag recorded)::
-
-    def test_mode_at_8_serves_near_the_demonstrations(tmp_path):
-        run = replay_test(DEMONSTRATION_BAG, params={"candidate_count": 8, "reducer": "mode"},
-                          reference_topic="/reference/actions", max_rmse=0.3, out=tmp_path)
-        assert run.exit_status == 0, run.output
-        assert run.summary["reference"]["rows_past_recording"] == 0
-
-- :func:`replay_test` starts the node (``trajectory-ensemble serve`` with ``params``) as a child process on a ROS
-  domain no other DDS participant on this host uses (:func:`~.cli.launcher.unused_domain_id`), runs
-  ``trajectory-ensemble replay BAG`` against it as a second child on that domain (the same command a CI job runs,
-  with the same exit status), and returns the parsed ``summary.json``, the recorded bag and the output.
-- :class:`ReplayNode` keeps one node for several replays (``mode`` then ``mean`` on the same bag, one model load).
-- Both children run in process groups of their own, and are always stopped, the node with SIGINT then SIGTERM then
-  SIGKILL and finally its whole group: when the test's assertion fails, when pytest is interrupted (Ctrl-C), or when
-  it receives SIGTERM (turned into ``KeyboardInterrupt`` while a node runs). Only a SIGKILL of the test process
-  itself leaves nothing able to clean up. ``<out>/node.pid`` holds the node's pid (its group id too).
-
-No rclpy in this process: everything ROS happens in the two children, so the test session's own ROS domain and
-executors are untouched.
+:func:`replay_test` runs the node and ``trajectory-ensemble replay`` as children on an unused ROS domain and returns the
+summary; :class:`ReplayNode` keeps one node for several replays. Both children are always stopped, whole process
+group included. No rclpy in this process. Usage and an example: docs/replay-tests.md, "In pytest".
 """
 
 from __future__ import annotations

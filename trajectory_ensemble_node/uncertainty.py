@@ -1,33 +1,8 @@
 """How much a group's candidates disagree: a nearly free uncertainty signal, computed in normalized space.
 
-FIPER (NeurIPS 2025) and the STAC/Sentinel line of work detect policy failures from the spread of sampled action
-chunks. A bimodal task makes the plain spread useless on its own: two valid modes are far apart by design. So the
-modes are found first (:func:`~trajectory_ensemble_node.reducers.mode_clusters`, the ``mode`` reducer's own
-clustering) and the score measures what is left once the modes are accounted for.
-
-Quantities (candidates ``x_i`` ``[H, D]`` in normalized space, ``rms(a, b) = ||a - b||_F / sqrt(H * D)``):
-
-- ``uncertainty_modes``: number of clusters at ``mode``'s default cut, the relative rule
-  (:func:`~trajectory_ensemble_node.reducers.relative_mode_threshold`), which follows the group's own scale
-  whatever the normalization; a node's fixed ``mode_threshold`` changes what ``mode`` serves, not this count;
-- ``uncertainty_mode_share``: the largest cluster's share of the candidates (the one ``mode`` executes);
-- ``uncertainty_spread``: mean pairwise ``rms`` over all candidate pairs;
-- ``uncertainty_step_std``: per step, the across-candidate standard deviation averaged over channels (``[H]``);
-- ``uncertainty_score``: the mean ``rms`` distance from each candidate to its nearest other candidate (a
-  nearest-neighbour spread). A bimodal set of tight modes scores low; scattered candidates score high. N = 1 has no
-  spread: 0.
-
-Observation novelty (:mod:`.novelty`) is the second score, for the policy that is confidently wrong. With a novelty
-scorer configured, an :class:`AlarmRule` says which of the two scores raise ``uncertain``:
-
-- ``spread``: ``uncertainty_score > spread threshold`` (the only rule without a scorer);
-- ``novelty``: ``novelty_score > novelty threshold``;
-- ``either``: one of them above its threshold (``calibrate`` sets both at alpha / 2, so the rule's false alarms
-  stay at most alpha);
-- ``both``: both above their thresholds (FIPER's rule; each at alpha).
-
-``novel`` is ``novelty_score > novelty threshold`` whatever the rule. The thresholds come from one ``calibrate``
-JSON (:func:`load_calibration`), so the rule and its thresholds are always calibrated together.
+The quantities (``uncertainty_modes``, ``_mode_share``, ``_spread``, ``_step_std``, ``_score``) and the alarm rules
+(:class:`AlarmRule`: ``spread``, ``novelty``, ``either``, ``both``) are defined in docs/safety-and-uncertainty.md,
+"2. Uncertainty, calibrated". Thresholds come from one ``calibrate`` JSON (:func:`load_calibration`).
 """
 
 from __future__ import annotations

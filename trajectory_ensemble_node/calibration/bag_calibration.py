@@ -1,29 +1,8 @@
 """``trajectory-ensemble calibrate --bag BAG [--bag BAG ...]``: the uncertainty threshold from a team's own recordings.
 
-The toy mode of ``calibrate`` renders toy scenes. This source of episodes is a robot's bags instead: recorded
-successful episodes (teleoperated demonstrations, or runs that reached their goal). As FIPER calibrates on successful
-rollouts only, the bags given to ``--bag`` must hold successful episodes only; the score of each goal then comes
-from the node itself:
-
-1. **Score.** Each bag is replayed into the node (:func:`~.replay.replay`, the same goal schedule and flags as
-   ``replay``); every goal draws ``--count`` candidates and the node computes ``uncertainty.score`` from them in
-   normalized space (:mod:`trajectory_ensemble_node.uncertainty`), read from the result at full float32 precision.
-   Goals that fail are left out and counted.
-2. **Threshold.** Split conformal over the goals' scores
-   (:func:`~trajectory_ensemble_node.stats.conformal_threshold`): the ``ceil((1 - alpha)(n + 1))``-th smallest.
-   For a new goal exchangeable with the calibration goals, ``P(score > threshold) <= alpha``. Goals of one episode
-   are not independent; the guarantee is marginal over episodes drawn like the calibration ones.
-3. **Held out.** ``--heldout-bag`` bags (other successful episodes) are scored the same way; their false-alarm rate
-   (scores above the threshold) carries a Wilson 95 % interval (:func:`~trajectory_ensemble_node.stats.wilson`).
-4. **Reducer.** Each goal also returns its candidates; where the bags record the actions taken (``--reference-topic``,
-   by default the topic a ``make-demo-bag --reference`` bag names), every reducer and ``mode`` threshold is compared
-   with them offline, chosen on the calibration bags and reported on the held-out ones (:mod:`.reducer_choice`).
-
-Output: the JSON that the node's ``uncertainty_calibration_file`` loads (``uncertainty.threshold``, see
-``serving/startup_checks.load_uncertainty_threshold``), with the ``reducer`` section beside it (the recommended
-``reducer`` and ``mode_threshold`` parameters), plus a markdown summary. The node is the one answering
-on ``--node-namespace``, or, with ``--start-node``, one started for the run (``--params-file``, else the toy policy's
-settings) on a ROS domain nobody else uses, and stopped afterwards.
+Bags of successful episodes only are replayed into the node; each goal's ``uncertainty.score`` is a calibration
+score, the threshold is split conformal, held-out bags give a Wilson interval, and :mod:`.reducer_choice` recommends
+a reducer. The procedure and the JSON: docs/replay-tests.md, "Calibration from bags".
 """
 
 from __future__ import annotations

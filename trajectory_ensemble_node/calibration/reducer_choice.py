@@ -1,33 +1,9 @@
 """``calibrate --bag``'s reducer and ``mode`` threshold: chosen on the calibration bags' recorded actions, reported on
 the held-out bags'.
 
-Every goal of the replay returns its candidates, so every reducer can be compared on the same groups without
-drawing again (:func:`~trajectory_ensemble_node.reducers.reduce_variants`):
-
-1. **Chunks.** Each succeeded goal's candidates are taken back into the model's normalized space (the node's action
-   statistics are affine: ``n = (a - denormalize(0)) / (denormalize(1) - denormalize(0))``, unclamped), and every
-   variant (``--reducer-variants``: reducers, ``mode`` at its relative rule and at fixed cuts, ``single`` =
-   candidate 0) reduces them as the node would, back in robot units.
-2. **Error.** Each chunk, and each candidate, is aligned with the bag's recorded actions like ``replay
-   --reference-topic`` does (:func:`~trajectory_ensemble_node.replay.open_loop.compare_goal`: row ``k`` at
-   ``stamp + (k + 1) dt``); its error is the RMSE over the goal's compared rows and channels. A chunk's **rank** is
-   ``1 +`` the number of the group's own candidates strictly closer to the recording (``served_rank`` of ``replay``).
-3. **Choice.** The default (``mode`` at its relative rule, the node's own default; the first variant when ``mode``
-   is not compared) stays unless the calibration goals show a variant better beyond chance: its per-goal rank minus
-   the default's has a bootstrap 95 % interval wholly below 0. Of those, the one with the lowest mean rank (then the
-   lower RMSE, then the first listed). The ``mode`` threshold is chosen the same way among the ``mode`` variants
-   (``0``: the relative rule), what the node's ``mode_threshold`` parameter serves. Both are reported with the
-   held-out bags' figures and, per held-out goal, the paired rank difference against ``single`` (mean and bootstrap
-   95 % interval; negative = fewer of the model's own samples beat it than beat one sample).
-
-Why the rank and not the RMSE: a demonstration is one draw of what was possible, and against one draw the squared
-error is smallest for the average of the possibilities. On the toy's demonstrations, whose scenes can be passed on
-either side, ``mean`` had the lowest RMSE (0.169 against 0.235 for one sample) while colliding in 92 % of scenes. A
-chunk between two modes is farther from the demonstrated one than that mode's candidates are, so the rank sees it.
-
-Successful episodes of the team's own robot are the data this choice is for; on a task with several ways to succeed,
-a reducer that serves the other valid mode is still counted as far from that goal's demonstration, so more episodes
-make the comparison fairer to every mode.
+Chunks back in normalized space, aligned with the recording as ``replay --reference-topic`` does, ranked among their
+group's own candidates; the default ``mode`` stays unless a variant's paired rank difference has a bootstrap 95 %
+interval wholly below 0. Why the rank and not the RMSE: docs/replay-tests.md, "Calibration from bags".
 """
 
 from __future__ import annotations

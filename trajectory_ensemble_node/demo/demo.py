@@ -1,26 +1,9 @@
 """``trajectory-ensemble demo`` (``make demo``): the node on its embedded model, the bundled bag, 8 candidates a goal.
 
-Starts the node as a child process (the node's default ``model``: the ``toy`` policy with its action settings,
-``pusht``, chunk 8, 10 steps, guidance 1.0, 8 fps; ``--model tiny`` for random weights), replays the bundled toy-scene bag
-into it with a goal per scene (N=8, ``return_candidates``), prints a line per goal, writes the recorded bag, the
-plots and a summary under ``out/demo/``, and stops the node with SIGINT. For the toy policy ``toy_scenes.png``
-shows each scene with the 8 candidates and what ``mean``, ``medoid`` and ``mode`` make of them.
-
-For the toy policy, before stopping that node, the open-loop figures (:func:`open_loop`): the bundled demonstration
-bag replayed three times with ``--reference-topic /reference/actions``, as ``mode`` at N=8, ``mean`` at N=8 and a
-single candidate, each chunk compared with the expert's demonstrated path (docs/replay-tests.md); one line of
-figures per run, ``out/demo/open_loop/<run>/`` with the plots, ``out/demo/open_loop.json`` with date and commit.
-
-Then, for the toy policy, the closed loop (:mod:`.sim`): a second node on sim time (``use_sim_time``, real-time
-factor 0.1), every chunk taking over exactly 2 control steps after its goal (``--closed-loop-delay``: the sim holds
-an early chunk and stops its clock for a late one, so the run repeats exactly), three held-out scenes executed with
-continuity (``continue_previous``) and the same scenes with naive switching; ``closed_loop.png`` draws both runs'
-paths with the chunk switches, ``closed_loop.json`` holds the episode records and the bench metrics of each run.
-
-Last, the PushT panel (:func:`pusht_panel`, ``--no-pusht`` to skip it): one PushT start played through a node serving
-the bundled PushT policy, with reducer ``mode`` and with ``mean``, drawn as ``pusht.png`` with ``pusht.json``. It is
-the lab's (:data:`PUSHT_PANEL_MODULE`, imported by name) and needs ``gym_pusht`` and the PushT weights; without any
-of them the demo says why in one line and goes on.
+Replays the toy-scene bag into a child node, then for the toy policy the open-loop figures (:func:`open_loop`), the
+closed loop on sim time (:mod:`.sim`) and the PushT panel (:func:`pusht_panel`, the lab's
+:data:`PUSHT_PANEL_MODULE`; without its dependencies the demo says why in one line and goes on). Outputs go under
+``out/demo/``; the README's demo section and docs/closed-loop.md say what each shows.
 """
 
 from __future__ import annotations

@@ -1,21 +1,8 @@
 """The execution context: what a new action chunk must continue (ROS-free, model-free).
 
-A robot executes chunks back to back and the next chunk is computed while the current one runs. With an inference
-delay of ``d`` control steps, the first ``d`` actions of the new chunk execute before it arrives, so they are
-*frozen*: they must equal the previous chunk's actions at the same times. Alignment is by time: a chunk starts at
-its observation's stamp, and action ``k`` of the new chunk lines up with position ``k + shift`` of the previous one,
-``shift = (stamp - previous_stamp) / dt``. Stamps need not be multiples of ``dt`` (a 5 Hz camera under a 15 Hz
-chunk, a jittery driver): a fractional shift reads the previous chunk linearly interpolated between its two actions
-around that time, which is what a trajectory controller executing it holds the robot to there.
-
-Per-action weights over the new chunk (Real-Time Chunking, Black et al. 2025, "exp" schedule): 1 for the ``d``
-frozen actions, then an exponentially decaying ramp to 0 across the rest of the overlap, then 0 where the previous
-chunk has no action at that time. Guidance and continuity-aware selection both use these weights.
-
-Continuity has four homes, one per layer; the others are :mod:`trajectory_ensemble_node.reducers.continuity`
-(continuity-aware selection); :mod:`trajectory_ensemble_node.models.cosmos3.guidance` (guided denoising in the
-adapter); :mod:`trajectory_ensemble_node.serving.continuity` (the face's memory of its last chunk, the rules to continue
-it).
+Time alignment (``shift = (stamp - previous_stamp) / dt``, fractional shifts interpolated) and the per-action weights
+(1 on the frozen actions, RTC's exponential ramp, then 0) are defined in docs/closed-loop.md. Continuity's other
+homes are listed in :mod:`trajectory_ensemble_node.serving.continuity`.
 """
 
 from __future__ import annotations

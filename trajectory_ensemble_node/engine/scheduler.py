@@ -1,19 +1,9 @@
 """The group scheduler: admission, lockstep microbatches, co-batching, cancellation, failure, retry, metrics.
 
-One engine iteration advances every running group by exactly one denoising step:
-
-1. queued groups that were canceled end at once; a pending weight update waits until no group runs, and no group
-   is admitted while it waits (so no group ever sees a mix of weights);
-2. queued groups are admitted atomically, in order, when they fit ``max_batch_candidates`` next to the running
-   ones; the adapter encodes their conditioning once and draws each candidate's noise from its own generator;
-3. running groups with a cancel request end CANCELED (or PREEMPTED) before any more model work;
-4. the candidates of all running groups are packed into as few physical forwards as capacity allows
-   (co-batching unrelated groups, microbatching oversize ones) and the model runs;
-5. each group takes its stepper step, reports progress, and when done is post-processed and completed (screened,
-   reduced and reported, in :mod:`.completion`).
-
-Groups at different steps share a forward: each token carries its own timestep. This module decides *when* a group
-advances, ends or fails; :mod:`.completion` decides *what* a finished group returns.
+One engine iteration advances every running group by one denoising step: canceled queued groups end; a pending weight
+update waits until no group runs; queued groups are admitted in order when they fit ``max_batch_candidates``;
+canceled running groups end; all candidates are packed into as few forwards as capacity allows (each token at its own
+timestep); each group steps, and a finished one is completed by :mod:`.completion`.
 """
 
 from __future__ import annotations

@@ -1,20 +1,8 @@
 """The Serve application: the OpenPI ingress in front of ``R`` engine replicas.
 
-::
-
-    serve run config/serve_ray.yaml                  # or: serve run trajectory_ensemble_node.fleet.app:build_app \\
-                                                     #       params_file=config/serve.yaml replicas=2 port=8000
-
-The ingress (:class:`Ingress`, one replica) runs ``serve-openpi``'s own :class:`~..openpi.server.OpenPIServer` on its
-own thread and port (the handshake, auth, limits, error frames, ``/healthz`` and ``/stats`` are that server's), with an
-:class:`~..openpi.policy.OpenPIPolicy` whose backend is :class:`.backend.RayBackend`: the sessions, the continuity
-decision and the group's validation stay at the ingress, the model's work goes to the replicas. The ingress loads the
-model too, for what the wire needs before any model work (tokenizer, checks, metadata); its engine never starts.
-
-The replicas (:class:`.replica.EngineReplica`) each take ``max_ongoing_requests = openpi_max_concurrent`` requests
-at once (co-batched by their engine) and, on a CUDA device, one GPU (``ray_actor_options``); the ingress admits
-``openpi_max_concurrent`` per replica (the autoscaling maximum with ``autoscale``). With ``autoscale`` the replica
-count follows the ongoing requests (``target_ongoing_requests`` = half of ``max_ongoing_requests``).
+``serve run config/serve_ray.yaml`` (or ``trajectory_ensemble_node.fleet.app:build_app``). The ingress runs
+``serve-openpi``'s own server with a :class:`.backend.RayBackend`; sessions and validation stay there, model work goes
+to the :class:`.replica.EngineReplica` s. Replica limits and autoscaling: docs/scaling.md.
 """
 
 from __future__ import annotations

@@ -1,27 +1,8 @@
 """The per-request extras of an OpenPI request, checked by the same rule as a ROS goal's fields.
 
-All are optional; a request without any is served like a goal with every field at its default:
-
-- ``num_candidates`` (int; 0 = ``candidate_count``), ``reducer`` (str; "" = ``reducer``, or ``continuity_reducer``
-  when the request continues), ``seed`` (int in ``[0, 2**64)``; absent = a fresh one, reported back),
-  ``return_candidates`` (bool): the candidate request;
-- ``deadline_ms`` (number >= 0; 0 = none): from the request's arrival;
-- ``session_id`` (str), ``continue_previous`` (bool), ``inference_delay`` (int actions; 0 = the session's latency
-  estimate), ``stamp`` (seconds, the observation's time on the client's clock; absent = arrival time): the closed
-  loop over the wire (:mod:`.sessions`); ``guidance`` (str; "" = ``guidance_mode``): how a continued chunk is pulled
-  toward the previous one, as a goal's ``guidance``; ``session_scope`` (``"connection"``, the default: the session is
-  private to this connection; ``"key"``: shared by every connection holding the same key, to resume after a
-  reconnect; see docs/security.md);
-- ``endpoint``: ``"infer"`` (default) or ``"reset"`` (vLLM-Omni's session reset);
-- ``context`` (a map): the chunk this request continues, brought by the client instead of kept in a session (a node
-  on a remote engine, replicas that share no memory): ``previous`` float32 ``[H_prev, D]`` in the model's normalized
-  space, ``previous_stamp``, ``stamp``, ``dt`` (seconds), ``frozen`` (int), and optionally ``guidance`` and
-  ``max_guidance_weight``; it becomes an :class:`~trajectory_ensemble_node.engine.context.ExecutionContext`, whose
-  own checks name a bad one. Not with ``continue_previous``.
-
-Types are checked here; values go through :func:`~trajectory_ensemble_node.serving.planning.plan_goal`, the node's
-own goal validation (:func:`~trajectory_ensemble_node.contract.check_request` and the continuity checks), so a bad count
-or reducer gets the same error and text over the wire as in a goal.
+The extras and their defaults are in docs/openpi.md, "Per-request extras". Types are checked here; values go through
+:func:`~trajectory_ensemble_node.serving.planning.plan_goal`, so a bad count or reducer gets the same error and text
+over the wire as in a goal.
 """
 
 from __future__ import annotations

@@ -1,35 +1,8 @@
 """The OpenPI websocket server: handshake, auth, limits, co-batching across connections, bounded shutdown.
 
-Built on ``websockets``' asyncio server (the library openpi-client itself uses), one event loop thread beside the
-engine's thread:
-
-- **Handshake** (``process_request``): ``GET /healthz`` and ``GET /health`` answer ``OK`` without auth, ``GET
-  /stats`` the counts as JSON (with the key); the wire is served at ``/`` (openpi) and ``/v1/realtime/robot/openpi``
-  (vLLM-Omni), other paths get 404. With a key set, the
-  ``Authorization`` header must be ``Api-Key <key>`` (openpi-client) or ``Bearer <key>`` (RoboLab, vLLM); anything else
-  gets HTTP 401 before any work. Several keys may be set; each is its own owner (:mod:`.connections`). Past
-  ``max_connections`` or ``max_connections_per_client``, a connection that has not sent a request yet is reclaimed to
-  make room (:mod:`.connections`); only when none can be, a handshake gets HTTP 503 ``CAPACITY`` saying which limit.
-- **A connection**: the metadata dict first, then one reply per request, in request order: a connection's requests
-  run one after another (a client that sends several before reading gets its replies in that order). Its sessions
-  are its owner's, private to it unless a request asks for ``session_scope: "key"`` (docs/security.md).
-- **Requests**: each frame a connection reads goes to the :class:`~.dispatch.RequestDispatcher` the server's
-  connections share (decoding off the loop, co-batching across connections, a disconnect canceling its group).
-- **Inbound frames**: each connection's frames wait in the websockets library's own queue, one at most
-  (:data:`INBOUND_QUEUE`), and the bytes of frames read and not yet answered are held to ``openpi_max_inbound_bytes``
-  across connections (:class:`.gate.InboundBudget`): past it no connection is read from, so clients that pipeline
-  frames are held back by TCP, and every frame that was read is answered.
-- **Limits**: ``max_size`` is the message limit (a larger message closes its connection with code 1009 and the
-  library's reason, "frame with N bytes exceeds limit of M bytes"); a connection idle for ``idle_timeout_s`` is closed
-  with code 1001 and a reason that says so.
-- **Shutdown** (:meth:`OpenPIServer.run` returns once ``stop`` is set): every queued or running request gets a
-  ``SHUTDOWN`` error frame (:meth:`.dispatch.RequestDispatcher.stop`; a running group is canceled at its next step),
-  then the connections close with 1001, and only then the listening socket: until it closes, a new handshake gets
-  HTTP 503 ``SHUTDOWN (42)``; after it, and once the process has exited, a connect is refused by the host. The
-  engine itself belongs to the caller (``serve-openpi`` stops it after :meth:`~OpenPIServer.run`).
-
-Errors are text frames (:func:`~..wire.codec.error_frame`); the connection stays open for the next request. No
-traceback is ever sent.
+Built on ``websockets``' asyncio server, one event loop thread beside the engine's; each request frame goes to the
+shared :class:`~.dispatch.RequestDispatcher`. Routes, auth, limits and the shutdown order: docs/openpi.md ("The wire",
+"Limits and shutdown", "Security"). Errors are text frames; the connection stays open and no traceback is ever sent.
 """
 
 from __future__ import annotations

@@ -1,32 +1,9 @@
 """Continuity-aware selection: which candidate (or mode) continues the chunk being executed.
 
-Both reducers here are ``uses_context`` reducers (see :mod:`trajectory_ensemble_node.reducers`). They score candidates by BID's backward
-coherence (Liu et al. 2024): the weighted squared distance to the previous chunk over the overlap,
-``score_i = sum_k w_k * ||c_i[k] - y[k]||^2 / sum_k w_k``, with the execution context's weights (1 on the frozen
-actions, a decaying ramp, then 0). Scores are in float64 on CPU so ties are device-independent; ties go to the
-lowest candidate position.
-
-Squared, where the reference BID code averages the unsquared L2 norm per action: it is the objective the guidance
-pulls every candidate toward (the weighted squared gap), and it weighs one large deviation (a seam the controller
-feels as a jump) above the same total spread over several actions, which the unsquared mean would prefer. On the
-toy closed loop the two pick differently in 9 of 30 episodes and change nothing measurable (``docs/closed-loop.md``,
-"The BID score").
-
-- ``backward_coherence``: the candidate with the lowest score (an exact copy: a trajectory the model produced).
-- ``mode_continuity``: cluster like ``mode`` (:func:`~trajectory_ensemble_node.reducers.mode_clusters`: complete
-  linkage, by default at the relative cut, or at a fixed ``threshold``); keep the cluster with the lowest
-  mean member score, i.e. the mode the committed prefix is on as a whole, and return its member with the lowest
-  score: a trajectory the model produced, and within the mode the one that joins the prefix best (with guidance
-  every member's frozen actions equal the previous chunk's, so the score ranks the guided ramp, i.e. the seam).
-  Why not the members' mean, as ``mode`` returns: in closed loop on the toy task the mean stalled short of the
-  target in 17 of 50 episodes, the member in none (``docs/closed-loop.md``).
-
-Without a reference (an episode's first chunk) they fall back to ``medoid`` and ``mode``.
-
-Continuity has four homes, one per layer; the others are :mod:`trajectory_ensemble_node.engine.context` (the value
-type and the alignment math); :mod:`trajectory_ensemble_node.models.cosmos3.guidance` (guided denoising in the
-adapter); :mod:`trajectory_ensemble_node.serving.continuity` (the face's memory of its last chunk, the rules to continue
-it).
+``backward_coherence`` and ``mode_continuity`` score candidates by BID's backward coherence, squared and weighted by
+the execution context (docs/closed-loop.md, "The BID score"); scores are float64 on CPU and ties go to the lowest
+position. Without a reference they fall back to ``medoid`` and ``mode``. Continuity's other homes are listed in
+:mod:`trajectory_ensemble_node.serving.continuity`.
 """
 
 from __future__ import annotations

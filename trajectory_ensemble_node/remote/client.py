@@ -1,21 +1,8 @@
 """A synchronous client of an OpenPI server, for a node whose engine runs elsewhere (``engine: openpi``).
 
-One :class:`Connection` per request in flight: the wire answers the requests of one connection in order, and aborting
-a connection is how a request is canceled (the server cancels the group of a client that left and counts it as
-``canceled_on_disconnect``). A connection is never closed politely: a close handshake waits on the server, and a
-frozen server would add its whole close timeout to a deadline, a timeout or a cancel; the TCP connection is aborted.
-The codec is the server's own (:mod:`..wire.codec`), the key goes in ``Authorization: Api-Key <key>``, and the
-handshake metadata is checked against the node's parameters (:func:`check_metadata`) before anything is sent.
-
-Every failure is a named error: the server's own refusals come back as the class and code its error frame names
-(:func:`error_from_frame`); the network's are :class:`~..errors.RemoteUnreachableError` (connect or handshake),
-:class:`~..errors.RemoteDisconnectedError` (dropped mid-request), :class:`~..errors.RemoteTimeoutError` (no reply in
-time) and :class:`~..errors.RemoteSchemaError` (a server whose handshake does not fit). Every wait is bounded.
-
-What a server sends is bounded too, a hostile one included: a frame's size (the websocket's ``max_size``, from
-:func:`max_reply_bytes`), the time a reply may take once its first bytes arrived (:data:`REPLY_TRANSFER_S`), the
-words of its error frames (:func:`~..quoting.bound_text`), and the shapes, dtypes and finiteness of its arrays against
-the node's parameters (:func:`.groups.check_actions`).
+One :class:`Connection` per request in flight; aborting it is how a request is canceled, and it is never closed
+politely (a frozen server would add its close timeout to every wait). Every failure is a named error and every wait
+and reply is bounded (:data:`REPLY_TRANSFER_S`, :func:`max_reply_bytes`): docs/remote-engine.md, "Network faults".
 """
 
 from __future__ import annotations

@@ -1,21 +1,8 @@
 """rosbag2 helpers built on ``rosbags`` (no rclpy, no rosbag2): reading, recording, the demo bag.
 
-``rosbags`` reads and writes rosbag2 folders (sqlite3 or mcap) in pure Python, so the replay tool works where
-``ros2 bag`` is not installable. Messages stay in CDR form end to end: the replay publishes the bag's bytes as they
-are (original header stamps included) and records the node's outputs as the bytes that arrived, so the output bag
-is exactly what ``ros2 bag record`` would have stored.
-
-The message codec (the typestore with the custom types registered from their ``.msg`` files, CDR bytes, message
-construction) is :mod:`trajectory_ensemble_node.cli.messages`; every name of it is re-exported here.
-
-The bundled bags are made by::
-
-    trajectory-ensemble bags make-demo-bag trajectory_ensemble_node/assets/bags/toy_obstacle
-    trajectory-ensemble bags make-demo-bag trajectory_ensemble_node/assets/bags/toy_demonstrations --reference
-
-The second is a recording of demonstrations: in each held-out scene the expert drives the robot along one of its
-demonstrated paths (the camera and ``/joint_states`` show it moving), and the commanded path is on
-``/reference/actions`` as a ``trajectory_msgs/JointTrajectory``, what ``replay --reference-topic`` compares with.
+Messages stay in CDR form end to end, so the output bag is what ``ros2 bag record`` would have stored. The message
+codec is :mod:`trajectory_ensemble_node.cli.messages`. How the bundled bags are made (``bags make-demo-bag``):
+docs/replay.md, "The bundled bags".
 """
 
 from __future__ import annotations

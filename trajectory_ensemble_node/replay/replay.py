@@ -1,33 +1,8 @@
 """``trajectory-ensemble replay BAG``: play a rosbag2 into the running node, send goals, record what it publishes.
 
-The bag's observation topics (one ``sensor_msgs/Image``, optionally a ``JointState`` and a ``std_msgs/String``) are
-published on the node's inputs (``<ns>/observation/image``, ``<ns>/observation/state``, ``<ns>/instruction``) as
-the bag's own CDR bytes, so header stamps are the original ones, with the bag's timing divided by ``--rate``.
-Every ``--goal-every`` seconds of bag time (first one ``--goal-offset`` after the first image) a
-``GenerateTrajectory`` goal goes to ``<ns>/generate_trajectory``. While a goal runs the bag clock is paused, as if
-pause were pressed in ``ros2 bag play``: a model slower than real time then serves every scheduled goal instead of
-preempting itself (``goal_policy: preempt``), and each goal is served from the frame that was current when it was
-sent: the goal names that frame's stamp (``min_observation_stamp``), so the node waits for a frame the goal overtook,
-and a frame the node never received (``OBSERVATION_NOT_RECEIVED``) is published again, at most
-:data:`FRAME_RESENDS` times. The bag's joint states are the observation of a model that takes state: such a node
-pairs each frame with the state stamped nearest it, and a goal it refuses for want of the frame's state
-(``STATE_SKEW``: the state sample was dropped on the way) gets the latest joint state published again the same way.
-
-Outputs under ``--out``: ``bag/`` (rosbag2, mcap with zstd chunks by default, or ``--storage sqlite3``) holding the
-replayed observations and the node's ``<ns>/trajectory`` (plus ``<ns>/candidates`` with ``--return-candidates``),
-logged at bag time; ``trajectories.png`` (candidates against the reduced trajectory per channel);
-``toy_scenes.png`` for the bundled toy bag; ``summary.json``.
-
-With ``--reference-topic TOPIC`` the bag's recorded actions on TOPIC (:mod:`.reference`) are also recorded into
-``bag/``, and every served chunk is compared with them at the times its rows stand for (:mod:`.open_loop`):
-``summary.json`` gains a ``reference`` section, and ``reference.png`` and ``error_by_step.png`` are drawn. The
-node's ``joint_names`` parameter, read once through its parameter services, names the served channels.
-``--max-rmse`` and ``--max-rmse-channel NAME=VALUE`` gate the run's RMSE.
-
-Exit status: 0 every goal succeeded with the expected stamp (and every limit held); 1 some goal failed, or a
-limit was exceeded (a ``gate:`` line names the channel, the goal and the value); 2 bad bag, arguments or reference
-(unknown topic, width mismatch, no overlap in time, or a message that cannot be deserialized: every message the run
-reads is checked before the node is contacted, :mod:`.bag_check`); 3 the node is not reachable.
+The goal schedule, the paused bag clock, frame and state resends (:data:`FRAME_RESENDS`), the outputs, the reference
+comparison and the exit status (0 ok, 1 a goal failed or a gate, 2 bad input, 3 node unreachable) are in
+docs/replay.md and docs/replay-tests.md.
 """
 
 from __future__ import annotations

@@ -1,27 +1,9 @@
 """The node's clocks under ``use_sim_time``: ``/clock`` read off the node's executor, and time jumps.
 
-**Why ``/clock`` has its own thread.** rclpy's ``TimeSource`` subscribes ``/clock`` on the node itself, so every
-``/clock`` message wakes the node's executor, and rclpy's executors rebuild their whole wait set in Python on every
-wake: every subscription, service, timer, the action server and one QoS-event handler per publisher and
-subscription. Profiled under a 1 kHz ``/clock`` (Gazebo's default), the idle node rebuilt its wait set about 4,400
-times a second (5 without ``/clock``) at 105 % CPU, and its executor thread held the GIL the engine thread needs
-between torch calls: 4-candidate goals took 2.6 to 20 times (median 7) their time without sim time. rclcpp avoids
-this with a dedicated clock thread
-(``use_clock_thread``); rclpy has none, so :class:`ClockFeed` is one: the ``/clock`` subscription moves to a lean
-hidden node spun by its own single-threaded executor on a daemon thread, which sets the node's ROS clock.
-
-It takes at most :data:`CLOCK_UPDATE_HZ` updates a second (the subscription keeps only the newest message, so a
-faster ``/clock`` costs nothing more), because each update still wakes the node's executor once: rcl's timer
-jump callback triggers the guard condition of any ROS-time timer whose next call time has passed, canceled timers
-included, and the action server's result-expiry timer sits canceled with a past call time whenever no result is
-waiting to expire (after ``result_timeout``, 10 s, of simulated time). At 50 updates a second that costs about 2 %
-of a core on each side; the node's clock trails ``/clock`` by at most 20 ms of wall time, the resolution a 50 Hz
-``/clock`` (the bundled sim's) gives anyway.
-
-**Time jumps.** :func:`watch_jumps` registers rclpy's time-jump callback (``JumpThreshold``) on the node's clock: a
-backward jump of any size (a simulator reset, a bag looped) and a forward jump of more than :data:`FORWARD_JUMP_S`
-(a seek) reach the node, which drops what the old time line made meaningless (see ``docs/node.md``). The callback
-runs on the thread that set the clock (the feed's), inside rcl, so it must only flip state under locks and return.
+:class:`ClockFeed` reads ``/clock`` on a hidden node and thread of its own, at most :data:`CLOCK_UPDATE_HZ` updates a
+second (why: docs/node.md, "Why ``/clock`` has its own thread"). :func:`watch_jumps` reports a backward jump and a
+forward one past :data:`FORWARD_JUMP_S`; its callback runs inside rcl on the feed's thread, so it must only flip state
+under locks and return.
 """
 
 from __future__ import annotations

@@ -1,26 +1,6 @@
 """``/diagnostics`` for the node, following diagnostic_updater's conventions (its Python package is not on PyPI).
 
-One ``DiagnosticArray`` carries three statuses, named ``"<node>: <task>"`` as diagnostic_updater names them:
-
-- ``<node>: engine``: the lifecycle state (``lifecycle_state``: unconfigured, inactive, active; ``readiness``:
-  ``not configured``, ``loading``, ``warming up``, ``waiting for first frame on <topics>``, ``ready``), the model
-  (name, notice, device, ``weights_version``) and every engine metric of the last finished group, keys with their unit (``total_ms``, ``peak_memory_bytes``), plus the node's own ``goal_ms`` and
-  ``node_overhead_ms``. OK with a message naming the state while the node is not active (a managed node waiting for
-  its manager is no fault); when active, ERROR when the engine thread is gone, OK naming what it waits for until
-  every image topic has delivered its first frame, WARN when the last goal failed inside the engine, or when the
-  calibrated alarm rule fired for it (``uncertain``: its candidates disagreed more than
-  ``uncertainty_threshold``, or, with a novelty scorer, the rule's scores passed their thresholds).
-- ``<node>: goals``: goals succeeded / aborted / canceled / preempted / rejected, running and waiting.
-- ``<node>: observations``: age of the newest frame per topic, the joint state's age (``state_age_s``) and, for a
-  model that takes state, the joints it reads (``state_names``), frames received and rejected per cause, joint
-  states rejected on arrival (``states_rejected``: ragged), and under
-  ``use_sim_time`` the clock jumps seen (``clock_jumps_backward``, ``clock_jumps_forward``). WARN when a topic has
-  delivered nothing yet (or nothing since the clock jumped back) or is older than ``max_observation_age_s``: every
-  image topic, and the state topic for a model that takes state.
-
-The node publishes them from a timer on the host's steady clock: they report on the node, so a paused simulator
-does not silence them.
-
+Three statuses (``<node>: engine``, ``goals``, ``observations``), their keys and levels: docs/node.md, "Diagnostics".
 :func:`build_diagnostics` is a pure function of a :class:`DiagnosticsInputs`, so levels and keys are unit-tested
 without DDS.
 """

@@ -1,28 +1,8 @@
 """A goal's lifecycle: one state from a small enum, and one function that decides every transition.
 
-Every accepted ``GenerateTrajectory`` goal is in exactly one :class:`GoalState`:
-
-==============  ====================================================================================================
-``ACCEPTED``    the action server accepted it; it is being validated, or waits for its frame
-``QUEUED``      valid, and waiting for a slot (``goal_policy: queue``)
-``RUNNING``     admitted: its candidate group is submitted to the engine
-``SUCCEEDED``   committed to publishing its result; from here nothing can cancel or preempt it
-``REFUSED``     ended before any model work with a refusal, observation or configuration code
-``FAILED``      the engine failed its group (an engine-failure code); nothing was published
-``CANCELED``    the client canceled it
-``PREEMPTED``   a newer goal took its slot (``goal_policy: preempt``)
-``SHUTDOWN``    the node shut down first
-``NOT_ACTIVE``  the node was not active when it came, or was deactivated before it finished (lifecycle)
-==============  ====================================================================================================
-
-The terminal states are the ways a goal ends, one for each finished
-:class:`~trajectory_ensemble_node.engine.status.GroupStatus` (vLLM's habit: one named reason for every way a request
-ends): :func:`terminal_state` maps the code a goal ends with to its group status and that to its state, so the
-state, the counters and the ``error_code`` of a result can never disagree.
-
-:func:`next_state` is the one place that decides whether a transition may happen. A transition out of a terminal
-state is *too late* (a cancel that arrives after the goal committed to its result) and is refused by returning
-``None``; one that the table does not allow from a live state is a bug and raises. Nothing here imports rclpy.
+:func:`terminal_state` maps the code a goal ends with to its group status and that to its state, so state, counters
+and ``error_code`` never disagree; :func:`next_state` is the one place that decides a transition (``None``: too late;
+a transition the table forbids from a live state raises). The states: docs/node.md, "Goal states". No rclpy.
 """
 
 from __future__ import annotations

@@ -1,21 +1,9 @@
 """Goal handling: goal validation into a candidate spec, the goal policy (preempt / queue / reject), preemption.
 
-A ``GenerateTrajectory`` goal becomes a :class:`~trajectory_ensemble_node.serving.planning.GoalPlan` (count and
-reducer defaults applied, every check that needs no model work done) in :func:`plan_action_goal`, through the neutral
-request every face plans with. Each accepted goal gets a :class:`GoalRecord`; the
-:class:`GoalTracker` decides, under one lock, when it may run:
-
-- ``preempt`` (default): when ``max_concurrent_goals`` goals already run, the oldest is preempted: its group is
-  canceled at its next denoising step and it ends ABORTED with ``error_code`` PREEMPTED and the message
-  ``"preempted by <new goal id>"``;
-- ``queue``: the new goal waits for a slot (up to :data:`MAX_QUEUED_GOALS` waiting; more are rejected);
-- ``reject``: the new goal is rejected at the action server's goal callback.
-
-Each record is in one :class:`~.goal_state.GoalState` (``ACCEPTED -> [QUEUED ->] RUNNING -> SUCCEEDED``, or one of
-the ways a goal ends), changed only through :meth:`GoalRecord.transition`. A stop (a cancel, a preemption,
-shutdown, deactivation) is remembered even when it arrives before the group exists (the goal may still be
-validating); :meth:`GoalRecord.attach` then cancels the group as soon as it is submitted, and
-:meth:`GoalRecord.stop_error` is the named error the goal ends with. Nothing here imports rclpy.
+:func:`plan_action_goal` turns a goal into a :class:`~trajectory_ensemble_node.serving.planning.GoalPlan`; the
+:class:`GoalTracker` decides under one lock when a :class:`GoalRecord` may run (at most :data:`MAX_QUEUED_GOALS`
+waiting; the policies: docs/node.md, "Goals"). A stop that arrives before the group exists is remembered, and
+:meth:`GoalRecord.attach` cancels the group as soon as it is submitted. No rclpy.
 """
 
 from __future__ import annotations

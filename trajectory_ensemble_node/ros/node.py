@@ -1,35 +1,8 @@
 """The ``trajectory_ensemble`` managed node: lifecycle, the action server, the weights service, diagnostics.
 
-**Lifecycle** (an rclpy ``LifecycleNode``; ``~/change_state``, ``~/get_state``, ``~/get_available_transitions``):
-
-- construction checks the parameters (read-only, so configure could only find the same) and brings up what must
-  answer in every state: the action server, ``~/update_weights``, ``/diagnostics``;
-- ``configure`` loads the model and warms it up (:class:`~.model_host.ModelHost`); a failure leaves the node
-  unconfigured and is logged and shown on ``/diagnostics``;
-- ``activate`` subscribes to the cameras, the joint state and ``~/instruction``, and goals are served; a goal that
-  finds a camera with no frame yet waits for it up to ``startup_goal_wait_s`` (see *Readiness* below);
-- ``deactivate`` unsubscribes; goals still running end ``NOT_ACTIVE`` at the next denoising step, new ones at once;
-- ``cleanup`` drops the :class:`~.model_host.ModelHost` (the engine stops, the model's memory is returned);
-- ``shutdown`` ends every goal ``SHUTDOWN`` and releases the model.
-
-With ``autostart`` (the default) the node configures and activates itself at start, as a plain node did, and a
-failed configure ends the process with status 2 (a launch file or a shell sees it); without it, the node waits
-unconfigured for a lifecycle manager.
-
-**Readiness** (docs/node.md, "When is the node ready?"): under ``autostart`` the node is active before its executor
-spins, so an early goal waits in DDS; a goal that then finds a camera with no frame yet waits for it up to
-``startup_goal_wait_s``. A managed node that is not active ends goals ``NOT_ACTIVE`` at once.
-
-**A goal** (one path, on the goal's own executor thread, :meth:`TrajectoryEnsembleNode._start`): validated into a
-plan, its frame awaited, built into a group request on the latest observation (every refusal decided here, so a bad
-goal never preempts a good one), admitted by the goal policy (a queued goal is built again once admitted, on the
-frame of that moment), submitted to the engine, which runs every group on its own thread. The goal's thread relays
-per-step feedback and on success publishes ``~/trajectory`` (and ``~/candidates``, ``~/joint_trajectory``,
-``~/markers``) before the goal succeeds. Its state moves only through :class:`~.goal_state.GoalState`, and every path
-ends it with an ``error_code`` (:class:`~trajectory_ensemble_node.errors.ErrorCode`).
-
-All callbacks share one ``ReentrantCallbackGroup`` on a ``MultiThreadedExecutor``, so cancel requests, feedback,
-lifecycle services, subscriptions and diagnostics stay live while goals wait on the engine and configure loads.
+The lifecycle, readiness and a goal's one path are in docs/node.md ("A managed node", "Goals"). All callbacks share
+one ``ReentrantCallbackGroup`` on a ``MultiThreadedExecutor``, so cancel requests, feedback, lifecycle services,
+subscriptions and diagnostics stay live while goals wait on the engine and configure loads.
 """
 
 from __future__ import annotations

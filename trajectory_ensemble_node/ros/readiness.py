@@ -1,19 +1,8 @@
 """When an active node is ready to serve: every image topic has delivered its first frame.
 
-The action server is discoverable from the node's construction on, so a client's ``wait_for_server()`` can return
-while the model still loads. Under ``autostart`` that costs nothing: the node configures and activates before its
-executor spins, and a goal sent meanwhile waits in DDS. What remains is the moment after activation: the new
-subscriptions match the camera's publisher a little later, and a camera may still be starting. A goal that finds an
-image topic that has delivered nothing yet therefore waits for its first frame, up to ``startup_goal_wait_s``, and
-ends ``NO_OBSERVATION`` after that (nav2's lifecycle nodes likewise serve only once active; a client of this node need
-not know about the camera's start-up). A topic whose frames were all refused, or that a clock jump cleared, has a
-reason to give and is not waited for. The joint state is not waited for: a goal that needs it and finds none is
-refused at once, as before (a robot's joint states flow long before its camera's first frame).
-
-Each waiting goal holds one of the executor's threads, and the subscriptions that would end the wait need one too:
-:class:`FirstObservationGate` lets at most ``max_waiting`` goals wait at once and ends the others at once.
-
-Nothing here imports rclpy.
+A goal that finds an image topic with no frame yet waits for it up to ``startup_goal_wait_s`` (docs/node.md, "When is
+the node ready?"). Each waiting goal holds an executor thread, and the subscriptions that end the wait need one too,
+so :class:`FirstObservationGate` lets at most ``max_waiting`` goals wait and ends the others at once. No rclpy.
 """
 
 from __future__ import annotations

@@ -1,19 +1,8 @@
 """``~/update_weights``: which files a service request may make the node read.
 
-Anyone on the ROS graph can call a service, so the request's path is untrusted input. The rules:
-
-- the service is off unless ``enable_weight_updates`` is true (it still answers, with ``success=false``, so a caller
-  learns why instead of timing out);
-- only files under ``weights_dir`` are read: a relative path is taken relative to it, an absolute path must lie
-  inside it, any ``..`` component is refused, and symlinks are resolved before the check (a link inside
-  ``weights_dir`` pointing elsewhere is refused);
-- a refusal names the broken rule and quotes only the request: never the resolved target (a symlink's
-  destination, ``/proc/<pid>/...``), and a missing path and one outside ``weights_dir`` get the same message, so
-  the service cannot be used to learn what exists on the host;
-- safetensors only: pickle files (``.bin``, ``.pt``, ``.pth``, ``.ckpt``, ``.pkl``) can run code when loaded and are
-  never opened.
-
-The model then validates the tensors themselves (names, shapes, dtypes; strict = all-or-nothing).
+The request's path is untrusted: off unless ``enable_weight_updates``, only files under ``weights_dir`` (symlinks
+resolved first), refusals quote only the request, safetensors only. The rules in full: docs/security.md,
+"``~/update_weights``". The model then validates the tensors themselves.
 """
 
 from __future__ import annotations

@@ -1,35 +1,10 @@
 """The node's memory of the chunk it served last, and the rules for continuing it.
 
-A robot executes one chunk while the next is computed. A goal with ``continue_previous`` (or any goal, with the
-parameter of that name) is served with an :class:`~trajectory_ensemble_node.engine.context.ExecutionContext` built
-from the chunk this node published last, so its candidates are guided toward the actions that execute before the
-new chunk can take over.
-
-The remembered chunk is dropped, and the goal starts fresh with the reason in its result (``continuity.status``)
-and in the log, when:
-
-- the goal sets ``reset_context`` (``"reset requested"``);
-- nothing was served yet, or the last goal failed after a drop (``"no previous chunk"``);
-- the previous chunk has fully elapsed at the new observation's stamp (``"previous chunk elapsed"``);
-- the weights changed since (``"weights updated"``): the old chunk came from another policy;
-- the instruction changed (``"instruction changed"``): the old chunk served another task;
-- the new observation is older than the previous one (``"observation older than the previous chunk"``), e.g. a
-  bag replayed from its start again;
-- the node's clock jumped back (``"clock jumped back"``): a simulator reset; the chunk belongs to the old time line
-  (dropped at the jump, with chunks still being computed across it).
-
-A continuation request with nothing to continue is not an error. Everything here works on stamps (seconds of the
-node's ROS clock: simulated time under ``use_sim_time``), never on the host's wall clock. Nothing here imports rclpy.
-
-The frozen count a goal gets without ``inference_delay`` is ``ceil((elapsed + estimate) / dt)``: what its chunk's
-rows will have executed by the time it is published, counted from the observation's stamp. ``elapsed`` (the
-observation's age at the decision) is known; ``estimate`` is the :class:`LatencyEstimator`'s serving latency
-(decision to publication, measured on every served goal). A clock jump starts a new *epoch*: measurements and
-chunks from goals decided before it are not taken, and a forward jump also resets the estimate.
-
-Continuity has four homes, one per layer; the others are :mod:`trajectory_ensemble_node.engine.context` (the value
-type and the alignment math); :mod:`trajectory_ensemble_node.reducers.continuity` (continuity-aware selection);
-:mod:`trajectory_ensemble_node.models.cosmos3.guidance` (guided denoising in the adapter).
+When the remembered chunk is dropped (each reason a ``continuity.status`` string) and how the frozen count is
+estimated: docs/closed-loop.md, "In the node". Works on stamps of the node's ROS clock, never the host's wall clock;
+no rclpy. Continuity's other homes: :mod:`~trajectory_ensemble_node.engine.context` (the value type and alignment),
+:mod:`~trajectory_ensemble_node.reducers.continuity` (selection),
+:mod:`~trajectory_ensemble_node.models.cosmos3.guidance` (guided denoising).
 """
 
 from __future__ import annotations

@@ -1,21 +1,9 @@
 """Input limits, checked before any work: instruction length (characters, then tokens), image size, frame
-dimensions and state values. Both faces call these rules where an input arrives: the node's observation buffer and
-subscriptions, and the OpenPI observation schemas.
+dimensions and state values. Both faces call these rules where an input arrives.
 
-Why: the prefix encode costs about quadratically in the instruction's length (1,000 characters 0.28 s, 16,000
-characters 5.4 s on a small CPU), and one 1 MB instruction once held the engine thread for minutes. The character
-check is O(1), so it runs first and bounds the tokenizer's work; the token count then runs on at most
-``max_instruction_chars`` characters, through the pipeline's own tokenizer.
-
-A goal over a limit is *accepted and aborted at once* with its error code (``INSTRUCTION_TOO_LONG``), not rejected
-in the goal callback: a ``GoalResponse.REJECT`` reaches the client as a bare ``accepted=False``, with no code and no
-message, so the client could not learn why. The abort happens in the accept callback, before any observation or
-model work, within milliseconds.
-
-Images are checked on arrival, from the message's header fields and ``len(data)``, before any conversion; their
-dimensions once decoded (:func:`check_image_dimensions`: at least :data:`MIN_IMAGE_SIDE` pixels a side). State is
-checked on arrival too: a ragged or non-numeric value (:func:`state_values`) or inconsistent ``JointState`` arrays
-(:func:`check_joint_state_shape`) never reach a goal. Nothing here imports rclpy.
+The character check is O(1), so it runs first and bounds the tokenizer's work. A goal over a limit is accepted and
+aborted at once with its code (a rejected goal reaches the client with no code or message; docs/node.md). Why the
+instruction limits: docs/security.md, "Other inputs". No rclpy.
 """
 
 from __future__ import annotations

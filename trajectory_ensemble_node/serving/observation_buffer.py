@@ -1,30 +1,9 @@
 """The observation buffer: the latest good frame per image topic, recent joint states, stamps and staleness.
 
-Subscriptions hand every incoming message to :class:`ObservationBuffer`; a goal asks it for the current
-:class:`Observation`. A malformed frame (unsupported encoding, wrong ``step``, truncated data, a side the model cannot
-encode) is rejected with a named :class:`FrameError`, counted per cause, logged once per cause, and the last good
-frame stays in place: one corrupt message must not blind the robot, nor flood the log at camera rate, nor become the
-frame every later goal fails on. A ragged joint state (arrays of different lengths) is dropped the same way.
-
-Staleness is measured on this host's monotonic clock from when the frame *arrived*, not from its header stamp: the
-stamp may come from another clock (a camera, a bag, simulation time), but how long ago we last heard from the
-camera is what makes an observation stale. The header stamp is kept and copied into every output that the
-observation produced. Two rules do read the stamp, on the node's ROS clock (``stamp_clock``):
-
-- a frame stamped more than :data:`FUTURE_STAMP_TOLERANCE_S` after "now" is never fresh (it comes from before a
-  clock reset, or from a camera whose clock runs ahead), and neither is one that *arrived* after "now";
-- :meth:`clear` drops every frame and the state when the clock jumps back (the node calls it): until new ones
-  arrive, goals are refused with ``NO_OBSERVATION`` and the reason.
-
-A model that takes state (``capabilities.uses_state``) reads the joint state of the image's moment: the buffer
-keeps the last :data:`STATE_HISTORY` joint states and pairs the image with the one whose header stamp is nearest the
-image's (the oldest frame's, with several cameras). A pair further apart than ``max_state_skew_s`` is refused
-(``STATE_SKEW``); the model's joints are then picked from it by name (:func:`pick_state`). A state
-publisher faster than the camera is what makes the pair close; the newest state must still be recent (staleness, as
-above) and finite. Other models read the newest state, as before.
-
-This module reads message fields only (duck-typed ``sensor_msgs/Image`` and ``sensor_msgs/JointState``, decoded by
-:mod:`.observations`); it does not import rclpy. Waiting for a frame is :mod:`.observation_wait`.
+A malformed frame is refused with a named :class:`FrameError`, counted and logged once per cause, and the last good
+frame stays. Staleness is measured from arrival on the host's monotonic clock; the stamp rules, state pairing
+(:data:`STATE_HISTORY`, ``max_state_skew_s``) and :meth:`clear` on a backward jump: docs/node.md, "Observations". Reads
+message fields only (no rclpy); waiting for a frame is :mod:`.observation_wait`.
 """
 
 from __future__ import annotations

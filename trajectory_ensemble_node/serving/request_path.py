@@ -1,21 +1,10 @@
 """The one request path behind every face: decide the continuity, build the group, apply the deadline rule, submit,
 remember the chunk.
 
-A face decodes its input (a ``GenerateTrajectory`` goal and the node's latest observation, or an OpenPI request) into
-a :class:`~.planning.GoalPlan`, a frame and a stamp, goes down this path, and encodes the result as its reply:
-
-1. :func:`decide`: how the request relates to its memory's last chunk (:class:`~.continuity.ChunkMemory`), or the
-   context the client sent with it;
-2. :func:`build_request`: the group, on the model's condition (:func:`condition`; ``models.cosmos3.policy_condition``
-   is the one place a ``CosmosActionCondition`` is built) with the parameters' steps, guidance scale and fps;
-3. :func:`deadline_left`, the one deadline rule: a deadline counts from the request's arrival (a goal's from its
-   acceptance), what is left goes to the engine (which counts from submission), and one that passed before
-   submission is refused with ``DeadlineUnmeetableError``;
-4. :func:`submit`: that rule, then the model's submission;
-5. :func:`remember`: the served chunk in the model's space, and its latency, for the next continuation.
-
-:class:`ServedModel` is what a face serves: the model factory's ``Cosmos3ActionModel`` in this process, or
-``remote.RemoteModel`` on an OpenPI server elsewhere (``engine: openpi``). A face never asks which.
+A face decodes its input into a :class:`~.planning.GoalPlan`, a frame and a stamp, then: :func:`decide` (continuity),
+:func:`build_request` (the group, on the model's one ``CosmosActionCondition``), :func:`deadline_left` (the one rule:
+counted from arrival, what is left goes to the engine, one already past is ``DeadlineUnmeetableError``),
+:func:`submit`, :func:`remember`. :class:`ServedModel` is what a face serves, local or remote; a face never asks which.
 """
 
 from __future__ import annotations

@@ -1,19 +1,8 @@
 """Misconfigurations the node reports loudly instead of running on silently (issue 20).
 
-- **Duplicate node names.** Two nodes with the same fully qualified name both serve every goal and both publish on
-  ``~/trajectory``. The node *warns* (ERROR severity, at startup and whenever the count changes) rather than
-  refusing to start: a crashed node's graph entry outlives it until its DDS lease expires, so a respawned node
-  would refuse in a loop; and discovery is eventually consistent, so a start-time refusal protects only the node
-  that happens to start second. A periodic check catches both orders, and both nodes say so.
-- **Params files without a section for this node.** A YAML keyed by another node name is ignored by ROS without a
-  word, and the node runs on defaults; :func:`.params_file.unmatched_params_files` finds those files in the ROS
-  arguments.
-- **Toy settings.** The toy policy only works with the action settings it was trained with; others are named.
-- **Raw-space reducers without action statistics.** ``pose_gripper`` needs physical units (rotation matrices); on
-  normalized actions its result is not a pose mean. Warned, not refused: models without statistics (``tiny``, new
-  embodiments) still serve the normalized-space reducers, and the warning names the missing parameter.
-
-Nothing here imports rclpy at module level.
+Duplicate node names, params files without a section for this node, toy settings, raw-space reducers without action
+statistics; why each is a warning or a refusal: docs/node.md, "Misconfigurations reported at start". No rclpy at
+module level.
 """
 
 from __future__ import annotations

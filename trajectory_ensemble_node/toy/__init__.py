@@ -1,20 +1,7 @@
-"""The bundled toy policy: a small real Cosmos 3 model trained on a bimodal obstacle task.
+"""The bundled toy policy: a small real Cosmos 3 model trained on a bimodal obstacle task (:mod:`.task`).
 
-A 2D point robot must reach a target past a disk obstacle, above or below it (see :mod:`.task`; held-out episodes
-and their summary in :mod:`.episodes`). The weights under ``assets/toy_policy`` were trained on CPU by
-``trajectory-ensemble train-toy`` and are evaluated by ``trajectory-ensemble bench --quality``; both, like the shifted
-scene families and the toy-scene calibration, are experiments of the lab (``trajectory_ensemble_lab.toy``: ``train``,
-``quality``, ``shifted``, ``scene_calibration``). The product imports none of them, except ``calibrate``'s toy-scene
-mode, which finds ``scene_calibration`` by name when the lab is installed.
-
-Scene API for the demo::
-
-    from trajectory_ensemble_node.toy import load_toy_pipeline, make_scene, render, request_kwargs
-    from trajectory_ensemble_node.models.cosmos3 import Cosmos3ActionModel
-
-    model = Cosmos3ActionModel(load_toy_pipeline())
-    scene = make_scene(HELDOUT_SEED_BASE + 3)
-    result = model.generate(**request_kwargs(render(scene)), spec=..., base_seed=...)  # action [8, 2] in [-1, 1]
+The weights under ``assets/toy_policy`` come from the lab's ``train-toy`` (docs/toy-policy.md). Use:
+``Cosmos3ActionModel(load_toy_pipeline()).generate(**request_kwargs(render(scene)), spec=..., base_seed=...)``.
 """
 
 from __future__ import annotations

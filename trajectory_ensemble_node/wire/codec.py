@@ -1,21 +1,9 @@
 """The OpenPI wire: msgpack frames in openpi-client's numpy encoding, and the error frame.
 
-openpi-client (``openpi_client/msgpack_numpy.py``) sends a numpy array as the map ``{b"__ndarray__": True, b"data":
-<raw bytes>, b"dtype": "<f4", b"shape": [H, W]}`` and a numpy scalar as ``{b"__npgeneric__": True, b"data": <value>,
-b"dtype": "<f4"}``; everything else is plain msgpack. No pickle is ever involved. This module speaks exactly that, with
-the checks an untrusted peer needs: only boolean, integer and float dtypes (object, void, string and complex arrays
-are refused), a shape of non-negative integers, and data whose length is ``prod(shape) * itemsize``. Markers spelled
-as text keys (``"__ndarray__"``) are accepted too.
-
-Decoding is bounded (:class:`DecodeLimits`), because msgpack is compact and Python objects are not: one byte on the
-wire can become a 64-byte empty dict, and a 15 MB frame of empty maps took 13 s and a gigabyte to decode. Every map
-and array length, string, binary and ext length, the total count of container entries and the nesting depth are
-capped before or while the frame is built, so a frame that breaks a bound costs about what a normal frame of its size
-does, and is refused as ``INVALID_MESSAGE`` naming the bound.
-
-A refused request gets one **text** frame (openpi-client raises a text reply as an error): a JSON object with the
-error's name, numeric code (:class:`~trajectory_ensemble_node.errors.ErrorCode`), class and message. Anything that is
-not a named error is reported as ``ENGINE_FAILURE`` with a fixed message; the details stay in the server log.
+Arrays and numpy scalars travel as openpi-client's ``__ndarray__`` / ``__npgeneric__`` maps (text-key markers
+accepted too); only boolean, integer and float dtypes, non-negative shapes and exact data lengths pass. Decoding is
+bounded (:class:`DecodeLimits`; why: docs/security.md, "Bounded decoding"), and a refused request gets one text frame
+naming the error and its code; anything unnamed is ``ENGINE_FAILURE`` with a fixed message. No pickle, no traceback.
 """
 
 from __future__ import annotations

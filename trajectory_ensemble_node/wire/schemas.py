@@ -1,32 +1,7 @@
 """Observation schemas: which request keys carry the model's image, the robot state and the prompt.
 
-A schema maps an OpenPI request (a dict of numpy arrays and strings) to what the Cosmos 3 policy is conditioned on:
-one RGB frame ``[H, W, 3]`` uint8 (a single composite, or several views composed the way the model expects), the
-prompt, and, for a model that takes the robot's state, that state. The ``openpi_schema`` parameter picks one:
-
-- ``toy``: ``observation/image`` ``[H, W, 3]`` uint8 and ``prompt`` (optional; empty = the configured instruction).
-- ``droid``, with the key names the Cosmos 3 DROID clients send: ``observation/image``, one composite frame (RoboLab:
-  the wrist view on top, the two exterior views side by side below); or ``observation/exterior_image_1_left``,
-  ``observation/exterior_image_2_left`` and ``observation/wrist_image_left`` (strands), three views of one shape
-  ``[H, W, 3]`` composed into that same layout ``[2H, 2W, 3]`` (the wrist view resized to the row's width, the
-  exterior views untouched); ``observation/joint_position`` ``[7]`` and ``observation/gripper_position`` ``[1]``
-  (optional, float); ``prompt``.
-
-The robot's state reaches a model that takes one (``capabilities.uses_state``, a checkpoint that declares a state
-input, docs/state.md) under :data:`STATE_KEY`, ``observation/state``, whatever the schema:
-:meth:`ObservationSchema.for_model` adds it as a required key of shape ``[len(state_names)]``, its values in the
-model's declared order (``state_names``) and units. It is refused when missing, and so is a value of the wrong
-width, a ragged, non-numeric or non-finite one, with ``OBSERVATION_SCHEMA`` (25) naming the key; a request never
-reaches the model with a state it cannot take. The values are carried as float64 from here on (the model checks them
-in float64 too), so no cast loses a bit. For a model without a state input the schema is unchanged: its own state
-keys are checked, not fed, and ``observation/state`` is not one of its keys.
-
-A missing key, a key neither the schema nor the extras know, a wrong dtype or a wrong shape is refused with a named
-:class:`~trajectory_ensemble_node.errors.ObservationSchemaError` (``OBSERVATION_SCHEMA``, 25) whose message lists the
-keys expected; so is a ragged, non-numeric or non-finite state value. The node's own rules (``serving/input_limits.py``)
-apply to every view where it arrives: over ``max_image_bytes`` / ``max_image_pixels`` is ``IMAGE_TOO_LARGE`` (61), a
-side under the model's minimum (16 pixels for Cosmos 3) is ``FrameDimensionsError``, ``INVALID_FRAME`` (23), as the
-node refuses such a camera frame: a frame the model cannot encode never reaches it.
+The ``toy`` and ``droid`` schemas, the state key :data:`STATE_KEY` and what is refused (``OBSERVATION_SCHEMA``, 25,
+naming the key; the node's image limits on every view): docs/openpi.md, "Observation schemas".
 """
 
 from __future__ import annotations

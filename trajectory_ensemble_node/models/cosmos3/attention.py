@@ -1,27 +1,9 @@
 """Attention fan-out: N candidates share one text prefix instead of copying it N times.
 
-``Cosmos3AttnProcessor`` runs two pathways over one packed sequence: the understanding (text) tokens attend
-causally among themselves, and the generation tokens attend to every text token and every generation token. With
-several candidates (and several groups, and both CFG branches) in one sequence that would let candidates see each
-other. :class:`FanoutAttnProcessor` keeps the same projections, norms and rotary math, and changes only *which* keys
-each query sees:
-
-- each prefix is causal within itself (cond and uncond prefixes of different lengths can share one forward);
-- each candidate block attends to its own prefix and its own block, so candidate i computes exactly what a single
-  upstream run would compute for it.
-
-Blocks of one branch are equal-length and contiguous, so each run of them becomes ONE batched attention call with
-the prefix keys broadcast over the batch (no copy of the prefix activations through the MLPs).
-
-The text pathway never sees a generation token, so a prefix's per-layer keys and values are the same at every
-denoising step: :class:`~.prefix_cache.PrefixKVCache` keeps them after the first step, and later forwards leave the prefix out of
-the sequence altogether. It also retains them for later groups with the same instruction, whatever else shares
-their forwards: the text pathway computes each prefix on its own, GEMMs included, so a prefix's keys and values are
-the upstream call's bits wherever it was computed. The values are the ones a recomputation would give, so results
-do not change by a bit.
-
-With no layout installed the processor computes exactly what the stock processor computes, so an upstream
-pipeline call on the same transformer is unaffected.
+:class:`FanoutAttnProcessor` keeps the stock projections, norms and rotary math and changes only which keys each
+query sees: each prefix is causal within itself, each candidate block attends to its prefix and itself, so candidate
+i computes what a single upstream run would. With no layout installed it computes exactly what the stock processor
+does. Why prefix keys/values can be cached and shared: docs/python-api.md, "How one forward serves N candidates".
 """
 
 from __future__ import annotations

@@ -1,40 +1,8 @@
 """Per-step overhead removal: the decoder stack of a denoising forward, captured once per shape and replayed.
 
-At robot-serving sizes a denoising step of a lone candidate is bound by kernel launches and Python, not by compute:
-on an H200 the ``large`` config's N=1 step took 33 ms for about 830 rows, some 8 % of the chip's bf16 peak. Nearly
-all of those launches are in the decoder layers (a dozen kernels per layer and pathway, times the layers). So the
-part captured here is ``Cosmos3OmniTransformer._run_decoder_stack``: every layer plus the final norms, a pure tensor
-function of ``(und_seq, gen_seq, rotary tables)`` and, for prefixes served by the :class:`~.prefix_cache.PrefixKVCache`,
-their per-layer keys/values. What runs eagerly around it is small: token embedding, patchify and projections of the
-latents, timestep embeddings, the prediction heads and unpatchify, then the scheduler step.
-
-Modes (:data:`STEP_CAPTURE_MODES`):
-
-- ``"off"``: the stock forward (the default).
-- ``"cuda_graph"``: one ``torch.cuda.CUDAGraph`` per shape key, recorded after a warm-up on a side stream and
-  replayed; CUDA devices only (:class:`StepCaptureError` elsewhere).
-- ``"compile"``: one ``torch.compile(dynamic=False)`` function per shape key; on CPU through inductor's C++
-  backend, on CUDA with ``mode="reduce-overhead"`` (inductor kernels inside CUDA graphs). Compiled stacks run whole
-  layers, without the CPU row blocks of ``layers.py`` (see :meth:`StepCapture._row_block_rows`).
-
-What a shape key holds (:meth:`StepCapture.key`): the row counts of both pathways, dtype and device, the attention
-layout with its prefix identities replaced by their positions, the lengths of the cached prefixes, and the row
-blocks. A group of N candidates therefore uses one key for all its steps after the first (which computes the text
-prefix into the cache and runs eagerly), and later groups of the same N and instruction length reuse it.
-
-Static buffers: each key owns copies of its inputs (``und_seq``, ``gen_seq``, the four rotary tables) and of the
-cached prefix keys/values it reads. Every replay copies the step's inputs into them; the prefix keys/values are
-copied only when the cache hands out other tensors than last time (a new group), since cache entries never change.
-
-Which forwards are captured: only those that read the prefix cache without writing it (``layout.computed`` empty,
-or no cache at all), with autograd off. A forward that computes a prefix into the cache stores per-layer tensors the
-cache keeps, which a replayed graph could not give back; it runs eagerly, with the per-layer cancel check. A
-captured forward checks for cancellation once, before the replay, so a cancel still lands within one step (the
-engine also checks between steps).
-
-What a step computes does not change: the same modules run the same ops on the same shapes. CUDA graph replay runs
-the recorded kernels, so it is bitwise equal to eager; compiled code fuses elementwise ops and is equal within the
-equivalence rule (``tests/models/cosmos3/test_capture.py``).
+Modes (:data:`STEP_CAPTURE_MODES`): ``off``, ``cuda_graph`` (CUDA only), ``compile``. Only forwards that read the
+prefix cache without writing it are captured, with autograd off; a cancel still lands within one step. Why and what a
+shape key holds: docs/benchmarks.md, "Step capture".
 """
 
 from __future__ import annotations

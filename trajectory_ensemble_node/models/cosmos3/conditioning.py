@@ -1,19 +1,8 @@
 """Candidate-invariant conditioning, encoded once per group, and per-candidate initial noise.
 
-Everything here reproduces ``Cosmos3OmniPipeline.__call__`` / ``prepare_latents`` for one action request, with two
-differences that do not change a single bit of the result:
-
-- it is computed once for the whole group, not once per candidate;
-- in ``policy`` mode only the conditioning frame is VAE-encoded. Upstream encodes the whole ``chunk_size + 1``
-  frame clip (the image repeated), keeps latent frame 0 and overwrites the rest with noise. The Wan VAE encodes
-  frame 0 alone in its first causal chunk, so encoding just that frame yields the same latent frame 0.
-
-A checkpoint that declares a state input (``state.py``) gets one more clean conditioning frame, built here once per
-group from the request's state: latent frame 1 holds the normalized state, tiled (Cosmos Policy's proprio frame).
-Without a declaration nothing of it runs.
-
-The segment builders are the pipeline's own (``_prepare_text_segment``, ``_prepare_vision_segment``,
-``_prepare_action_segment``), so position ids are those of a single upstream run.
+Reproduces ``Cosmos3OmniPipeline.__call__`` / ``prepare_latents`` for one action request with the pipeline's own
+segment builders, computed once per group and encoding only the conditioning frame (the causal Wan VAE gives the same
+latent frame 0; docs/python-api.md, "Encoded once"). A declared state input adds latent frame 1 (docs/state.md).
 """
 
 from __future__ import annotations

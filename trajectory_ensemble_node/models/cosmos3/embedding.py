@@ -1,20 +1,9 @@
 """The observation embedding tap: what a novelty scorer reads, taken from features the serving pass already has.
 
-Which features, chosen by measurement (``python -m trajectory_ensemble_lab.toy.novelty_probe``, results in
-``bench/results/novelty_embeddings-toy.md``: toy policy, 150 calibration scenes, k-NN and RND on each candidate
-embedding): the conditioning frame's VAE latent, average-pooled to a ``grid x grid`` map per latent channel. Against
-the transformer's hidden states over the conditioning tokens at the first step (the stack's input, or after any
-layer; per token or averaged), the pooled latent (grid 1-3) separated ``two_obstacles`` scenes from held-out ones at
-least as well (AUROC 0.92-0.95 against 0.86-0.93) and was the only one good on every shifted family (``recolored``
-0.94-1.00 against 0.60-0.98), and it is the cheaper and simpler tap:
-
-- it costs nothing: the latent is encoded once per group for the denoiser anyway; pooling a ``[C, h, w]`` map is
-  microseconds, done once when the group finishes;
-- it is one vector per observation: no dependence on the candidates' noise, on N, or on the step capture mode (a
-  replayed CUDA graph runs no Python hooks; the hidden states would need one);
-- its width is ``z_dim x grid x grid`` whatever the camera resolution (48 x 4 = 192 for Cosmos3-Nano at grid 2).
-
-Off unless a request asks for it (``Cosmos3Request.embedding_grid``): then nothing here runs at all.
+The conditioning frame's VAE latent, average-pooled to a ``grid x grid`` map per channel: free (encoded once per
+group anyway), one vector per observation whatever N or the capture mode, ``z_dim x grid x grid`` wide. Why this tap
+(measured: ``bench/results/novelty_embeddings-toy.md``): docs/safety-and-uncertainty.md. Off unless a request asks for
+it (``Cosmos3Request.embedding_grid``).
 """
 
 from __future__ import annotations

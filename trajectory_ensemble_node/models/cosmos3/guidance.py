@@ -14,9 +14,7 @@ scheduler step, per candidate and elementwise, so each candidate keeps its own s
   ``J = d x0_hat / d x`` through the transformer and ``w = min(c / r^2, cap)``, ``c = sigma / (1 - sigma)``,
   ``1 / r^2 = ((1 - sigma)^2 + sigma^2) / sigma^2`` (RTC's ``t = 1 - sigma``; their velocity is ``-v``).
 
-Continuity has four homes, one per layer; the others are :mod:`trajectory_ensemble_node.engine.context` (the value
-type and the alignment math); :mod:`trajectory_ensemble_node.reducers.continuity` (continuity-aware selection);
-:mod:`trajectory_ensemble_node.serving.continuity` (the face's memory of its last chunk, the rules to continue it).
+Continuity's other homes are listed in :mod:`trajectory_ensemble_node.serving.continuity`.
 """
 
 from __future__ import annotations

@@ -1,26 +1,8 @@
 """Row-blocked decoder layers: a packed forward's token-wise work, one candidate block at a time.
 
-In a decoder layer everything but attention is token-wise: the norms, the q/k/v and output projections, rotary, the
-MLP and the residual adds. Run over a whole N-candidate sequence at once, each of those ops streams activations of
-N × (block length) rows: at N=8 on the ``bench`` config the MLP's ``[3328, 1536]`` intermediates are 20 MiB each,
-ten times a core's L2 here, and every fresh allocation of that size is new pages for the kernel to fault in (1.7 M
-minor page faults per group, measured). Run in row ranges cut at candidate block boundaries, the same ops touch a
-few MiB at a time and reuse freed memory (0.2 M faults per group, 0.88× the time, same bits).
-
-Attention could run per range too (a block attends only to its prefix and itself); measured, it made no difference
-(0.996× in an alternating same-process comparison), so it stays one call per run of blocks.
-
-Why candidate boundaries: each range then has the row count of one upstream call's generation pathway (one
-candidate, one CFG branch), so every GEMM sees exactly the shapes a single upstream run gives it. Attention still
-runs once per layer over all blocks (:meth:`FanoutAttnProcessor.gen_attention`), and the transformer still runs
-ONE forward per step: blocking changes how a layer walks its rows, not how many forwards there are.
-
-The text pathway (a prefix's first step only) always runs one prefix at a time, so a prefix's keys and values do
-not depend on what else its forward holds (what lets ``PrefixKVCache`` hand them to any later forward).
-
-Off by default on CUDA (where one large GEMM is what the device wants; not measured here) and outside our own
-forwards: with no layout installed, or without ``row_block_rows`` and at most one prefix to compute, a layer runs its
-stock ``forward``.
+Each row range is cut at candidate block boundaries, so every GEMM sees the shapes of one upstream call; attention
+still runs once per layer over all blocks. Off on CUDA and with no layout installed (the stock ``forward`` runs).
+Measurements and the reasons: docs/benchmarks.md, "Row blocks".
 """
 
 from __future__ import annotations

@@ -1,20 +1,8 @@
 """Forward workers: the independent pieces of one packed forward, spread over the cores intra-op threads leave idle.
 
-A packed forward of co-batched groups holds pieces that share nothing: each row block's token-wise work
-(``layers.py``) and each run of candidate blocks' attention (:meth:`.attention.FanoutAttnProcessor.gen_attention`).
-On a CPU where torch runs one intra-op thread (``OMP_NUM_THREADS=1``, the setting that serves this model fastest on a
-small machine: OpenMP over every core costs more than it gains on ops this size), one forward uses one core however
-many groups are in it. :class:`ForwardWorkers` runs those pieces on a few threads instead; torch releases the GIL
-inside its kernels, so they run on separate cores.
-
-Each piece runs the same ops on the same inputs as it would on the calling thread, with the same number of intra-op
-threads, so results do not change by a bit. A forward of one group (one row block, one attention run) has nothing to
-split and runs on the calling thread as before, so a one-at-a-time server gains nothing from this; co-batching is
-what creates the parallel work.
-
-Pieces run in parallel only with autograd off: pieces write disjoint rows of shared output buffers, and in-place
-writes into one tensor from several threads would race on its autograd history (the RTC guidance forward and the
-training path keep the calling thread).
+Each piece runs the same ops on the same inputs, so results do not change by a bit; a lone group has nothing to split
+(docs/python-api.md, "Forward workers on CPU"). Pieces run in parallel only with autograd off: they write disjoint
+rows of shared buffers, and in-place writes from several threads would race on autograd history.
 """
 
 from __future__ import annotations

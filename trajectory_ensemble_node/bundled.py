@@ -1,12 +1,8 @@
 """The policies that ship inside the package, served by name: where their weights lie and how they must be called.
 
-``model: toy`` is the toy obstacle task's policy (:mod:`.toy`); ``model: pusht`` is the PushT policy trained by the
-lab's ``train-pusht`` on the expert's demonstrations (its README beside the weights gives the command, seeds, steps and
-validation figures). A bundled policy was trained with fixed action settings; a node whose parameters differ is told so
-at startup (:func:`settings_mismatch`), and a policy that acts in physical units carries its action statistics, which
-the node uses when ``action_stats_file`` is empty (:func:`default_stats`).
-
-Nothing here imports rclpy or a model package: the catalog loads the weights.
+``model: toy`` (:mod:`.toy`) and ``model: pusht`` (the lab's ``train-pusht``; its README beside the weights). A node
+whose action settings differ from the policy's is told so at startup (:func:`settings_mismatch`); a policy in physical
+units carries its action statistics (:func:`default_stats`). No rclpy, no model package: the catalog loads the weights.
 """
 
 from __future__ import annotations

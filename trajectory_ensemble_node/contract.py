@@ -1,16 +1,10 @@
 """The candidate contract: what a request asks for, which candidates form its group, and the one result it gets.
 
-A request carries a :class:`CandidateTrajectorySpec` (how many candidates, how to reduce them, whether to return
-them, how to seed them). The runtime turns it into a :class:`CandidateGroup` (the request id and the ordered
-candidate ids) and answers with exactly one :class:`EnsembleResult`. Every type validates itself on construction,
-so an invalid spec is rejected before any model work and no object can hold a partial group.
-
-This module is also the one place a request is validated. :func:`check_request` (count bound, reducer validity for
-the action width and the adapter's list, seed range) is what a ROS goal, a parameter file and a Python API call all
-go through; :func:`check_count` and :func:`check_reducer` are its parts, for callers (the parameter check) that
-report every problem instead of the first. The rules themselves live where their data lives and nowhere else: the
-seed range in :func:`~trajectory_ensemble_node.seeding.check_seed`, a reducer's width rule in
-:meth:`~trajectory_ensemble_node.reducers.Reducer.check_layout`, finiteness in :func:`check_finite`.
+A :class:`CandidateTrajectorySpec` becomes a :class:`CandidateGroup` and gets exactly one :class:`EnsembleResult`;
+every type validates itself on construction. :func:`check_request` is the one place a request is validated (its parts
+:func:`check_count` and :func:`check_reducer` report every problem); each rule lives with its data
+(:func:`~trajectory_ensemble_node.seeding.check_seed`, :meth:`~trajectory_ensemble_node.reducers.Reducer.check_layout`,
+:func:`check_finite`).
 """
 
 from __future__ import annotations

@@ -1,14 +1,8 @@
 """Per-group metrics: names, units, the engine's group counters, and the two measurements that depend on the device.
 
-Metric keys carry their unit (``_ms``, ``_bytes``) so that ``/diagnostics`` can show them verbatim.
-
-A finished group reports typed findings, each a small frozen type in the module that computes it: the counters here
-(:class:`GroupCounters`), steps (``engine/deadline.py``), validity (``engine/validity.py``), continuity
-(``engine/context.py``), uncertainty (``uncertainty.py``) and novelty (``novelty.py``). Each has one
-``as_metrics()`` that flattens it into the flat key -> value mapping diagnostics and the wires carry
-(``EnsembleResult.metrics``), and ``from_metrics()`` that reads it back from such a mapping, so no other module
-reads a metric by its key. A mapping stays numbers: a sequence of floats (``uncertainty_step_std``) becomes text
-only where it leaves for a wire, in :func:`numbers_text`.
+Keys carry their unit (``_ms``, ``_bytes``). Each typed report (the counters here, steps, validity, continuity,
+uncertainty, novelty) has one ``as_metrics()`` and one ``from_metrics()``, so no other module reads a metric by its
+key; a sequence of floats becomes text only where it leaves for a wire (:func:`numbers_text`).
 """
 
 from __future__ import annotations

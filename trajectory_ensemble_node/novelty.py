@@ -1,22 +1,8 @@
 """Observation novelty: how far an observation's embedding lies from the ones a policy was calibrated on.
 
-Candidate spread (:mod:`.uncertainty`) only sees a policy that hesitates. A policy that misreads an unfamiliar scene
-with confidence keeps its candidates tight, so the other half of FIPER (Römer et al., NeurIPS 2025) looks at the
-observation instead: a scorer fitted to the embeddings of successful in-distribution episodes says how unfamiliar a
-new one is. Two scorers, both over embeddings standardized per dimension with the fit set's mean and scale:
-
-- ``rnd`` (random network distillation, FIPER's): a fixed random *target* MLP and a small *predictor* MLP trained to
-  imitate it on the fit embeddings. Score = mean squared difference of their outputs. The predictor only learned
-  the target where the fit data lies, so the error grows away from it. Scoring is two tiny MLPs; the file size does
-  not grow with the calibration set.
-- ``knn`` (k nearest neighbours): score = Euclidean distance to the k-th nearest fit embedding. No training, no
-  hyperparameter but ``k``; the file holds the fit embeddings.
-
-The embedding itself comes from the model's serving pass (for Cosmos 3 the conditioning frame's VAE latent, pooled to
-a ``grid x grid`` map; see ``models/cosmos3``); the scorer records which embedding and which ``grid`` it was fitted
-on, so a node refuses a scorer that does not fit its model.
-
-A fitted scorer is one small safetensors file (tensors plus string metadata); pickle is never written or read.
+Two scorers over standardized embeddings, ``rnd`` (random network distillation, FIPER's) and ``knn`` (distance to the
+k-th nearest fit embedding); a scorer records its embedding and grid, so a node refuses one that does not fit its
+model (docs/safety-and-uncertainty.md). A fitted scorer is one safetensors file; pickle is never written or read.
 """
 
 from __future__ import annotations

@@ -1,23 +1,8 @@
 """Per-candidate validity: action limits in robot units, and a verdict with reasons for every candidate.
 
-A controller executes what the node publishes, and the ros2_control JointTrajectoryController enforces no velocity or
-acceleration limit, so the checks happen here, on every candidate before reduction and on the reduced trajectory.
-
-Limits file (YAML), one entry per action channel in order, in the de-normalized units the node publishes; every
-key is optional (``null`` or absent = no limit)::
-
-    version: 1
-    channels:
-      - name: x                # label used in reasons (default: "channel <i>")
-        min: -1.0              # position limits (the only ones a clamp policy may clamp)
-        max: 1.0
-        max_velocity: 3.0      # |a[k+1] - a[k]| / dt, units/s, dt = the chunk's 1/fps
-        max_acceleration: 40.0 # |a[k+2] - 2 a[k+1] + a[k]| / dt^2, units/s^2
-        max_start_jump: 0.3    # |a[0] - current state|, units; checked only when the current state is given
-      - name: y
-        ...
-
-NaN and Inf are always rejected, with or without limits.
+The JointTrajectoryController enforces no velocity or acceleration limit, so every candidate and the reduced
+trajectory are checked here. The limits file's format (``version: 1``, one entry per channel): docs/safety-and-
+uncertainty.md, "1. Per-candidate validity". NaN and Inf are always rejected, with or without limits.
 """
 
 from __future__ import annotations

@@ -1,18 +1,7 @@
 """The statistics every report of this project uses: intervals, conformal thresholds and AUROC.
 
-One home for them, so a rate in the README, a false-alarm rate from ``calibrate`` and a success rate from the
-closed-loop bench carry the same interval:
-
-- :func:`wilson`: Wilson score interval of a binomial rate;
-- :func:`bootstrap_mean`: percentile bootstrap interval of a mean (resampling scenes or episodes);
-- :func:`conformal_threshold`: the split-conformal threshold, the ``ceil((1 - alpha)(n + 1))``-th smallest
-  calibration score, i.e. the ``(1 - alpha)(1 + 1/n)`` empirical quantile. For a new score exchangeable with the
-  ``n`` calibration scores, ``P(score > threshold) <= alpha``;
-- :func:`auroc`: the area under the ROC curve as the Mann-Whitney statistic, ties counted one half;
-- :func:`paired_bootstrap_auroc`: percentile bootstrap intervals of two scores' AUROCs on the same samples and of
-  their difference (resampling samples, so both scores see the same resample).
-
-Plain numpy; nothing here imports torch or rclpy.
+One home, so a rate in the README, a false-alarm rate from ``calibrate`` and a success rate from the closed-loop bench
+carry the same interval. Plain numpy; nothing here imports torch or rclpy.
 """
 
 from __future__ import annotations

@@ -1,17 +1,9 @@
 """``trajectory-ensemble calibrate``: the uncertainty score's conformal threshold and the observation-novelty scorer.
 
-Two sources of episodes, one set of flags:
-
-- ``--bag BAG``: a team's recorded successful episodes, replayed into the node and scored by it
-  (:mod:`.bag_calibration`, with the novelty scorer of :mod:`.novelty_calibration`). This is the product's mode.
-- without ``--bag``: toy scenes, tested on shifted scene families the policy never saw. That is an experiment on the
-  bundled toy task, so it lives in the lab (``trajectory_ensemble_lab.toy.scene_calibration``, with its shifted
-  scenes), which ``make test`` installs beside the product. It is imported by name here, so the product's wheel
-  carries neither it nor the shifted scenes; without the lab this mode exits 2 and says what is missing.
-
-Output: ``{"uncertainty": {...}, "observation": {...}, "combined": {...}, "settings", "scores"}`` as JSON, plus a
-markdown summary beside it. The node loads it as ``uncertainty_calibration_file`` (with ``novelty_scorer_file`` for
-the scorer).
+``--bag BAG`` is the product's mode (:mod:`.bag_calibration`); without it, toy scenes and shifted families, the lab's
+experiment (``trajectory_ensemble_lab.toy.scene_calibration``), imported by name, so the wheel carries neither (without
+the lab this mode exits 2 and says what is missing). The JSON is what the node loads as
+``uncertainty_calibration_file``.
 """
 
 from __future__ import annotations

@@ -1,26 +1,9 @@
 """The novelty half of ``calibrate``: fit the scorer, set both conformal thresholds per alarm rule, evaluate every rule.
 
-Shared by every source of episodes (toy scenes; a team's bags): what comes in is, per successful in-distribution
-calibration goal, its spread score (``uncertainty_score``) and its observation embedding; what goes out is the scorer
-file and the ``observation`` and ``combined`` sections of the calibrate JSON.
-
-Procedure (:func:`fit_thresholds`):
-
-1. **Fit.** The first ``fit_share`` of the calibration goals fit the scorer (:mod:`trajectory_ensemble_node.novelty`,
-   ``knn`` by default, ``rnd`` on request). The rest score it: a scorer is always worse on data it never saw, so
-   thresholds from the fit goals themselves would be too low (split conformal).
-2. **Thresholds per rule** (split conformal, :func:`~trajectory_ensemble_node.stats.conformal_threshold`): spread
-   over every calibration goal, novelty over the goals the scorer did not see. ``spread`` and ``novelty`` at alpha;
-   ``both`` (FIPER's) at alpha each (it alarms only when both do, so at most alpha); ``either`` at alpha / 2 each (by
-   the union bound, at most alpha).
-
-Evaluation (:func:`evaluate_rules`), on held-out in-distribution goals and shifted ones: per rule its false alarms
-(held out), its detections (shifted), the AUROC of its score (:meth:`~trajectory_ensemble_node.uncertainty.AlarmRule
-.score`) separating the two, and its **failure AUROC**: how well the score ranks goals whose served chunk failed (a
-collision, on the toy task) above the others, over held-out and shifted goals together, with a 95 % paired bootstrap
-interval of its margin over ``spread`` alone. The recommended rule (:func:`recommend`) is the one with the highest
-failure AUROC among those meeting the false-alarm bound (alpha + 0.05) and 80 % detection; failing that, among those
-meeting the false-alarm bound.
+Shared by every source of episodes: per calibration goal its spread score and observation embedding come in; the
+scorer file and the ``observation`` and ``combined`` sections of the calibrate JSON go out. The procedure
+(:func:`fit_thresholds`: fit on a share, thresholds on the rest), the evaluation (:func:`evaluate_rules`) and the
+recommended rule (:func:`recommend`): docs/safety-and-uncertainty.md, "2. Uncertainty, calibrated".
 """
 
 from __future__ import annotations

@@ -1,10 +1,6 @@
 """The ``trajectory-ensemble`` command: its dispatcher (:mod:`.dispatch`) and the operator commands.
 
-The operator commands talk to a running node over DDS: ``send-goal`` (:mod:`.send_goal`), ``params``
-(:mod:`.params`), ``lifecycle`` (:mod:`.lifecycle`), ``diagnostics`` (:mod:`.diagnostics`), all through the shared
-client session of :mod:`.ros_client`; ``docs`` (:mod:`.docs`) writes the generated docs. Modules that talk to a node
-import rclpy inside the functions that need it, so this package imports without ROS.
-
+Modules that talk to a node import rclpy inside the functions that need it, so this package imports without ROS.
 ``trajectory_ensemble_node.cli:main`` and ``:node_main`` stay the console scripts' entry points (pyproject.toml,
 colcon's setup), so the dispatcher's names are re-exported here.
 """

@@ -1,13 +1,8 @@
 """``trajectory-ensemble``: serve, demo, sim, replay, send-goal, diagnostics, params, calibrate, docs (and the lab's).
 
-Each subcommand lives in the module that owns its concept and exposes ``add_arguments(parser)`` and
-``run(args) -> int``; this file only dispatches, importing a module when its command runs, so that (for example)
-``docs`` works on a machine without rclpy.
-
-The product's commands are :data:`_COMMANDS`. Other installed packages add theirs through the
-``trajectory_ensemble.commands`` entry-point group, each entry a table of the same shape: the lab
-(``lab/``, installed by ``make test``) adds ``bench``, ``bench-steps``, ``train-toy`` and ``train-grpo`` that way,
-so the product never imports it and a product-only install simply lists fewer commands.
+Each subcommand lives in the module that owns it (``add_arguments(parser)``, ``run(args) -> int``) and is imported only
+when its command runs, so ``docs`` works without rclpy. The product's commands are :data:`_COMMANDS`; other packages
+(the lab) add theirs through the ``trajectory_ensemble.commands`` entry points (docs/development.md).
 """
 
 from __future__ import annotations

@@ -1,14 +1,8 @@
 """``trajectory-ensemble docs``: write the documentation that is generated from the code, or check it is current.
 
-These would otherwise be copies kept by hand that drift from the code:
-
-- ``docs/parameters.md``, rendered from the node's parameter table (:data:`..serving.params.PARAMETERS`);
-- ``docs/errors.md``, every error code with its kind and meaning, from :func:`..errors.error_table`;
-- the compact error-code table in ``README.md`` between :data:`ERRORS_BEGIN` and :data:`ERRORS_END`, from the same
-  function.
-
-The renderers take their table as an argument, so they are pure and testable with a literal table; only
-:func:`run` reads the code's tables. ``--check`` writes nothing and exits 1 listing every out-of-date file.
+``docs/parameters.md``, ``docs/errors.md`` and the README's error-code table (between :data:`ERRORS_BEGIN` and
+:data:`ERRORS_END`). The renderers are pure; only :func:`run` reads the code's tables. ``--check`` writes nothing and
+exits 1 listing every out-of-date file.
 """
 
 from __future__ import annotations

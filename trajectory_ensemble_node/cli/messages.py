@@ -1,13 +1,8 @@
 """The ROS message codec built on ``rosbags`` (no rclpy): the typestore, CDR bytes, and message construction.
 
-Messages stay in CDR form end to end: the replay publishes a bag's bytes as they are and records the node's outputs
-as the bytes that arrived, and ``send-goal`` builds its toy camera frame the same way. The custom types
-(``trajectory_ensemble_msgs/msg/ActionTrajectory``, ``CandidateArray``) are registered in the typestore from the
-``.msg`` files themselves, so the definitions and RIHS01 hashes written into a bag match what rosidl generates and
-real ROS 2 tools (``ros2 bag info/play``, Foxglove) can read it.
-
-It lives in ``cli/`` beside :mod:`.ros_client` because both the operator commands and ``replay/`` use it, and
-``replay/`` already builds on ``cli/`` (its client session and parameter client), never the other way round.
+The custom types are registered from their ``.msg`` files, so the definitions and RIHS01 hashes written into a bag
+match what rosidl generates and real ROS 2 tools can read it. It lives in ``cli/`` because the operator commands and
+``replay/`` both use it, and ``replay/`` already builds on ``cli/``, never the other way round.
 """
 
 from __future__ import annotations

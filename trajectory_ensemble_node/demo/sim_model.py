@@ -1,24 +1,9 @@
 """The simulated robot of ``trajectory-ensemble sim``: the toy task's point robot, its clock and its records.
 
-The sim owns time. It publishes ``/clock`` advancing at ``--real-time-factor`` (the node runs with
-``use_sim_time: true``), so a group that takes seconds on a CPU costs the robot what it would cost on a GPU that is
-that much faster: the same delay in control steps. Every control step (``dt = 1 / fps`` of sim time) the robot
-moves to the position its spliced plan has for that time and a camera frame of the scene (rgb8, 256 x 256, stamp =
-sim time) goes out on the node's image topic.
-
-- **Execution.** ``~/trajectory`` row ``k`` is the robot position target at ``header.stamp + (k + 1) * dt``. A new
-  chunk replaces the plan from the first of its rows whose time is still ahead when it arrives (how ros2_control's
-  JointTrajectoryController splices); the rows before are what the robot executed meanwhile: the frozen actions.
-- **Goals.** ``--execute s``: the next goal is sent once ``s`` actions of the current chunk have executed (``H - s``
-  still ahead: 4 of 8, as ``bench --closed-loop`` and LeRobot's half-queue threshold); ``--execute sync``: after the
-  whole chunk, the robot standing still until the next one arrives, which then starts at the next step. Goals carry
-  ``continue_previous``, ``inference_delay`` and, first in an episode, ``reset_context``.
-- **Episodes** (:mod:`..toy.episodes`' definitions) end at the target, on a collision or at the step budget. The
-  world waits for an episode's first chunk (the clock is paused), as the in-process bench starts it at once.
-
-This module holds the pure parts (clock, plan splicing, trigger, end conditions, records; no ROS). The ROS node is
-:class:`.sim_robot.SimRobot`, episodes through a serving node and their report are :mod:`.sim_report`, and the
-command line is :mod:`.sim`.
+The sim owns time (``/clock`` at ``--real-time-factor``), splices each chunk into its plan as a
+JointTrajectoryController does, triggers goals by ``--execute`` and ends episodes by :mod:`..toy.episodes`' rules
+(docs/closed-loop.md, "The simulated robot"). This module holds the pure parts (no ROS); the node is
+:class:`.sim_robot.SimRobot`, the report :mod:`.sim_report`, the command :mod:`.sim`.
 """
 
 from __future__ import annotations

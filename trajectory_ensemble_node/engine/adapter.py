@@ -1,12 +1,8 @@
 """The model adapter protocol: what the engine needs from a model, and what a model must declare.
 
-The engine owns this protocol and model packages implement it, so the dependency points one way: a model imports
-``trajectory_ensemble_node.engine.adapter``, and the engine never imports a model package.
-
-The engine (:mod:`trajectory_ensemble_node.engine`) owns grouping, candidate identity, seeds, batching,
-cancellation, failure and metrics. The adapter owns everything model-specific: encoding the candidate-invariant
-conditioning once, running one physical forward over slices of one or more groups, advancing a group by one step,
-and post-processing its candidate actions. The framework holds no model tensor names; an adapter declares them.
+The engine owns this protocol and model packages implement it, so the dependency points one way. The engine owns
+grouping, candidate identity, seeds, batching, cancellation, failure and metrics; the adapter owns everything
+model-specific (encode once, one physical forward over group slices, one step, post-processing). No tensor names here.
 """
 
 from __future__ import annotations

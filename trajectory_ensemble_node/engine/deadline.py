@@ -1,25 +1,10 @@
 """Per-request deadlines (anytime results): how many denoising steps fit, and when to stop early.
 
-A request may carry ``deadline_s``: seconds from submission by which its result must exist (0 or ``None``: none).
-The engine keeps measured costs (:class:`StepCosts`: time per engine iteration, i.e. one denoising step of every
-running group, and the post-processing + reduction time) and
-
-1. at submission refuses a deadline that not even encoding + one step + post-processing can meet
-   (:class:`DeadlineUnmeetableError`). A *cold* engine (no step measured yet) cannot know: by default it accepts
-   and plans after encoding; with ``refuse_cold`` (the node, which measures its costs at start-up and must never
-   serve a plan it cannot defend) it refuses;
-   at admission, still before any model work, it refuses again what the time spent queued has made unmeetable
-   (or, cold, a deadline already past): the refusal is decided from the measured costs, never after an encode;
-2. after encoding fits ``steps_fitted = min(planned, floor(time left / step time))`` (``steps_planned``: the
-   steps the request asked for) and, when that is fewer,
-   has the adapter re-schedule the group with that many steps (the same schedule a request for that many steps
-   gets); 0 steps fail the group with :class:`DeadlineUnmeetableError`, and so does a deadline already past once a
-   cold engine has encoded (it would otherwise run the steps it asked for, and stop after the first);
-3. after every step, when one more step would overrun, has the adapter finish at once from the model's clean-action
-   estimate at the step just taken (``steps_used < steps_fitted``).
-
-Adapters opt in by implementing :class:`AnytimeAdapter`. Without a deadline nothing here runs, and results are
-bit-identical to an engine without this module.
+From measured :class:`StepCosts`: refuse at submission and again at admission what cannot be met
+(:class:`DeadlineUnmeetableError`; a cold engine accepts unless ``refuse_cold``), fit ``steps_fitted`` after encoding,
+and finish early from the clean-action estimate when one more step would overrun. The rules in full:
+docs/safety-and-uncertainty.md, "3. Per-request deadlines". Adapters opt in through :class:`AnytimeAdapter`; without a
+deadline nothing here runs and results are bit-identical.
 """
 
 from __future__ import annotations

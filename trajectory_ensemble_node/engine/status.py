@@ -1,25 +1,7 @@
 """How far a group got and how it ended: one status, from which every counter, goal outcome and diagnostic derives.
 
-Like vLLM's ``RequestStatus``, a group is ``WAITING`` (queued), then ``RUNNING`` (admitted), then in exactly one
-``FINISHED_*`` status; each finished status but success and refusal carries its finish reason
-(:class:`~trajectory_ensemble_node.errors.AbortReason`). The error code a group or a goal ends with decides its
-finished status (:func:`status_for_code`), and the status decides the rest:
-
-=========================  ===============  ==============  ==============  ===============================
-status                     finish reason    service count   goal counter    error codes
-=========================  ===============  ==============  ==============  ===============================
-``FINISHED_SUCCEEDED``     --               ``succeeded``   ``succeeded``   ``OK``
-``FINISHED_REFUSED``       --               ``failed``      ``aborted``     refusal, observation, configuration
-``FINISHED_FAILED``        ``FAILED``       ``failed``      ``aborted``     engine failure
-``FINISHED_CANCELED``      ``CANCELED``     ``canceled``    ``canceled``    ``CANCELED``
-``FINISHED_PREEMPTED``     ``PREEMPTED``    ``preempted``   ``preempted``   ``PREEMPTED``
-``FINISHED_SHUTDOWN``      ``SHUTDOWN``     ``shutdown``    ``aborted``     ``SHUTDOWN``
-``FINISHED_NOT_ACTIVE``    ``NOT_ACTIVE``   ``failed``      ``aborted``     ``NOT_ACTIVE``
-=========================  ===============  ==============  ==============  ===============================
-
-The service count is :meth:`~trajectory_ensemble_node.service.EnsembleService.outcome_counts`; the goal counter is the
-node's ``/diagnostics`` ``goals_<name>`` (``rejected`` counts goals the action server never accepted: they never
-became a group). The node's goal states (``ros/goal_state.py``) are these statuses seen from a goal.
+Like vLLM's ``RequestStatus``: ``WAITING``, ``RUNNING``, then one ``FINISHED_*``. The code a group ends with decides
+its status (:func:`status_for_code`), and the status decides the rest: docs/node.md, "Group status".
 """
 
 from __future__ import annotations

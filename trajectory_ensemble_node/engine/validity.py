@@ -1,15 +1,6 @@
 """The engine's validity hook: screen a finished group's candidates, reduce the survivors, check the result.
 
-Order in :meth:`GroupEngine._complete`:
-
-1. every candidate is denormalized into robot units and checked (:func:`~trajectory_ensemble_node.safety.
-   check_trajectories`): NaN/Inf always, limits when the request carries them;
-2. with fewer survivors than ``min_valid_candidates`` the group fails (:class:`TooFewValidCandidatesError`) and
-   nothing is reduced;
-3. the survivors (clamped ones mapped back to normalized space) go to the reducer;
-4. the reduced trajectory is checked again; a violation is clamped (clamp policy, position limits only) or fails the
-   group (:class:`ReducedTrajectoryInvalidError`).
-
+The order (screen, quorum, reduce, check again) is in docs/safety-and-uncertainty.md, "1. Per-candidate validity".
 With no limits and all candidates finite, the reducer sees the very tensor it saw before this hook existed, so
 results stay bit-identical.
 """

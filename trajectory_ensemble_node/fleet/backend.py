@@ -1,15 +1,8 @@
 """The ingress's backend: each built group goes to an engine replica, and a ``GroupHandle`` ends with its reply.
 
-:class:`RayBackend` is the :class:`~trajectory_ensemble_node.openpi.policy.Backend` of ``serve-ray``'s ingress: the
-OpenPI server and :class:`~trajectory_ensemble_node.openpi.policy.OpenPIPolicy` are the ones ``serve-openpi`` runs
-(handshake, auth, limits, sessions, replies), and only the engine is elsewhere. A submitted group is sent as a plain
-description (:func:`.protocol.describe`) through the deployment's handle; a thread waits for the reply and ends the
-handle with the rebuilt result or named error. Canceling the handle cancels the Serve request, and the replica cancels
-the group at its next denoising step.
-
-A replica that dies with the group in it (its actor is lost, or unavailable) ends the group with
-:class:`~trajectory_ensemble_node.errors.ReplicaLostError` (``REPLICA_LOST``, 95); Ray Serve starts a new replica and
-routes the next requests to the live ones.
+:class:`RayBackend` is the ``Backend`` of ``serve-ray``'s ingress: everything of ``serve-openpi`` stays, only the engine
+is elsewhere. Canceling the handle cancels the Serve request and so the group; a replica that dies with the group in
+it ends it with :class:`~trajectory_ensemble_node.errors.ReplicaLostError` (``REPLICA_LOST``, 95; docs/scaling.md).
 """
 
 from __future__ import annotations

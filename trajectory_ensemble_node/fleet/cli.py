@@ -1,14 +1,7 @@
 """``trajectory-ensemble serve-ray``: the OpenPI wire in front of engine replicas on Ray Serve.
 
-::
-
-    trajectory-ensemble serve-ray --replicas 2 --params-file config/serve.yaml --port 8000 --api-key "$KEY"
-    trajectory-ensemble serve-ray --autoscale 1,4 --ray-address auto     # on a running Ray cluster
-
-Every ``serve-openpi`` flag (the same parser), plus ``--replicas``, ``--autoscale MIN,MAX`` and ``--ray-address``
-(default: start a local Ray instance with this machine's CPUs). Once the replicas serve, it logs ``serve-openpi``'s
-``ready: ws://HOST:PORT ...`` line. SIGINT or SIGTERM deletes the application (and stops the local Ray instance it
-started). Needs the optional extra: ``pip install '.[fleet]'``.
+Every ``serve-openpi`` flag, plus ``--replicas``, ``--autoscale MIN,MAX`` and ``--ray-address``; SIGINT or SIGTERM
+deletes the application. Usage: docs/scaling.md. Needs the optional extra: ``pip install '.[fleet]'``.
 """
 
 from __future__ import annotations

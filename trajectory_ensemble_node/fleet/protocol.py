@@ -1,15 +1,9 @@
 """What travels between the ingress and an engine replica: plain, picklable dicts, no ray import.
 
-A group goes out as a *description* (:func:`describe`): the prompt, the frame ``[H, W, 3]`` uint8, the robot's state
-(Python floats, float64: the very bits the ingress checked), the spec's fields, the base seed, the deadline, the
-continuity context's fields (its previous chunk as a numpy array) and the request id.
-The replica rebuilds the very group the ingress built (:func:`request_from_description`, through the same
-:func:`~trajectory_ensemble_node.serving.request_path.build_request`), so its bits are the local engine's.
-
-A reply comes back as a *payload*: the result's tensors as numpy with its plain metrics (:func:`result_payload`), or
-a named error's class name, code and message (:func:`error_payload`), never a traceback. The ingress turns it back
-into an :class:`~trajectory_ensemble_node.contract.EnsembleResult` or the same named error
-(:func:`result_from_payload`, :func:`error_from_payload`).
+A group goes out as a *description* (:func:`describe`) and the replica rebuilds the very group the ingress built
+(:func:`request_from_description`, through the same ``build_request``), so its bits are the local engine's. A reply
+comes back as a *payload*: the result's tensors as numpy with its metrics, or a named error's class, code and message
+(never a traceback), turned back by :func:`result_from_payload` / :func:`error_from_payload`.
 """
 
 from __future__ import annotations

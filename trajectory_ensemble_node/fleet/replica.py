@@ -1,12 +1,8 @@
 """The engine replica: one model, its engine started, serving the group descriptions the ingress routes to it.
 
-Ray Serve routes up to ``max_ongoing_requests`` descriptions to a replica at once; each becomes a group in the one
-engine, which co-batches them (unrelated groups share each physical forward, as in ``serve-openpi``). A canceled
-Serve request (the client left, the server shut down) cancels its group, which the engine stops at its next denoising
-step. Health (:meth:`EngineReplica.check_health`): the engine thread is alive.
-
-The replica holds no session: the ingress sends each request's continuity context with it (:mod:`.protocol`), so any
-replica continues any session and a replica that restarts loses nothing.
+Up to ``max_ongoing_requests`` descriptions at once become groups of the one engine, co-batched; a canceled Serve
+request cancels its group. The replica holds no session (each request brings its continuity context), so any replica
+continues any session (docs/scaling.md).
 """
 
 from __future__ import annotations

@@ -1,17 +1,9 @@
 """``trajectory-ensemble serve-openpi``: the engine on the OpenPI websocket wire, with no ROS needed.
 
-::
-
-    trajectory-ensemble serve-openpi --params-file config/serve.yaml --port 8000 --api-key "$KEY"
-
-The params file is the node's YAML (``/**/trajectory_ensemble: ros__parameters: ...``), read with the node's own
-parameter table and checks (``serving/params.py``), so one file configures both faces; without one, the node's defaults
-serve the bundled toy policy. The key comes from ``--api-key`` (repeat it for several keys: each is its own owner, and
-connections with different keys never share a session) or the :data:`API_KEY_ENV` environment variable.
-Binding an address other than loopback without a key is refused unless ``--allow-remote-without-key`` says so.
-
-SIGINT or SIGTERM: every request still queued or running gets a ``SHUTDOWN`` error frame, the connections close, and
-the process exits within :data:`EXIT_DEADLINE_S` whatever is stuck.
+Reads the node's params file with the node's own parameter table, so one file configures both faces; keys come from
+``--api-key`` (repeatable) or :data:`API_KEY_ENV`, and a non-loopback bind without a key is refused unless
+``--allow-remote-without-key``. On SIGINT or SIGTERM the process exits within :data:`EXIT_DEADLINE_S`. Usage:
+docs/openpi.md.
 """
 
 from __future__ import annotations

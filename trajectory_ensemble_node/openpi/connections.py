@@ -1,24 +1,8 @@
 """Who a connection is, and whether there is room for it: keys, owners, per-client caps and reclaiming idle slots.
 
-The server's handshake (:meth:`.server.OpenPIServer._process_request`) asks :class:`KeyRing` which key an
-``Authorization`` header carries, and :class:`ConnectionTable` whether the connection may open:
-
-- **Owner.** A key is never kept as a dict key or logged: each key gets an owner id, an HMAC of it under a secret
-  drawn at start-up (``key-<16 hex>``), stable for the process and useless anywhere else. Sessions are keyed by it
-  (:mod:`.sessions`). Without a key, each connection owns its sessions alone.
-- **Client.** The owner (or ``anonymous``) together with the peer's address. ``openpi_max_connections_per_client``
-  caps one client's connections, so one client cannot take the slots of all others.
-- **Reclaiming.** A connection that has not sent a request yet holds a slot and serves nobody. When a client opens
-  one past its cap, its own oldest such connection is closed (1013, with the reason) to make room; when the server is
-  full (``openpi_max_connections``), the oldest such connection of anyone that has waited at least
-  ``openpi_handshake_idle_s`` is. Only when nothing can be reclaimed is a handshake refused (HTTP 503 ``CAPACITY``,
-  with the limit that was hit). An idle connection that has been served keeps its slot until
-  ``openpi_idle_timeout_s``: a robot between requests is not idle.
-
-A connection is never closed for being idle before its first request otherwise: openpi-client opens its connection
-in its constructor and does not reconnect, and a simulator often resets for seconds before the first ``infer``.
-
-Used from the event loop only.
+:class:`KeyRing` turns a key into an owner id (an HMAC under a start-up secret; a key is never stored or logged) and
+:class:`ConnectionTable` decides whether a connection may open, reclaiming one that never sent a request before any
+handshake is refused: docs/security.md, "Keys and owners" and "Connection fairness". Used from the event loop only.
 """
 
 from __future__ import annotations

@@ -1,25 +1,8 @@
 """One OpenPI request, from its frame to its reply frame, for every connection of one server on one engine.
 
-:class:`~.server.OpenPIServer` keeps the listening socket, the handshake and the connections; each request frame a
-connection reads goes to its :class:`RequestDispatcher`, which owns what requests share across connections (the
-admission gate, the decode pool, the build thread):
-
-- **Decoding** runs on a small pool of its own, never on the event loop nor the build thread, within bounds derived
-  from the schema and the limits (:class:`~..wire.codec.DecodeLimits`): a hostile frame costs about what a normal
-  one does.
-- **Co-batching**: requests of different connections are submitted to the one engine as they come, up to
-  ``max_concurrent`` at once, so they share physical forwards (the engine packs unrelated groups into one batch per
-  denoising step, each token at its own timestep). Up to ``max_queued`` more wait in arrival order; past that a
-  request gets a ``CAPACITY`` error frame at once. A request holds its slot from its build (the conditioning,
-  encoded ahead on one build thread while the engine denoises the others) to its result, so ``max_concurrent: 1``
-  serves strictly one request at a time.
-- **Disconnect**: a client that goes away mid-request has its group canceled; the engine stops it at its next
-  denoising step (``EnsembleService.outcome_counts()["canceled"]``).
-- **Shutdown** (:meth:`RequestDispatcher.stop`): every queued or running request gets a ``SHUTDOWN`` error frame, and
-  a running group is canceled at its next step.
-
-Errors are text frames (:func:`~..wire.codec.error_frame`); the connection stays open for the next request. No
-traceback is ever sent.
+:class:`RequestDispatcher` owns what requests share across connections: the admission gate, the decode pool (bounded
+decoding off the event loop), the build thread. Co-batching, the queue, disconnects and shutdown: docs/openpi.md,
+"Co-batching, queue, order, disconnects". Errors are text frames; no traceback is ever sent.
 """
 
 from __future__ import annotations

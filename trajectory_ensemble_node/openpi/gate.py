@@ -1,11 +1,8 @@
 """The request gates of the OpenPI server.
 
-- :class:`AdmissionGate`: at most ``openpi_max_concurrent`` requests hold a slot (being built or in the engine), up to
-  ``openpi_max_queued`` more wait in arrival order, and past that a request is refused with ``CAPACITY``.
-- :class:`InboundBudget`: the bytes of frames read and not yet answered, across connections, held to
-  ``openpi_max_inbound_bytes`` by not reading past it. ``openpi_max_queued`` alone never bounded them: each connection
-  has one request in the gate at a time, and 12 connections pipelining 16 frames of 11.4 MB each grew the server
-  from 386 MB to 3.2 GB.
+:class:`AdmissionGate`: at most ``openpi_max_concurrent`` requests hold a slot, ``openpi_max_queued`` more wait, the
+rest get ``CAPACITY``. :class:`InboundBudget`: the bytes of frames read and not yet answered, held to
+``openpi_max_inbound_bytes`` by not reading past it (why: docs/security.md, "Frames held: a budget").
 """
 
 from __future__ import annotations

@@ -1,25 +1,9 @@
 """The OpenPI face of the service: one request dict in, one group submitted, one reply dict out.
 
-:class:`OpenPIPolicy` holds the same :class:`~trajectory_ensemble_node.models.cosmos3.Cosmos3ActionModel` the node
-builds from the same parameters (the model, reducers, validity limits, uncertainty threshold, deadlines), and does for
-a request what the node does for a goal: the input limits (instruction length), the goal's validation
-(:func:`.extras.plan_request`), then the serving layer's one request path
-(:mod:`~trajectory_ensemble_node.serving.request_path`: continuity in the request's session (:mod:`.sessions`), the
-group, the deadline rule, submission, the chunk remembered). It knows nothing of websockets (:mod:`.server`) and never
-imports rclpy.
-
-A request goes through three calls: :meth:`OpenPIPolicy.prepare` (the checks that need no model, on the event loop),
-:meth:`OpenPIPolicy.build` (on the server's one build thread: the token count, the continuity decision, the group
-request and its candidate-invariant conditioning, encoded ahead) and :meth:`OpenPIPolicy.submit` (into the engine).
-Encoding ahead lets the conditioning of a request (tokenizer and VAE, tens of milliseconds on a CPU) run while the
-engine denoises the others; the engine then finds it done (``Cosmos3Adapter.encode`` keeps it on the request), and the
-result is the same bits. The build thread is then the only thread of the process that runs the tokenizer or the VAE.
-
-The reply holds ``actions`` ``[H, D]`` float32 in the units the node publishes (robot units with
-``action_stats_file``, else the model's normalized units), the same array as ``action``, and ours: ``base_seed``,
-``seeds``, ``metrics``, ``uncertain``, ``novelty_score``, ``novel``, ``uncertainty_rule`` (``None`` without a novelty
-scorer), ``steps_used``, ``continuity``, and ``candidates`` ``[N, H, D]`` with ``valid`` ``[N]`` when asked
-(``return_candidates``).
+:class:`OpenPIPolicy` holds the same served model the node builds from the same parameters and takes a request
+through :meth:`~OpenPIPolicy.prepare` (checks without the model, on the event loop), :meth:`~OpenPIPolicy.build` (on
+the one build thread: continuity, the group, its conditioning encoded ahead) and :meth:`~OpenPIPolicy.submit`, down
+the serving layer's one request path. The reply's fields: docs/openpi.md, "The wire". No websockets, no rclpy.
 """
 
 from __future__ import annotations

@@ -1,22 +1,9 @@
 """Sessions: the closed loop over the wire, with the node's own continuity machinery.
 
-Each session (a request's ``session_id``, or the connection's own session when it names none) has one
-:class:`~trajectory_ensemble_node.serving.continuity.ChunkMemory`, the same object the node keeps for its one robot: the
-last chunk served, in the model's space, its stamp, ``dt``, instruction and weights version, and the latency estimate. A
-request with ``continue_previous`` is decided by :meth:`ChunkMemory.decide` exactly as a goal is (same drop rules, same
-``continuity`` status strings) and runs with the :class:`~trajectory_ensemble_node.engine.context.ExecutionContext` it
-returns; every served chunk is remembered. Alignment is by the request's ``stamp`` (seconds on the client's clock) or,
-when it has none, by its arrival time on this host's monotonic clock: a session should use one or the other.
-
-``{"endpoint": "reset"}`` drops a session's chunk. Sessions are kept least recently used first, at most
-:data:`MAX_SESSIONS`, and at most :data:`MAX_SESSIONS_PER_OWNER` per owner, so clients that never reset cannot grow
-the server's memory, nor one owner push every other owner's sessions out.
-
-**Ownership** (docs/security.md). A session belongs to an owner, and its key is a :class:`SessionKey`: the owner (an id
-derived from the connection's key, or the connection itself when the server has no key), the connection when the
-session is private to it (the default scope), and the name. A name is looked up in the caller's own namespace only, so
-a continue or a reset never reaches another owner's memory, and a reset of a name the caller does not own answers
-exactly as a name never used.
+Each session has one :class:`~trajectory_ensemble_node.serving.continuity.ChunkMemory`, decided exactly as a goal's;
+sessions are kept least recently used first, at most :data:`MAX_SESSIONS` and :data:`MAX_SESSIONS_PER_OWNER` per
+owner, and a :class:`SessionKey` confines a name to its owner (docs/openpi.md; docs/security.md, "Sessions belong to
+their owner").
 """
 
 from __future__ import annotations

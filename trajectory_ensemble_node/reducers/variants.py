@@ -1,17 +1,8 @@
 """Several reducers, and several ``mode`` cuts, applied to one group: the offline comparison of reducers.
 
-A group's candidates are drawn once; every reducer is a pure function of them, so comparing reducers (and ``mode``
-thresholds) costs no model work. This is the one path for it: ``calibrate --bag`` compares them on a bag's recorded
-candidates, and a bench (the lab's toy and PushT benches) on the groups it draws::
-
-    from trajectory_ensemble_node.reducers import parse_variants, reduce_variants
-
-    variants = parse_variants("single,mean,medoid,mode,mode@0.05,mode@0.1")
-    chunks = reduce_variants(candidates, variants, normalizer)  # {label: [H, D] robot units}
-
-A variant is written ``NAME`` or ``NAME@THRESHOLD``: ``mode@0.05`` is ``mode`` at a fixed cut of 0.05 (RMS, normalized
-units, what the ``mode_threshold`` parameter serves), ``mode`` alone its relative rule; ``single`` is candidate 0
-alone (what ``count = 1`` serves, seed for seed).
+Candidates are drawn once and every reducer is a pure function of them, so this is the one path for comparing them
+(``calibrate --bag``, the lab's benches). A variant is ``NAME`` or ``NAME@THRESHOLD`` (``mode@0.05``: ``mode`` at a
+fixed cut); ``single`` is candidate 0 alone, what ``count = 1`` serves.
 """
 
 from __future__ import annotations

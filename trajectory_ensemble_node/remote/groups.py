@@ -1,16 +1,9 @@
 """A candidate group on the wire and back: the request frames of a group, and its result from the replies.
 
-Two ways to serve a group remotely:
-
-- **batched** (a server that draws a whole group per request, ``serve-openpi``): one request carries the count, the
-  reducer, the base seed, the deadline and the continuity context; the reply's reduced action, candidates, seeds and
-  metrics become the :class:`~..contract.EnsembleResult` as they are (:func:`result_from_reply`);
-- **one sample per request** (vLLM-Omni's route, or ``openpi_samples_per_request: 1``): candidate ``i`` is drawn by
-  its own request with ``seed = candidate_seeds(base_seed, N)[i]`` (a count of 1 draws its seed as its only
-  candidate, so it is the candidate ``i`` of the batched group), and the group is screened and reduced here with the
-  engine's own completion (:func:`reduce_samples`: ``engine.completion.finish_group``). A
-  request that failed is a candidate that is not there (NaN, which screening always drops) and is named; a group
-  below its ``min_valid_candidates`` quorum fails with the quorum's error, never a partial aggregate.
+Batched (one request per group, :func:`result_from_reply`) or one sample per request: candidate ``i`` drawn with its
+own seed and the group screened and reduced here by the engine's own completion (:func:`reduce_samples`); a failed
+request is a missing candidate, and a group below its quorum fails, never a partial aggregate
+(docs/remote-engine.md, "One sample per request").
 """
 
 from __future__ import annotations

@@ -1,16 +1,8 @@
 """:class:`RemoteModel`: the node's served model on a remote OpenPI server (``engine: openpi``).
 
-The node keeps everything that is about the robot: staleness and frame checks, the goal's plan, the continuity
-decision (its :class:`~..serving.continuity.ChunkMemory`), cancel and preemption, results, markers and diagnostics. The
-remote server runs the model. A group becomes one request with its N candidates, its seeds, its deadline and its
-continuity context (the ``context`` extra), or, against a server that draws one sample per request, N requests
-reduced here (:mod:`.groups`). Each request has its own connection, so canceling a group aborts its connections and
-the server cancels the group (``canceled_on_disconnect`` in its ``/stats``); the next group connects anew.
-
-Every wait is bounded: a connect and handshake by ``engine_timeout_s``, a reply by the group's deadline or, without
-one, by ``engine_timeout_s``. A background prober (``GET /healthz``, then a handshake once it answers again) keeps
-the state (``connected`` / ``reconnecting`` / ``unreachable``), the last round trip and the server's version for
-``/diagnostics``, backing off exponentially while the server is away. It never imports rclpy.
+The node keeps everything about the robot; the server runs the model. A group is one request (or N, against a server
+that draws one sample per request; :mod:`.groups`), each on its own connection, so a cancel aborts them. Every wait is
+bounded and a background prober keeps the remote's state for ``/diagnostics``: docs/remote-engine.md. No rclpy.
 """
 
 from __future__ import annotations

@@ -1,22 +1,8 @@
 """Open-loop evaluation: served chunks against the recorded actions, in the recording's own units.
 
-What GR00T's ``open_loop_eval`` does, with what it lacks added (per-horizon-step error, overlapping chunks, and the
-best candidate, since a single demonstration punishes a policy that took the other valid mode):
-
-1. **Channels** (:func:`match_channels`): served action channel ``i`` is compared with one recorded channel, chosen
-   by ``--reference-channels`` when given; else by joint name when both sides have names (the node's
-   ``joint_names`` parameter and the reference's joints); else by index, which needs equal widths.
-2. **Alignment** (:func:`compare_goal`): row ``k`` of a chunk served from an observation stamped ``t`` stands at
-   ``t + (k + 1) * dt``, as the node publishes it on ``~/joint_trajectory``. It is compared with the recording at
-   that time, interpolated linearly between samples (:meth:`~.reference.ReferenceSeries.sample`). Rows outside the
-   recording are left out and counted (``rows_past_recording``, ``rows_before_recording``).
-3. **Metrics** (:func:`summarize`), on the compared rows: RMSE over every row and channel, RMSE and MAE per channel,
-   the RMSE by horizon step ``k`` (how fast a chunk drifts from the demonstration), and per goal its RMSE; with
-   candidates, each candidate's RMSE, the best one's, and the served trajectory's rank among them
-   (``served_rank``: 1 + the number of candidates strictly closer than what was served).
-4. **Gate** (:func:`check_gate`): limits on the run's RMSE, overall and per channel, for CI.
-
-Plain numpy; no rclpy, no matplotlib.
+:func:`match_channels`, :func:`compare_goal` (row ``k`` at ``stamp + (k + 1) dt``), :func:`summarize` (RMSE overall,
+per channel, per horizon step, ``served_rank``) and :func:`check_gate`; what each means: docs/replay-tests.md. Plain
+numpy; no rclpy, no matplotlib.
 """
 
 from __future__ import annotations

@@ -1,16 +1,8 @@
 """Plots of replayed goals (matplotlib only; no rclpy): candidates against the reduced trajectory, and against the
 recorded actions.
 
-Four figures:
-
-- :func:`plot_channels`: any model. One row per action channel against bag time; each goal's chunk starts at its
-  observation stamp, its candidates drawn thin and the reduced trajectory bold, in the goal's colour.
-- :func:`plot_toy_scenes`: the toy obstacle task. One panel per goal: the observed scene, the candidates as
-  paths from the robot, and the trajectory each reducer makes of the same candidates (reduced offline with
-  :func:`~trajectory_ensemble_node.reducers.get_reducer`), with collisions marked.
-- :func:`plot_reference` (``reference.png``): per channel, the recorded actions as a line and every served chunk at
-  its own times, candidates thin, inference points marked.
-- :func:`plot_error_by_step` (``error_by_step.png``): the RMSE against the recording at each horizon step.
+:func:`plot_channels`, :func:`plot_toy_scenes`, :func:`plot_reference` (``reference.png``) and
+:func:`plot_error_by_step` (``error_by_step.png``); docs/replay.md says what each shows.
 """
 
 from __future__ import annotations

@@ -1,24 +1,8 @@
 """The recorded actions of a bag (``replay --reference-topic``): one time series per channel, read with ``rosbags``.
 
-A team's bag records what the robot was commanded to do (a teleoperator's actions, a previous checkpoint's chunks).
-This module turns one such topic into :class:`ReferenceSeries`, samples at absolute times in nanoseconds, so
-:mod:`.open_loop` can compare a served chunk with it at the times the chunk's rows are meant for.
-
-Sample times, per message type:
-
-- ``sensor_msgs/JointState``: the positions at ``header.stamp``, one channel per joint name. A message naming only
-  some joints adds samples to those channels only (robots that publish the gripper separately).
-- ``trajectory_msgs/JointTrajectory``: point ``j`` at ``header.stamp + points[j].time_from_start``, one channel per
-  joint name. A later message replaces the earlier ones from its first point on (points of earlier messages at or
-  after that time are dropped), as a controller splices a new trajectory into the running one.
-- ``std_msgs/Float32MultiArray``, ``Float64MultiArray``: ``data`` at the message's log time (they have no header),
-  one unnamed channel per element.
-- ``trajectory_ensemble_msgs/ActionTrajectory`` (this node's own output, e.g. a previous checkpoint's recording):
-  row ``k`` at ``header.stamp + (k + 1) * dt``, as the node publishes it, with the same splicing rule.
-
-A zero header stamp means "now" to ROS: the log time stands in for it. Between samples the recording is
-interpolated linearly (:meth:`ReferenceSeries.sample`); outside a channel's first and last sample it is unknown.
-Plain numpy and ``rosbags``; no rclpy.
+:class:`ReferenceSeries` holds samples at absolute times (ns), interpolated linearly between them and unknown outside.
+Which message types are read and when each sample stands: docs/replay-tests.md, "What is compared with what". Plain
+numpy and ``rosbags``; no rclpy.
 """
 
 from __future__ import annotations

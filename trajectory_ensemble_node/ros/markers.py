@@ -1,17 +1,8 @@
 """``~/markers``: a goal's candidates and its served trajectory as a ``visualization_msgs/MarkerArray``.
 
-RViz and Foxglove both draw this message. One array per goal, in namespace :data:`NAMESPACE`:
-
-- a ``DELETEALL`` first, so a goal with fewer candidates than the last leaves none of the old strips behind;
-- one ``LINE_STRIP`` per candidate (ids ``0 .. N-1``, thin), coloured by its mode cluster
-  (:func:`~trajectory_ensemble_node.reducers.mode_clusters` on the candidates in the model's space, the clusters the
-  ``mode`` reducer sees), and red when the validity checks dropped it;
-- one thicker ``LINE_STRIP`` for the served trajectory (id :data:`SERVED_ID`).
-
-Each strip's points are the chunk's rows on the chosen channels (``marker_channels``: two or three action channels
-for x, y and z; z is 0 with two), in the units the node publishes (physical when ``action_stats_file`` is set);
-rows holding NaN or Inf are left out.
-Every marker expires after ``marker_lifetime_s``, so a node that stops serving clears the view by itself.
+A ``DELETEALL``, one strip per candidate coloured by its mode cluster (red when dropped), one thicker strip for the
+served trajectory (:data:`SERVED_ID`), in namespace :data:`NAMESPACE`; what each shows and which channels:
+docs/node.md, "Markers for RViz and Foxglove".
 """
 
 from __future__ import annotations

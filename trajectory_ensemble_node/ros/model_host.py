@@ -1,18 +1,8 @@
 """What a configured node holds: the model and everything built on it, from ``configure`` to ``cleanup``.
 
-The managed node (:mod:`.node`) creates one :class:`ModelHost` when it is configured and drops it when it is cleaned
-up, so every reference to the model (the engine thread, the tokenizer, the fault hook, the chunk memory) lives here
-and goes with it. In between:
-
-- ``configure`` (:meth:`ModelHost.__init__`): build the model (the one factory every face uses,
-  :func:`~trajectory_ensemble_node.serving.model_factory.build_model`), start the engine and
-  :meth:`warm_up` (one group per ``warmup_counts`` entry on a synthetic frame, through the same request path goals
-  take; the costs deadlines are planned from come from it);
-- ``activate`` / ``deactivate``: :meth:`subscribe` / :meth:`unsubscribe` the camera, state and instruction topics;
-- every goal: :meth:`build` turns a validated plan and the latest observation into a group request (every refusal
-  that needs the observation happens here, before admission), :meth:`submit` hands it to the engine by the one
-  deadline rule, :meth:`remember` keeps what was served for the next continuation;
-- ``cleanup`` / ``shutdown``: :meth:`release` stops the engine and gives the model's memory back.
+:class:`ModelHost` is created at ``configure`` (the one model factory, the engine started, :meth:`warm_up` through the
+goals' own request path) and dropped at ``cleanup``, so every reference to the model lives here and goes with it. Per
+goal: :meth:`build` (every refusal that needs the observation, before admission), :meth:`submit`, :meth:`remember`.
 """
 
 from __future__ import annotations

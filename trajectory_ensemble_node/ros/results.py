@@ -1,11 +1,8 @@
 """A goal's action result and last feedback: trajectory or error, and the report (denoising steps, uncertainty,
 candidate validity, continuity).
 
-The engine reports all of it as typed reports, flattened into per-group metrics (``metrics`` in the result, the
-final feedback and ``/diagnostics`` carry those as KeyValues); this module reads the reports back from the node's
-metrics (``from_metrics``, which also sees the node's window entries) and maps them onto the typed result fields,
-so a behaviour tree reads ``result.uncertain`` or ``result.validity.dropped`` instead of parsing strings. Pure
-functions of their arguments (no node, no clock, no DDS).
+Reads the typed reports back from the node's metrics (``from_metrics``) and maps them onto the result's typed fields,
+so a behaviour tree reads ``result.uncertain`` instead of parsing strings. Pure functions (no node, clock or DDS).
 """
 
 from __future__ import annotations

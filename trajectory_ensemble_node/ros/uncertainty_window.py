@@ -1,16 +1,8 @@
 """The alarm over a short window of one episode's goals (FIPER aggregates its scores over a few steps).
 
-A single goal's scores are noisy; a failure shows in several in a row. With ``uncertainty_window`` W > 1 the node
-decides ``uncertain`` and ``novel`` on the mean spread and mean novelty score of the last W goals of the episode,
-with the same rule and thresholds (:class:`~trajectory_ensemble_node.uncertainty.AlarmRule`, the one home of the
-rule). "One episode" is the chain of continued chunks (``continue_previous``): a goal that starts fresh (a reset, a
-goal that does not continue, the first one, new weights) starts a new window. W = 1, the default, changes nothing:
-every goal's metrics stay what the engine computed.
-
-Calibration is per goal (W = 1); a window of W means is less noisy than one score, so it alarms on fewer
-in-distribution goals at the same thresholds in practice, but the conformal guarantee is stated for W = 1.
-
-ROS-free: a pure object over metrics mappings, unit-tested without a node.
+With ``uncertainty_window`` W > 1, ``uncertain`` and ``novel`` are decided on the means of the episode's last W goals
+by the same :class:`~trajectory_ensemble_node.uncertainty.AlarmRule`; a goal that starts fresh starts a new window,
+and W = 1 changes nothing (docs/safety-and-uncertainty.md). ROS-free.
 """
 
 from __future__ import annotations

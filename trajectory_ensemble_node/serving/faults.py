@@ -1,25 +1,9 @@
 """TEST-ONLY fault injection: make the next group fail inside the real engine, in a real node process.
 
-The node tests run the node as a subprocess over real DDS, so they cannot monkeypatch it. The ``fault_injection``
-parameter arms one fault (see :data:`~.params.FAULTS`) for the next group; it fires once, then the model behaves
-normally again, so a test can check that the faulty goal is aborted and that the next goal works. The parameter is
-refused unless ``TRAJECTORY_ENSEMBLE_TESTING=1`` is set in the node's environment (:mod:`.params`), so it cannot be
-switched on in a deployment by a stray parameter file.
-
-The faults are raised where real ones would be, inside the engine's calls into the adapter, so the path under test
-(the engine's named errors, the node's abort, cleanup of the group) is the production path:
-
-- ``engine_exception``: the next physical forward raises ``RuntimeError`` (engine: ``GroupFailedError``);
-- ``out_of_memory``: the next physical forward raises ``torch.OutOfMemoryError`` (engine:
-  ``GroupOutOfMemoryError``);
-- ``nan_candidates``: the next finished group's candidates are all NaN: every one is dropped as invalid, and the group
-  fails with ``TooFewValidCandidatesError`` (code 80);
-- ``nan_candidates:I,J``: only candidates ``I`` and ``J`` are NaN: they are dropped and the others reduced.
-
-``TRAJECTORY_ENSEMBLE_TEST_STEP_DELAY_S`` (read only in testing mode) paces every physical forward by sleeping that
-long before it, like a slow device. Tests that must land a cancel, a preemption or a shutdown while a group is
-denoising would otherwise race the tiny model, which finishes a whole group in tens of milliseconds on a fast CI
-machine.
+``fault_injection`` arms one fault (:data:`~.params.FAULTS`) for the next group, raised where a real one would be so
+the production path is under test; it is refused unless ``TRAJECTORY_ENSEMBLE_TESTING=1`` (docs/security.md). In
+testing mode ``TRAJECTORY_ENSEMBLE_TEST_STEP_DELAY_S`` paces every physical forward, so a test can land a cancel,
+preemption or shutdown mid-group instead of racing the tiny model.
 """
 
 from __future__ import annotations

@@ -1,13 +1,8 @@
 """Every parameter of the node: name, type, default, description, and the checks that run at startup.
 
-``config/serve.yaml`` documents the same names; :data:`PARAMETERS` is the one list both the node and the tests read.
-:func:`validate` is pure (a mapping in, :class:`NodeParams` out), so every rule is unit-testable without a node, and
-every face (the node, ``serve-openpi``) checks its configuration with the same rules. The node's
-:func:`~trajectory_ensemble_node.ros.params.declare` declares them on an rclpy node with descriptors and validates
-what it read.
-
-Numeric parameters are declared with dynamic typing and converted here, so ``fps: 15`` in a YAML file is read as
-15.0 instead of failing with rclpy's type error; anything that cannot be converted is reported by name.
+:data:`PARAMETERS` is the one list the node, ``serve-openpi``, ``config/serve.yaml`` and the docs are checked against;
+:func:`validate` is pure (a mapping in, :class:`NodeParams` out). Numeric parameters are declared with dynamic typing
+and converted here, so ``fps: 15`` in a YAML file is read as 15.0; what cannot be converted is reported by name.
 """
 
 from __future__ import annotations

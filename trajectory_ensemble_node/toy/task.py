@@ -1,25 +1,8 @@
 """The bundled toy task: a 2D point robot must reach a target past a disk obstacle, above it or below it.
 
-Everything is in normalized scene coordinates: the image spans ``[-1, 1]`` on both axes, ``x`` to the right and ``y``
-up. The action is ``HORIZON`` waypoints ``[H, 2]`` in those coordinates (the ``pusht`` embodiment: raw width 2).
-Waypoint ``k`` is the robot position after step ``k + 1``; the last waypoint is where the chunk ends.
-
-Scenes are a pure function of their seed. In an initial scene the obstacle sits on the straight line from the robot
-to the target (within ``BIMODAL_BAND``), so passing above and passing below are equally good: the expert picks either
-side with probability 1/2 per demonstration, and the data is genuinely bimodal for the same image. Mid-episode
-states (the robot partway along a detour) are also part of training, so a re-plan after executing part of a chunk is
-in distribution; there the expert continues on the side the robot is already on (the shorter detour).
-
-Metrics (declared by the task, not the framework):
-
-- **collision**: the waypoint polyline, starting at the robot position the chunk was planned from and checked
-  segment by segment, comes closer than ``COLLISION_CLEARANCE`` to the obstacle disk's edge.
-- **final error**: Euclidean distance from the last waypoint to the target.
-- **side**: which side of the obstacle a polyline passes: take the polyline point ``q`` nearest the obstacle centre
-  ``c``; the side is the sign of ``cross(target - episode_start, q - c)`` (+1: left of the episode's start-to-target
-  direction, i.e. "above" when travelling right).
-- **mode agreement** (see :func:`mode_agreement`): plan chunk A from the initial scene, execute its first
-  ``REPLAN_AFTER`` waypoints, plan chunk B from the state reached; they agree when both pass on the same side.
+Normalized scene coordinates (``[-1, 1]``, ``y`` up); the action is ``HORIZON`` waypoints ``[H, 2]``, waypoint ``k``
+the position after step ``k + 1``. Scenes are a pure function of their seed; initial scenes are bimodal. The scene
+rules and the task's metrics (collision, final error, side, mode agreement): docs/toy-policy.md, "The task".
 """
 
 from __future__ import annotations

@@ -1,15 +1,9 @@
 """Cosmos 3 (diffusers ``Cosmos3OmniPipeline``) adapter: N candidates in one batched denoising path.
 
-What other packages may use is exported here, and only here; the submodules are this package's internals, and code
-outside ``models/cosmos3`` imports from this module alone (``tests/test_architecture.py`` checks it).
-
-- **Serving** (the node, the OpenPI server, the tools): :class:`Cosmos3ActionModel` and its request and result
-  types, loading, the settings the node's parameters validate against.
-- **Building blocks for training and probes** (the lab's ``train-toy``, ``train-grpo`` and sensitivity probes, and
-  the benchmarks): the conditioning encoder, the packed forward and fan-out attention that the serving path itself
-  uses, the robot-state frame (``build_state_frame`` and the checkpoint's ``StateInput``), the Flow-GRPO SDE step,
-  and the tiny random configs. They are exported so that a trainer sees exactly the
-  latents and forwards inference sees, never a copy of them.
+What other packages may use is imported here, and only here; code outside ``models/cosmos3`` imports from this module
+alone (``tests/test_architecture.py`` checks it). Besides serving (:class:`Cosmos3ActionModel`, loading, settings) it
+exports the building blocks the lab's trainers and probes use, so that a trainer sees exactly the latents and forwards
+inference sees, never a copy of them.
 """
 
 from .adapter import CFG_MODES, Cosmos3Adapter, Cosmos3Request

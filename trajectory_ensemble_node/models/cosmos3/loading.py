@@ -1,11 +1,8 @@
 """Load a Cosmos 3 pipeline directory, and resolve device and dtype names.
 
-A robot's build machine has no model hub, so nothing is ever downloaded here: a model is a local diffusers-format
-directory (the embedded ``"tiny"`` model is built in-process by :mod:`.tiny`, and the bundled toy policy is the toy
-package's). :func:`trajectory_ensemble_node.catalog.load_pipeline` is the one loader by name, for every model name a
-node accepts. Pickle checkpoints can run arbitrary code when loaded, so they are refused unless the operator opts in
-with ``allow_pickle=True``. A directory whose ``action_stats.json`` declares a robot-state input (``state.py``) is
-loaded with that declaration recorded on the pipeline, so every model built from it takes the state.
+Nothing is ever downloaded: a model is a local diffusers-format directory (:func:`trajectory_ensemble_node.catalog.
+load_pipeline` is the one loader by name). Pickle checkpoints are refused unless ``allow_pickle=True``; a declared
+robot-state input (``state.py``) is recorded on the pipeline.
 """
 
 from __future__ import annotations

@@ -1,18 +1,9 @@
 """Packing many candidates (and many groups) into ONE ``Cosmos3OmniTransformer.forward`` sequence.
 
-The upstream pipeline packs one sequence per call: ``[text prefix | vision tokens | action tokens]``. We pack
-
-    [prefix_0 | prefix_1 | ... | block_0 | block_1 | ... ]
-
-where each prefix is one candidate-invariant text prompt (one per group and CFG branch) and each block is one
-candidate's generation tokens ``[vision | action]`` for one branch. ``forward`` requires every understanding (text)
-token before every generation token, which is why all prefixes come first. Every token keeps exactly the mRoPE
-position id a single upstream run would give it, so each candidate sees the same rotary phases as when run alone.
-
-Which tokens may attend to which is not expressed here but in :class:`AttentionLayout`, consumed by
-:mod:`.attention`: each prefix is causal within itself, and each block attends to its own prefix and to itself.
-
-The training path (``toy`` policy) packs through :func:`pack_forward` too, so there is one packing path only.
+``[prefix_0 | prefix_1 | ... | block_0 | block_1 | ...]``: every text prefix first (``forward`` needs all text tokens
+before generation tokens), then each candidate's generation block per branch, every token keeping the position id a
+single upstream run gives it. Who attends to whom is :class:`AttentionLayout`'s (:mod:`.attention`). Training packs
+through :func:`pack_forward` too: one packing path only.
 """
 
 from __future__ import annotations

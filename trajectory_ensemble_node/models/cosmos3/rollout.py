@@ -1,25 +1,9 @@
 """RL rollouts from candidate groups: per-request Euler grid, Flow-GRPO "sde" steps with log-probs, capture.
 
-A GRPO group is a candidate group: N samples from one observation. In rollout mode a group gets
-
-- its own ``FlowMatchEulerDiscreteScheduler`` (the pipeline's noise scheduler is never touched): with no explicit
-  flow shift it inherits the pipeline's grid (:class:`~.steppers.PipelineStepper`'s ``sigmas[:-1]``, terminal 0
-  appended by Euler); with an explicit shift ``s`` it rebuilds ``sigma = s*u / (1 + (s-1)*u)`` over
-  ``u = linspace(1, 1/num_train_timesteps, steps)`` and sets the Euler shift to 1.0 so ``set_timesteps(sigmas=...)``
-  keeps the grid as given;
-- on selected steps the Flow-GRPO "sde" transition (sigma ``σ``, next ``σ'``, ``dt = σ' - σ < 0``, velocity ``v``,
-  noise level ``η``)::
-
-      std_t = η * sqrt(σ / (1 - σ))          (σ ≥ 1 - SIGMA_ONE_ATOL replaced by the largest grid sigma below that)
-      μ     = x * (1 + std_t² dt / (2σ)) + v * (1 + std_t² (1 - σ) / (2σ)) * dt
-      s     = std_t * sqrt(-dt);    x' = μ + s ε,   ε from the candidate's own generator (vision, then action)
-      log p = mean over the noisy elements of  -(x' - μ)² / (2 s²) - log s - log sqrt(2π)
-
-  and on the other steps the deterministic Euler step ``x' = x + dt * v`` with log-prob 0.
-
-Conditioned tokens (the conditioning frame, conditioned actions) and the padding action channels get no noise and
-no drift and are excluded from the log-prob: the transition of the noisy tokens, given the fixed ones, is exactly
-Gaussian. Where that cannot hold the request is refused (:class:`RolloutError`), never answered with a wrong number.
+A rollout group gets its own ``FlowMatchEulerDiscreteScheduler`` (the pipeline's is never touched) and, on selected
+steps, the Flow-GRPO "sde" transition with its log-prob (:func:`sde_transition`; the formula: docs/grpo.md). Conditioned
+tokens and padding channels get no noise and no log-prob; where the transition cannot be exactly Gaussian the request
+is refused (:class:`RolloutError`), never answered with a wrong number.
 """
 
 from __future__ import annotations

@@ -1,14 +1,8 @@
 """Live weight updates (safetensors only), and the optional q/k/v fusion they route into.
 
-Updates are named as in the diffusers checkpoint (``layers.0.self_attn.to_q.weight``, optionally prefixed with
-``transformer.``). When the engine has fused q/k/v into one projection for speed (``fuse_qkv_projections``), an update of an
-unfused name is routed into its slice of the fused parameter by shard id (``"q"``, ``"k"``, ``"v"``), through the
-parameter's ``weight_loader``; an update of the fused name itself is loaded whole.
-
-An update is planned completely before anything changes: in strict mode (the default) one unknown name, shape or
-dtype mismatch rejects the whole update; in non-strict mode those entries are skipped and reported. The copy then
-runs on the engine thread between groups, so a running group finishes on the old weights and no group ever sees a
-mix.
+An unfused name is routed into its slice of a fused q/k/v parameter by shard id. An update is planned completely
+before anything changes (strict: one bad entry rejects it all) and copied on the engine thread between groups, so no
+group ever sees a mix (docs/rollouts-and-weights.md, "Weight updates").
 """
 
 from __future__ import annotations

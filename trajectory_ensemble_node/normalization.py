@@ -1,26 +1,8 @@
 """Per-channel action statistics and the normalizations Cosmos 3 uses.
 
-Methods (``a`` raw action, ``n`` normalized, all per channel):
-
-* ``quantile``: ``n = clamp(2 (a - q01) / (q99 - q01) - 1, -1, 1)``; inverse ``a = (n + 1) / 2 (q99 - q01) + q01``.
-  The clamp makes the round trip exact only for ``q01 <= a <= q99``. The inverse does NOT clamp: a model output
-  outside [-1, 1] maps outside [q01, q99], as the affine formula says.
-* ``meanstd``: ``n = (a - mean) / std``; inverse ``a = n std + mean``.
-* ``minmax``: ``n = 2 (a - min) / (max - min) - 1``; inverse ``a = (n + 1) / 2 (max - min) + min``.
-
-Every denominator is ``max(range, EPS)`` with ``EPS = 1e-8``. Loading refuses zero or negative ranges, so the guard
-only keeps a tiny positive range from blowing up; any range ``>= EPS`` is used exactly as written above.
-
-Statistics files (JSON) hold per-channel lists under the method's keys (``q01``/``q99``, ``mean``/``std`` or
-``min``/``max``) in one of three shapes:
-
-1. top level: ``{"q01": [...], "q99": [...]}``;
-2. under an ``"action"`` key: ``{"action": {"q01": [...], ...}, "state": {...}}``;
-3. under a domain name, optionally with ``"action"`` inside: ``{"droid_lerobot": {"q01": [...]}}`` or
-   ``{"droid_lerobot": {"action": {"q01": [...]}}}``; select it with ``domain="droid_lerobot"``.
-
-Lookup: with ``domain`` given, enter ``data[domain]`` (it must exist); then, if the method's keys are not at that
-level but an ``"action"`` mapping is, enter it. Each list must have exactly the embodiment's raw action width.
+``quantile`` (clamped to [-1, 1]; the inverse does not clamp), ``meanstd`` and ``minmax``, every denominator at least
+``EPS``. The formulas, the three shapes a statistics file may take and the lookup rule: docs/node.md, "Action
+statistics".
 """
 
 from __future__ import annotations

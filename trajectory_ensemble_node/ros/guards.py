@@ -1,8 +1,7 @@
 """The node's guards at startup, at parameter changes and at shutdown (issue 20: fail loud, exit in bounded time).
 
-- :data:`ACTION_SERVICE_QOS`: the action server's goal, cancel and result service queues. rclpy's default keeps the
-  last 10 requests, so a burst of goals from one client was dropped without an answer (16 of 200 seen). A deep
-  KEEP_LAST queue holds a whole burst; every request then gets an accept, a reject or a result.
+- :data:`ACTION_SERVICE_QOS`: deep goal, cancel and result queues, so a burst of goals all get an answer (rclpy's
+  default of 10 dropped 16 of 200; docs/reliability.md).
 - the exit deadline after SIGINT/SIGTERM is :mod:`.shutdown` (ROS-free: the OpenPI server arms the same one).
 - :func:`report_duplicates`, :func:`check_params_files`, :func:`warn_raw_reducer`: the warnings of
   :mod:`.startup_checks`, logged on the node.

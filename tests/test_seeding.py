@@ -27,7 +27,7 @@ UINT64_MAX = SEED_MODULUS - 1
 
 def test_seed_zero_matches_published_splitmix64_vector():
     # The first outputs of SplitMix64 seeded with 0, as published with the reference implementation: anyone can
-    # re-derive candidate seeds from the rule in the docstring.
+    # re-derive candidate seeds from the rule in docs/python-api.md ("The seed rule").
     assert candidate_seeds(0, 4) == (0, 0xE220A8397B1DCDAF, 0x6E789E6AA1B965F4, 0x06C45D188009454F)
 
 

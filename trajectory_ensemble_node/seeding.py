@@ -17,7 +17,7 @@ SEED_MODULUS = 1 << 64
 """Seeds are uint64: every seed is in ``[0, SEED_MODULUS)``."""
 
 SEED_POLICIES = ("per_candidate", "shared")
-"""Valid ``seed_policy`` values. ``"shared"`` is for debugging only (see the module docstring)."""
+"""Valid ``seed_policy`` values. ``"shared"`` is for debugging only (docs/python-api.md, "The seed rule")."""
 
 _MASK = SEED_MODULUS - 1
 _GOLDEN_GAMMA = 0x9E3779B97F4A7C15
@@ -46,7 +46,7 @@ def check_seed(seed: object, name: str = "base_seed") -> int:
 
 
 def splitmix64(state: int) -> int:
-    """The SplitMix64 output function ``mix(state + G)`` (constants in the module docstring).
+    """The SplitMix64 output function ``mix(state + G)`` (constants in docs/python-api.md, "The seed rule").
 
     Args:
         state (`int`): The generator state *before* the increment, taken modulo ``2**64``.
@@ -71,8 +71,8 @@ def candidate_seeds(base_seed: int, count: int, policy: str = "per_candidate") -
             ``base_seed`` and is for debugging only.
 
     Returns:
-        `tuple[int, ...]`: ``count`` seeds; pairwise distinct under ``"per_candidate"`` (rule in the module
-        docstring), all equal to ``base_seed`` under ``"shared"``.
+        `tuple[int, ...]`: ``count`` seeds; pairwise distinct under ``"per_candidate"`` (docs/python-api.md,
+        "The seed rule"), all equal to ``base_seed`` under ``"shared"``.
 
     Raises:
         InvalidSpecError: If ``base_seed`` or ``policy`` is invalid.

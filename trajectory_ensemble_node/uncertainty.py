@@ -21,12 +21,12 @@ from .novelty import NoveltyReport, NoveltyScorer, file_sha256, load_scorer
 from .reducers import mode_clusters
 
 ALARM_RULES = ("spread", "novelty", "either", "both")
-"""Which scores raise ``uncertain`` (module docstring); ``both`` is FIPER's."""
+"""Which scores raise ``uncertain`` (docs/safety-and-uncertainty.md); ``both`` is FIPER's."""
 
 
 @dataclass(frozen=True)
 class Uncertainty:
-    """Disagreement of one group's candidates (definitions in the module docstring).
+    """Disagreement of one group's candidates (definitions in docs/safety-and-uncertainty.md).
 
     Args:
         modes (`int`), mode_share (`float`), spread (`float`), step_std (`tuple[float, ...]`, length H),

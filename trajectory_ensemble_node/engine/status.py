@@ -22,8 +22,8 @@ from ..errors import (
 
 
 class GroupStatus(str, enum.Enum):
-    """Where a group is, or how it ended, each ending with its row of the module docstring's table: ``reason``, the
-    finish reason of an aborted group (``None`` while live, on success and on a refusal); ``service_counter``, the
+    """Where a group is, or how it ended, each ending with its row of docs/node.md's "Group status" table: ``reason``,
+    the finish reason of an aborted group (``None`` while live, on success and on a refusal); ``service_counter``, the
     :meth:`EnsembleService.outcome_counts` key it adds to; ``goal_counter``, the node's ``goals_<name>`` counter it
     adds to (both ``""`` while live). Only a client's own cancel or a preemption is a goal counter of its own; every
     other goal that ended without a trajectory is "aborted" (the action server's own word).

@@ -138,7 +138,7 @@ class Screening:
 
 def screen_candidates(candidates: torch.Tensor, normalizer: ActionNormalizer | None, check: ValidityCheck,
                       request_id: str) -> Screening:
-    """Screen a finished group's candidates (steps 1-3 of the module docstring).
+    """Screen a finished group's candidates (steps 1-3 of docs/safety-and-uncertainty.md, section 1).
 
     Args:
         candidates (`torch.Tensor` of shape `[N, H, D]`): Model-space (normalized) candidates.

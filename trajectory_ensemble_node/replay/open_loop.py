@@ -50,7 +50,7 @@ def _default_names(width: int) -> list[str]:
 
 def match_channels(reference: ReferenceSeries, served_width: int, served_names: Sequence[str] | None = None,
                    selectors: Sequence[str] | None = None) -> ChannelMap:
-    """Pair the served action channels with recorded ones (rules in the module docstring).
+    """Pair the served action channels with recorded ones (rules in docs/replay-tests.md).
 
     Args:
         reference (`ReferenceSeries`): The recording.
@@ -160,7 +160,7 @@ class GoalComparison:
 
 def compare_goal(index: int, stamp_ns: int, dt: float, trajectory: np.ndarray, candidates: np.ndarray | None,
                  reference: ReferenceSeries, channels: ChannelMap) -> GoalComparison:
-    """Align one served chunk with the recording (module docstring, step 2).
+    """Align one served chunk with the recording (docs/replay-tests.md, "What is compared with what").
 
     Args:
         index (`int`): 1-based goal number.

@@ -227,7 +227,7 @@ def check_reference_topic(info: bags.BagInfo, topic: str) -> str:
 
 
 def read_reference(bag: str | Path, topic: str) -> ReferenceSeries:
-    """Read ``topic`` of ``bag`` as a :class:`ReferenceSeries` (rules in the module docstring).
+    """Read ``topic`` of ``bag`` as a :class:`ReferenceSeries` (rules in docs/replay-tests.md).
 
     Raises:
         ReferenceError: See :func:`check_reference_topic`; also an empty topic, inconsistent widths, or a

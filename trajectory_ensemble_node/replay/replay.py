@@ -162,7 +162,7 @@ class _RosSession(ClientSession):
 
 
 def replay(opts: ReplayOptions, log: Any = print) -> ReplayReport:
-    """Replay ``opts.bag`` into the node and record its outputs (see the module docstring).
+    """Replay ``opts.bag`` into the node and record its outputs (docs/replay.md).
 
     Args:
         opts (`ReplayOptions`): What to replay and how.
@@ -463,7 +463,7 @@ def reference_lines(section: dict[str, Any]) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run ``trajectory-ensemble replay``; see the module docstring for the exit status."""
+    """Run ``trajectory-ensemble replay``; the exit status is in docs/replay.md."""
     try:
         opts = options_from_args(args)
         report = replay(opts)

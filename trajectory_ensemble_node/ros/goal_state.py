@@ -13,7 +13,7 @@ from ..engine.status import FINISHED, GroupStatus, status_for_code
 
 
 class GoalState(str, enum.Enum):
-    """Where an accepted goal is (see the module docstring)."""
+    """Where an accepted goal is (docs/node.md, "Goal states")."""
 
     ACCEPTED = "accepted"
     QUEUED = "queued"

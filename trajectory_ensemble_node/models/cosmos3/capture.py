@@ -134,7 +134,7 @@ def _hooked_stack(self: Cosmos3OmniTransformer, und_seq: torch.Tensor, gen_seq: 
 
 
 class StepCapture:
-    """Captures the decoder stack of one transformer's forwards, per shape key (see the module docstring).
+    """Captures the decoder stack of one transformer's forwards, per shape key (docs/benchmarks.md, "Step capture").
 
     Installed on first use of a mode other than ``"off"``; until then the transformer is untouched. Forwards run
     outside :meth:`active` (upstream pipeline calls on the same transformer, for instance) are always stock.
@@ -193,7 +193,7 @@ class StepCapture:
     # --- per forward ------------------------------------------------------------------------------------------------
 
     def capturable(self) -> bool:
-        """Whether the forward in progress may run captured (see the module docstring)."""
+        """Whether the forward in progress may run captured (docs/benchmarks.md, "Step capture")."""
         layout, cache = self.processor.layout, self.processor.cache
         return layout is not None and not torch.is_grad_enabled() and (cache is None or not layout.computed)
 

@@ -116,7 +116,13 @@ def build_rollout_scheduler(
     flow_shift: float | None,
     use_native_flow_schedule: bool = False,
 ) -> FlowMatchEulerDiscreteScheduler:
-    """A fresh per-request Euler scheduler on the rollout grid (see the module docstring)."""
+    """A fresh per-request Euler scheduler on the rollout grid.
+
+    With no ``flow_shift`` it inherits the pipeline's grid (:class:`~.steppers.PipelineStepper`'s ``sigmas[:-1]``,
+    terminal 0 appended by Euler); with a shift ``s`` it rebuilds ``sigma = s*u / (1 + (s-1)*u)`` over
+    ``u = linspace(1, 1/num_train_timesteps, steps)`` and sets the Euler shift to 1.0, so ``set_timesteps(sigmas=...)``
+    keeps the grid as given.
+    """
     num_train = int(noise_scheduler.config.num_train_timesteps)
     if flow_shift is None:
         grid = PipelineStepper(noise_scheduler, num_inference_steps, device,

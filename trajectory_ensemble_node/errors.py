@@ -1,10 +1,7 @@
 """Every named error of the package, the explicit reason for every way a candidate group can end, and the codes.
 
-Every error carries an :class:`ErrorCode`, which the ROS node copies verbatim into
-``GenerateTrajectory.Result.error_code`` so that a behaviour tree can branch on it without parsing text.
-:func:`error_table` says, for every code, what kind of outcome it is and what it means (the README's table is
-generated from it); both live in :mod:`.error_codes` and are importable from here. All error classes are defined
-here, grouped by the layer that raises them; the modules that raise them import them from here.
+All error classes are defined here, grouped by the layer that raises them; each carries an :class:`ErrorCode`
+(:mod:`.error_codes`, importable from here), which the node copies verbatim into its result's ``error_code``.
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
 """``trajectory-ensemble sim``: the toy task's point robot as a ROS node, a real client of the serving node.
 
-The robot, its clock and its records are :mod:`.sim_model`; the ROS node is :class:`.sim_robot.SimRobot`; running
-episodes through a node and writing their report is :mod:`.sim_report`. This module is the command line.
-
-``--env pusht`` plays ``gym_pusht/PushT-v0`` with the same robot: its world and report are the lab's
-(:data:`PUSHT_MODULE`, imported by name, as ``calibrate``'s toy-scene mode; the product never imports ``gym_pusht``).
+This module is the command line (the robot: :mod:`.sim_model`, :class:`.sim_robot.SimRobot`, :mod:`.sim_report`).
+``--env pusht`` plays PushT through the lab's world (:data:`PUSHT_MODULE`, imported by name; the product never imports
+``gym_pusht``).
 """
 
 from __future__ import annotations

@@ -1,12 +1,8 @@
 """Check a bag's messages before a tool acts on them: a corrupt recording is a bad bag (exit 2), not a regression.
 
-The replay gate publishes a bag's CDR bytes as they are and deserializes its images and reference actions as it goes.
-A message that cannot be deserialized (truncated bytes, a wrong type) used to surface mid-run as a ``rosbags``
-``SerdeError`` traceback and exit 1, which the gate defines as "a goal failed or a limit was exceeded", so CI read a
-corrupt recording as a model regression. :func:`check_messages` deserializes every message of the topics a run will
-read, once, up front, before the node is contacted or any goal is sent, and names the first bad one by topic and by
-its index on that topic. Deserializing is cheap next to serving (a 64x64 image in microseconds), so every message is
-checked, not a sample.
+A message that cannot be deserialized once surfaced mid-run as a ``SerdeError`` traceback and exit 1, which CI read as
+a model regression. :func:`check_messages` deserializes every message of the topics a run will read, up front, before
+the node is contacted, and names the first bad one by topic and index (cheap next to serving, so none is skipped).
 """
 
 from __future__ import annotations

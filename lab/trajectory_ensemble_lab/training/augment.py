@@ -113,7 +113,8 @@ def retime_chunk(chunk: torch.Tensor, start: torch.Tensor, factor: float) -> tor
 
     The path is the polyline from ``start`` through the waypoints; waypoint ``k`` (the position after step ``k + 1``)
     moves to the path point ``factor * (k + 1)`` steps in, linearly interpolated between waypoints. Past the last
-    waypoint the chunk stays there: every toy label ends at the target (``task.training_examples``).
+    waypoint the chunk stays there: every toy label ends at the target
+    (``trajectory_ensemble_lab.toy.examples.training_examples``).
 
     Args:
         chunk (`torch.Tensor` of shape `[H, 2]`): The demonstration.

@@ -32,10 +32,10 @@ if TYPE_CHECKING:
 
     from .ros_world import PushTTrace
 
-PANEL_SEED = 100_019
+PANEL_SEED = 100_018
 """The validation start the panel plays (docs/pusht.md's seed ranges), chosen on the shipped policy's validation run
 (bench/results/pusht_validation.json): no start is solved by either reducer, and on this one `mode`@8 reaches the
-highest max coverage over `mean`@8's (0.608 against 0.000). Held-out starts are never shown."""
+highest max coverage over `mean`@8's (0.773 against 0.024). Held-out starts are never shown."""
 METHODS = ("mode", "mean")
 COUNT = 8
 EXECUTE = 8

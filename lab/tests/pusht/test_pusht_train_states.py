@@ -84,6 +84,29 @@ def test_parts_are_cached_and_shards_fill_the_same_cache(episodes, encoded, tmp_
         pusht_train.build_state_dataset(pipe, files, shard=(2, 2))
 
 
+def test_runs_with_their_own_work_dirs_share_one_cache_dir(episodes, tmp_path, capsys):
+    folder, _ = episodes
+    parser = argparse.ArgumentParser()
+    pusht_train.add_arguments(parser)
+    cache = tmp_path / "cache"
+
+    def encode(work: str) -> int:
+        return pusht_train.run(parser.parse_args([
+            "--states", str(folder), "--state-input", "--stride", str(STRIDE), "--encode-shard", "0/2",
+            "--work-dir", str(tmp_path / work), "--cache-dir", str(cache)]))
+
+    assert encode("first") == 0
+    parts = sorted((cache / "pusht_data").glob("*.pt"))
+    assert len(parts) == 1 and not (tmp_path / "first" / "pusht_data").exists()
+    written = parts[0].stat().st_mtime_ns
+    capsys.readouterr()
+    assert encode("second") == 0
+    assert "encoded part 1/1" in capsys.readouterr().out
+    # The second run read the first one's part: nothing new in the cache, the part not written again.
+    assert sorted((cache / "pusht_data").glob("*.pt")) == parts and parts[0].stat().st_mtime_ns == written
+    assert not (tmp_path / "second" / "pusht_data").exists()
+
+
 def test_validation_starts_never_train(episodes, encoded, tmp_path):
     _, played = episodes
     pipe = encoded[0]

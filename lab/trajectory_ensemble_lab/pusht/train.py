@@ -394,6 +394,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="pipeline directory to write (save_pretrained), with action_stats.json")
     parser.add_argument("--work-dir", type=Path, default=Path("out/pusht/train"),
                         help="dataset cache, checkpoints, summary")
+    parser.add_argument("--cache-dir", type=Path, default=None,
+                        help="where encoded examples are cached (DIR/pusht_data) instead of the work dir; entries "
+                             "are keyed by the data, the VAE and the state input, so runs that fine-tune on the same "
+                             "data can share one and encode only what is new")
     parser.add_argument("--clips", action="store_true",
                         help="train the vision term on each example's 17 following frames (about 1.1 s of VAE per "
                              "example on one core); default: toward the latent mean")
@@ -440,6 +444,7 @@ def _train(args: argparse.Namespace) -> int:
     torch.set_num_threads(args.encode_threads)
     work_dir: Path = args.work_dir
     work_dir.mkdir(parents=True, exist_ok=True)
+    cache_dir: Path = args.cache_dir or work_dir
     started = time.perf_counter()
     log = lambda message: print(message, flush=True)  # noqa: E731
     if args.state_input and not args.states:
@@ -452,7 +457,7 @@ def _train(args: argparse.Namespace) -> int:
         print(f"{len(files)} state-only episode files under {[str(d) for d in args.states]}", flush=True)
         pipe = load_for_training(args.init, args.seed, state_normalization_images(files), args.encoder,
                                  args.state_input)
-        dataset = build_state_dataset(pipe, files, stride=args.stride, cache_dir=work_dir,
+        dataset = build_state_dataset(pipe, files, stride=args.stride, cache_dir=cache_dir,
                                       shard=_shard(args.encode_shard), log=log)
         if dataset is None:
             print(f"encoded shard {args.encode_shard} in {time.perf_counter() - started:.0f} s", flush=True)
@@ -463,7 +468,7 @@ def _train(args: argparse.Namespace) -> int:
         print(f"{len(bag_paths)} bags, {len(episodes)} episodes, {sum(int(e['steps']) for e in episodes)} steps",
               flush=True)
         pipe = load_for_training(args.init, args.seed, normalization_images(bag_paths), args.encoder)
-        dataset = build_pusht_dataset(pipe, bag_paths, clips=args.clips, stride=args.stride, cache_dir=work_dir,
+        dataset = build_pusht_dataset(pipe, bag_paths, clips=args.clips, stride=args.stride, cache_dir=cache_dir,
                                       log=log)
     encode_s = time.perf_counter() - started
     print(f"encode {encode_s:.0f} s", flush=True)

@@ -62,6 +62,9 @@ def test_the_command_writes_the_merged_record_and_the_table(tmp_path, capsys):
     assert set(record["paired_vs_single"]) == {"mean", "mode"} and record["pusht"]["mode"]["episodes"] == 4
     table = (tmp_path / "heldout.md").read_text()
     assert "| `mode`@8 | 0.755" in table and "| `single` | 0.665" in table and "LeRobot diffusion_pusht" in table
+    # The file says which runs it holds: the starts, and each shard's dates and commit.
+    assert table.startswith("Starts 200000..200003 (4), N = 8,")
+    assert "starts 200000..200001 ? to 2026-12-04T00:00:00Z, code of abc; starts 200002..200003" in table
     assert table == capsys.readouterr().out
 
 

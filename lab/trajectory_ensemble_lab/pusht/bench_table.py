@@ -164,6 +164,18 @@ def continuity_versus(document: dict[str, Any], baseline: str = "naive_async") -
             for name, by_delay in blocks.items() if name != baseline}
 
 
+def provenance(document: dict[str, Any]) -> str:
+    """The line above the tables: which starts, what was served, and each shard's start, date and commit."""
+    settings = document["settings"]
+    first, episodes = settings["seed"], settings["episodes"]
+    model = (settings.get("served") or {}).get("model") or settings.get("policy")
+    runs = "; ".join(f"starts {s['seed']}..{s['seed'] + s['episodes'] - 1} {s.get('started') or '?'} to "
+                     f"{s.get('date') or '?'}, code of {s.get('commit') or '?'}"
+                     for s in settings.get("shards") or [])
+    return (f"Starts {first}..{first + episodes - 1} ({episodes}), N = {settings.get('count', 8)}, "
+            f"through {settings.get('through', 'process')}, serving {model}. Runs: {runs}.\n")
+
+
 def markdown(document: dict[str, Any], *, baseline: str = "single") -> str:
     """The reducer table (with each method's paired difference against ``baseline``) and the published rows."""
     count = document["settings"].get("count", 8)
@@ -242,7 +254,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if continuity:
         document["continuity_vs_naive_async"] = continuity
     args.json.write_text(json.dumps(document, indent=1) + "\n", encoding="utf-8")
-    table = markdown(document)
+    table = provenance(document) + "\n" + markdown(document)
     if document.get("continuity"):
         table += "\n" + continuity_markdown(document)
     (args.markdown or args.json.with_suffix(".md")).write_text(table, encoding="utf-8")

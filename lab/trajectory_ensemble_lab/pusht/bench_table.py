@@ -25,12 +25,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from trajectory_ensemble_node.stats import bootstrap_mean
-
 from .bench import summarize
-from .bench_records import BenchEpisode
+from .bench_records import BenchEpisode, paired_outcomes
 
 PUBLISHED = (
     ("Diffusion Policy, CNN (image), Chi et al. 2023, Table II", "0.91 / 0.84", "not reported"),
@@ -84,18 +80,11 @@ def merge(documents: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 def paired(figures_a: dict[str, Any], figures_b: dict[str, Any]) -> dict[str, Any]:
     """``b`` minus ``a`` on the starts both played: coverage and success differences, each with a bootstrap 95 %
-    interval, and the starts only one of them succeeded on."""
-    a = {row["env_seed"]: row for row in figures_a["per_episode"]}
-    b = {row["env_seed"]: row for row in figures_b["per_episode"]}
-    seeds = sorted(set(a) & set(b))
-    if not seeds:
-        raise ValueError("the two methods share no start")
-    coverage = [b[s]["max_coverage"] - a[s]["max_coverage"] for s in seeds]
-    success = [float(b[s]["success"]) - float(a[s]["success"]) for s in seeds]
-    return {"starts": len(seeds), "coverage_diff_mean": float(np.mean(coverage)),
-            "coverage_diff_ci95": list(bootstrap_mean(coverage)), "success_diff": float(np.mean(success)),
-            "success_diff_ci95": list(bootstrap_mean(success)),
-            "only_b_succeeded": sum(d > 0 for d in success), "only_a_succeeded": sum(d < 0 for d in success)}
+    interval, and the starts only one of them succeeded on (:func:`~.bench_records.paired_outcomes`)."""
+    a, b = ({row["env_seed"]: (row["max_coverage"], row["success"]) for row in f["per_episode"]}
+            for f in (figures_a, figures_b))
+    figures = paired_outcomes(a, b)
+    return {"starts": figures.pop("pairs"), **figures}
 
 
 SAME_COVERAGE = 1e-9

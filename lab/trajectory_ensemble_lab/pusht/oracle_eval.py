@@ -23,6 +23,7 @@ from trajectory_ensemble_node.reducers import configured_reducer
 from trajectory_ensemble_node.reducers.variants import SINGLE, parse_variants
 from trajectory_ensemble_node.stats import bootstrap_mean, wilson
 
+from .bench_records import paired_outcomes
 from .evaluate import EXECUTE
 from .oracle import DEFAULT_STEPS, OracleNet, denormalize_actions, history_features, sample
 from .sim import MAX_STEPS, PushTError, make_env, read_state
@@ -161,18 +162,13 @@ def paired_versus(base: Sequence[OracleEpisode], other: Sequence[OracleEpisode])
     Raises:
         ValueError: the two share no episode.
     """
-    a = {(e.env_seed, e.noise_seed): e for e in base}
-    b = {(e.env_seed, e.noise_seed): e for e in other}
-    keys = sorted(set(a) & set(b))
-    if not keys:
-        raise ValueError("the two methods share no (start, noise seed)")
-    coverage = [b[k].max_coverage - a[k].max_coverage for k in keys]
-    success = [float(b[k].success) - float(a[k].success) for k in keys]
-    return {"episodes": len(keys), "coverage_diff_mean": round(float(np.mean(coverage)), 4),
-            "coverage_diff_ci95": [round(v, 4) for v in bootstrap_mean(coverage)],
-            "success_diff": round(float(np.mean(success)), 4),
-            "success_diff_ci95": [round(v, 4) for v in bootstrap_mean(success)],
-            "only_other_succeeded": sum(d > 0 for d in success), "only_base_succeeded": sum(d < 0 for d in success)}
+    f = paired_outcomes(*({(e.env_seed, e.noise_seed): (e.max_coverage, e.success) for e in eps}
+                          for eps in (base, other)), what="(start, noise seed)")
+    return {"episodes": f["pairs"], "coverage_diff_mean": round(f["coverage_diff_mean"], 4),
+            "coverage_diff_ci95": [round(v, 4) for v in f["coverage_diff_ci95"]],
+            "success_diff": round(f["success_diff"], 4),
+            "success_diff_ci95": [round(v, 4) for v in f["success_diff_ci95"]],
+            "only_other_succeeded": f["only_b_succeeded"], "only_base_succeeded": f["only_a_succeeded"]}
 
 
 @dataclass

@@ -409,8 +409,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="declare the agent's position (agent_x, agent_y, env pixels) as the policy's state "
                              "input, fed as a clean latent frame (needs --states)")
     parser.add_argument("--encode-shard", default=None, metavar="K/N",
-                        help="with --states: encode only every N-th part from part K into the work dir's cache, "
-                             "then exit (N processes fill one cache; a run without it then reads it)")
+                        help="with --states: encode only every N-th part from part K into the cache (--cache-dir, "
+                             "else the work dir's), then exit (N processes fill one cache; a run without it then "
+                             "reads it)")
     parser.add_argument("--stride", type=int, default=1, help="control steps between training examples")
     parser.add_argument("--encoder", type=Path, default=None,
                         help="a pusht-encoder train bundle whose trained VAE replaces the pipeline's (the latents "

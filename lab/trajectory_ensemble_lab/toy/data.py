@@ -25,8 +25,8 @@ import numpy as np
 import torch
 from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import Cosmos3OmniPipeline
 
+from trajectory_ensemble_node.models import cosmos3
 from trajectory_ensemble_node.toy import task
-from ..training import dataset as training_dataset
 from ..training.dataset import EncodedDataset, LabelledState, concat_datasets, encode_states
 from . import examples
 from .pipeline import TOY_FORMAT
@@ -77,12 +77,12 @@ def _starts(labelled: list[tuple[task.Scene, list[np.ndarray]]]) -> torch.Tensor
 
 def encode_clips(pipe: Cosmos3OmniPipeline, clips: list[list[np.ndarray]]) -> torch.Tensor:
     """VAE latents of several ``H + 1``-frame toy clips ``[256, 256, 3]``, as upstream encodes a policy clip
-    (:func:`~trajectory_ensemble_lab.training.dataset.encode_clips`).
+    (:func:`~trajectory_ensemble_node.models.cosmos3.conditioning.encode_clips`).
 
     Returns:
         `torch.Tensor` of shape `[len(clips), C, T, h, w]`, float32.
     """
-    return training_dataset.encode_clips(pipe, clips, task.RESOLUTION_TIER, task.HORIZON + 1)
+    return cosmos3.encode_clips(pipe, clips, task.RESOLUTION_TIER, task.HORIZON + 1)
 
 
 def build_dataset(

@@ -7,8 +7,8 @@ of that frame an action chunk ``[chunk, width]`` in the model's normalized units
 - the clean conditioning latent, from :func:`~trajectory_ensemble_node.models.cosmos3.conditioning.encode_conditioning`
   with exactly the arguments the serving path uses (:class:`ExampleFormat`), so training sees the latent inference
   will see;
-- per option: its chunk and, when the state has clips, the VAE latent of its clip, encoded like upstream policy clips
-  (``_prepare_action_video_conditioning`` -> ``_encode_video`` -> ``_remove_action_video_padding_from_latent``).
+- per option: its chunk and, when the state has clips, the VAE latent of its clip, encoded by the serving path's
+  :func:`~trajectory_ensemble_node.models.cosmos3.conditioning.encode_clips` as upstream encodes a policy clip.
 
 One packed forward serves a whole batch under one text prefix, so every state carries the same instruction.
 """
@@ -27,6 +27,7 @@ from trajectory_ensemble_node.models.cosmos3 import (
     Branch,
     build_state_frame,
     declared_state_input,
+    encode_clips,
     encode_conditioning,
 )
 
@@ -112,40 +113,13 @@ class EncodedDataset:
 
 
 @torch.no_grad()
-def encode_clips(pipe: Cosmos3OmniPipeline, clips: list[list[np.ndarray]], resolution_tier: int,
-                 num_frames: int) -> torch.Tensor:
-    """VAE latents of several clips of the same frame size, as upstream encodes a policy clip.
-
-    Args:
-        pipe (`Cosmos3OmniPipeline`): The pipeline whose VAE encodes.
-        clips (`list[list[np.ndarray]]`): Clips of ``num_frames`` uint8 frames ``[H, W, 3]``, all of one size.
-        resolution_tier (`int`): Upstream resolution tier.
-        num_frames (`int`): Frames per clip (``chunk + 1``).
-
-    Returns:
-        `torch.Tensor` of shape `[len(clips), C, T, h, w]`, float32.
-    """
-    frames, sizes = [], []
-    for clip in clips:
-        video, image_size, _, _ = pipe._prepare_action_video_conditioning(
-            clip, resolution_tier, num_frames, device="cpu", dtype=torch.float32
-        )
-        frames.append(video)
-        sizes.append(image_size)
-    if any(not torch.equal(size, sizes[0]) for size in sizes[1:]):
-        raise TrainingError(f"clips encoded together must share one frame size, got {[s.tolist() for s in sizes]}")
-    latents = pipe._encode_video(torch.cat(frames, dim=0)).contiguous().float()
-    return pipe._remove_action_video_padding_from_latent(latents, sizes[0])
-
-
-@torch.no_grad()
 def condition_latents(pipe: Cosmos3OmniPipeline, example_format: ExampleFormat,
                       frames: list[tuple[np.ndarray, np.ndarray | None]], state_input=None) -> torch.Tensor:
     """The clean conditioning latents of several frames in one VAE call, as ``encode_conditioning`` builds them.
 
-    The same upstream calls as the serving path (:func:`encode_clips` of one-frame clips: the frame alone through
-    ``_prepare_action_video_conditioning``, ``_encode_video``, ``_remove_action_video_padding_from_latent``) and, with
-    a state input, the same ``StateInput.normalize`` and ``build_state_frame``; only the frames share one VAE call.
+    The serving path's own encoder (``encode_clips``, which ``encode_conditioning`` calls with one clip, here with
+    one-frame clips) and, with a state input, the same ``StateInput.normalize`` and ``build_state_frame``; only the
+    frames share one VAE call.
 
     Args:
         pipe (`Cosmos3OmniPipeline`): Its VAE encodes.

@@ -7,7 +7,18 @@ import dataclasses
 
 import pytest
 import torch
-from _cosmos3 import CHUNK, FPS, PROMPT, STEPS, fresh_pipe, policy, reference_pipe, upstream_action, within_rule
+from _cosmos3 import (
+    CHUNK,
+    FPS,
+    PROMPT,
+    STEPS,
+    fresh_pipe,
+    image,
+    policy,
+    reference_pipe,
+    upstream_action,
+    within_rule,
+)
 from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import (
     _EMBODIMENT_TO_RAW_ACTION_DIM,
     Cosmos3OmniPipeline,
@@ -17,7 +28,7 @@ from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import (
 from trajectory_ensemble_node.contract import CandidateTrajectorySpec
 from trajectory_ensemble_node.errors import ReducerLayoutError, UnsupportedModeError
 from trajectory_ensemble_node.models.cosmos3 import Cosmos3ActionModel, build_pipeline
-from trajectory_ensemble_node.models.cosmos3.conditioning import encode_conditioning
+from trajectory_ensemble_node.models.cosmos3.conditioning import encode_clips, encode_conditioning
 from trajectory_ensemble_node.models.cosmos3.tiny import CONFIGS
 from trajectory_ensemble_node.reducers import get_reducer
 
@@ -146,6 +157,27 @@ def test_encoding_only_the_conditioning_frame_is_bit_identical():
     full = encode_conditioning(pipe, encode_only_used_frames=False, **kwargs)
     assert torch.equal(short.x0_vision[:, :, :1], full.x0_vision[:, :, :1])
     assert short.x0_vision.shape == full.x0_vision.shape
+
+
+def test_clips_encoded_together_are_each_clip_encoded_as_served():
+    # Training encodes its examples many to a VAE call through the function a served group encodes its one clip
+    # with; batching may move the last bits only.
+    pipe = reference_pipe()
+    served = [
+        encode_conditioning(pipe, prompt=PROMPT, negative_prompt=None, action=policy(seed=seed), fps=FPS,
+                            guidance_scale=1.0, device=torch.device("cpu")).x0_vision[:, :, :1]
+        for seed in (1, 2, 3)
+    ]
+    alone = encode_clips(pipe, [[image(1)]], 256, 1)
+    together = encode_clips(pipe, [[image(seed)] for seed in (1, 2, 3)], 256, 1)
+    assert torch.equal(alone, served[0])
+    assert together.shape == (3, *served[0].shape[1:])
+    for k, latent in enumerate(served):
+        assert torch.allclose(together[k : k + 1], latent, rtol=0, atol=1e-5), f"clip {k}"
+    with pytest.raises(ValueError, match="share one frame size"):
+        encode_clips(pipe, [[image(1)], [image(2, height=96, width=96)]], 256, 1)
+    with pytest.raises(ValueError, match="at least one clip"):
+        encode_clips(pipe, [], 256, 1)
 
 
 def test_serving_scheduler_is_never_mutated(model):

@@ -12,6 +12,7 @@ from .capture import STEP_CAPTURE_MODES, StepCaptureError, check_step_capture
 from .conditioning import (
     MIN_IMAGE_SIDE,
     GroupConditioning,
+    encode_clips,
     encode_conditioning,
     min_image_side,
     policy_condition,

@@ -227,11 +227,7 @@ def encode_conditioning(
     temporal = int(pipe.vae.config.scale_factor_temporal)
     latent_frames = (num_frames - 1) // temporal + 1
     only_first = encode_only_used_frames and action.mode == "policy"
-    frames, image_size, _, _ = pipe._prepare_action_video_conditioning(
-        clip, action.resolution_tier, 1 if only_first else num_frames, device=device, dtype=sampling_dtype
-    )
-    x0 = pipe._encode_video(frames).contiguous().float()
-    x0 = pipe._remove_action_video_padding_from_latent(x0, image_size)
+    x0 = encode_clips(pipe, [clip], action.resolution_tier, 1 if only_first else num_frames, device=device)
     if only_first:
         # Frames after 0 are multiplied by a zero mask upstream; zeros keep the same shape and the same bits.
         full = x0.new_zeros((x0.shape[0], x0.shape[1], latent_frames, x0.shape[3], x0.shape[4]))
@@ -280,6 +276,51 @@ def encode_conditioning(
         encode_ms=(time.perf_counter() - started) * 1e3,
         state_clipped=state_clipped,
     )
+
+
+@torch.no_grad()
+def encode_clips(
+    pipe: Cosmos3OmniPipeline,
+    clips: Sequence[Any],
+    resolution_tier: int,
+    num_frames: int,
+    *,
+    device: torch.device | str = "cpu",
+) -> torch.Tensor:
+    """VAE latents of clips that share one frame size, in one VAE call: how a served group encodes its clip.
+
+    Each clip goes through upstream's ``_prepare_action_video_conditioning`` (resize into the tier's bin, pad), the
+    batch through ``_encode_video`` once, and the padding is cut with ``_remove_action_video_padding_from_latent``.
+    :func:`encode_conditioning` calls it with one clip; training calls it with many, so that its examples are
+    encoded the way they are served (a batched VAE call may differ from one clip's in the last bits).
+
+    Args:
+        pipe (`Cosmos3OmniPipeline`): Its VAE encodes.
+        clips (`Sequence[Any]`): Clips the pipeline's video processor takes (lists of uint8 arrays
+            ``[H, W, 3]``, PIL images), every frame of every clip one size.
+        resolution_tier (`int`): Upstream resolution tier (a key of its action resolution bins).
+        num_frames (`int`): Frames per clip (`chunk + 1` for a policy clip, 1 for its conditioning frame alone).
+        device (`torch.device` or `str`): Where the VAE runs.
+
+    Returns:
+        `torch.Tensor` of shape `[len(clips), C, T, h, w]`, float32.
+
+    Raises:
+        ValueError: no clip, or clips whose frames land on different canvases.
+    """
+    if not clips:
+        raise ValueError("encode_clips needs at least one clip, got none")
+    frames, sizes = [], []
+    for clip in clips:
+        video, image_size, _, _ = pipe._prepare_action_video_conditioning(
+            clip, resolution_tier, num_frames, device=device, dtype=torch.float32
+        )
+        frames.append(video)
+        sizes.append(image_size)
+    if any(not torch.equal(size, sizes[0]) for size in sizes[1:]):
+        raise ValueError(f"clips encoded together must share one frame size, got {[s.tolist() for s in sizes]}")
+    latents = pipe._encode_video(frames[0] if len(frames) == 1 else torch.cat(frames, dim=0)).contiguous().float()
+    return pipe._remove_action_video_padding_from_latent(latents, sizes[0])
 
 
 def _build_branch(

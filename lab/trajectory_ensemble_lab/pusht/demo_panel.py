@@ -32,10 +32,10 @@ if TYPE_CHECKING:
 
     from .ros_world import PushTTrace
 
-PANEL_SEED = 100_018
+PANEL_SEED = 100_000
 """The validation start the panel plays (docs/pusht.md's seed ranges), chosen on the shipped policy's validation run
-(bench/results/pusht_validation.json): no start is solved by either reducer, and on this one `mode`@8 reaches the
-highest max coverage over `mean`@8's (0.773 against 0.024). Held-out starts are never shown."""
+(bench/results/pusht_validation.json): the one start `mode`@8 solves and `mean`@8 does not (0.956 in 194 steps
+against 0.559). Held-out starts are never shown."""
 METHODS = ("mode", "mean")
 COUNT = 8
 EXECUTE = 8

@@ -80,6 +80,9 @@ def test_parts_are_cached_and_shards_fill_the_same_cache(episodes, encoded, tmp_
     assert len(list((tmp_path / "pusht_data").glob("*.pt"))) == 1
     read_back = pusht_train.build_state_dataset(pipe, files, stride=STRIDE, cache_dir=tmp_path, log=lambda m: None)
     assert torch.equal(read_back.condition, dataset.condition)
+    # One process filling the whole cache is a shard too: it encodes and returns nothing to train on.
+    assert pusht_train.build_state_dataset(pipe, files, stride=STRIDE, cache_dir=tmp_path, shard=(0, 1),
+                                           log=lambda m: None) is None
     with pytest.raises(TrainingError, match="shard must be K/N with 0 <= K < N, got 2/2"):
         pusht_train.build_state_dataset(pipe, files, shard=(2, 2))
 
@@ -90,12 +93,14 @@ def test_runs_with_their_own_work_dirs_share_one_cache_dir(episodes, tmp_path, c
     pusht_train.add_arguments(parser)
     cache = tmp_path / "cache"
 
-    def encode(work: str) -> int:
+    def encode(work: str, shard: str = "0/2") -> int:
         return pusht_train.run(parser.parse_args([
-            "--states", str(folder), "--state-input", "--stride", str(STRIDE), "--encode-shard", "0/2",
+            "--states", str(folder), "--state-input", "--stride", str(STRIDE), "--encode-shard", shard,
             "--work-dir", str(tmp_path / work), "--cache-dir", str(cache)]))
 
     assert encode("first") == 0
+    out = capsys.readouterr().out
+    assert "encoded shard 0/2" in out and "step " not in out  # encoded, then exited: nothing trained
     parts = sorted((cache / "pusht_data").glob("*.pt"))
     assert len(parts) == 1 and not (tmp_path / "first" / "pusht_data").exists()
     written = parts[0].stat().st_mtime_ns
@@ -105,6 +110,10 @@ def test_runs_with_their_own_work_dirs_share_one_cache_dir(episodes, tmp_path, c
     # The second run read the first one's part: nothing new in the cache, the part not written again.
     assert sorted((cache / "pusht_data").glob("*.pt")) == parts and parts[0].stat().st_mtime_ns == written
     assert not (tmp_path / "second" / "pusht_data").exists()
+    # 0/1 (one process for the whole cache) also encodes and exits; it once went on to train with the defaults.
+    assert encode("third", "0/1") == 0
+    out = capsys.readouterr().out
+    assert "encoded shard 0/1" in out and "step " not in out
 
 
 def test_validation_starts_never_train(episodes, encoded, tmp_path):

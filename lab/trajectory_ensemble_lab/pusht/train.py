@@ -196,13 +196,14 @@ def state_episode_files(folders: Sequence[Path]) -> list[Path]:
 
 
 def build_state_dataset(pipe: Cosmos3OmniPipeline, files: Sequence[Path], *, stride: int = 1,
-                        cache_dir: Path | None = None, shard: tuple[int, int] = (0, 1),
+                        cache_dir: Path | None = None, shard: tuple[int, int] | None = None,
                         log=print) -> EncodedDataset | None:
     """Encode the state-only episodes ``files``, :data:`EPISODES_PER_PART` at a time, each part cached by content.
 
     The episodes trained on are :func:`.oracle.training_episodes`': clean successes and every DART episode. With a
     state input declared on ``pipe`` each example carries the agent's position. ``shard = (k, n)`` encodes only the
-    parts ``k, k + n, ...`` and returns ``None``: ``n`` processes fill one cache, and a run then reads it whole.
+    parts ``k, k + n, ...`` into the cache and returns ``None``, ``(0, 1)`` included: ``n`` processes fill one cache,
+    and a run (``shard=None``) then reads it whole.
 
     Raises:
         TrainingError: ``stride`` below 1, a bad shard, no file, or a start outside the demonstration range.
@@ -210,7 +211,7 @@ def build_state_dataset(pipe: Cosmos3OmniPipeline, files: Sequence[Path], *, str
     from .oracle import training_episodes
     if stride < 1:
         raise TrainingError(f"stride must be an integer >= 1, got {stride!r}")
-    if not (0 <= shard[0] < shard[1]):
+    if shard is not None and not (0 <= shard[0] < shard[1]):
         raise TrainingError(f"shard must be K/N with 0 <= K < N, got {shard[0]}/{shard[1]}")
     if not files:
         raise TrainingError("build_state_dataset needs at least one episode file, got none")
@@ -219,7 +220,7 @@ def build_state_dataset(pipe: Cosmos3OmniPipeline, files: Sequence[Path], *, str
     parts_files = [list(files[i:i + EPISODES_PER_PART]) for i in range(0, len(files), EPISODES_PER_PART)]
     parts, done, started = [], 0, time.perf_counter()
     for index, part_files in enumerate(parts_files):
-        if index % shard[1] != shard[0]:
+        if shard is not None and index % shard[1] != shard[0]:
             continue
         cache = None
         if cache_dir is not None:
@@ -238,7 +239,7 @@ def build_state_dataset(pipe: Cosmos3OmniPipeline, files: Sequence[Path], *, str
         parts.append(part)
         done += part.num_states
         log(f"encoded part {index + 1}/{len(parts_files)}, {done} states ({time.perf_counter() - started:.0f} s)")
-    if shard[1] > 1:
+    if shard is not None:
         return None
     return parts[0] if len(parts) == 1 else concat_datasets(parts)
 
@@ -498,9 +499,9 @@ def _train(args: argparse.Namespace) -> int:
     return 0 if history and math.isfinite(history[-1]["loss"]) else 1
 
 
-def _shard(text: str | None) -> tuple[int, int]:
+def _shard(text: str | None) -> tuple[int, int] | None:
     if text is None:
-        return (0, 1)
+        return None
     try:
         k, n = (int(part) for part in text.split("/"))
     except ValueError:

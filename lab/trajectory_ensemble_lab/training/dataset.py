@@ -239,7 +239,10 @@ def encode_states(
             if has_clips:
                 pending.append(state.clips[k])
         if pending and (len(pending) >= batch or following is None):
-            clips.append(encode_clips(pipe, pending, fmt.resolution_tier, fmt.chunk_size + 1))
+            try:
+                clips.append(encode_clips(pipe, pending, fmt.resolution_tier, fmt.chunk_size + 1))
+            except ValueError as error:  # clips of several frame sizes: named, as the trainer's refusals are
+                raise TrainingError(str(error)) from error
             pending = []
         if (index + 1) % 100 == 0:
             total = f"/{count}" if count is not None else ""

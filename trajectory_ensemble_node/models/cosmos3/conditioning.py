@@ -319,7 +319,7 @@ def encode_clips(
         sizes.append(image_size)
     if any(not torch.equal(size, sizes[0]) for size in sizes[1:]):
         raise ValueError(f"clips encoded together must share one frame size, got {[s.tolist() for s in sizes]}")
-    latents = pipe._encode_video(frames[0] if len(frames) == 1 else torch.cat(frames, dim=0)).contiguous().float()
+    latents = pipe._encode_video(torch.cat(frames, dim=0)).contiguous().float()
     return pipe._remove_action_video_padding_from_latent(latents, sizes[0])
 
 

@@ -8,7 +8,9 @@ filled by several processes; the written statistics keep the state declaration t
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
+import shutil
 
 import numpy as np
 import pytest
@@ -17,6 +19,7 @@ import torch
 from trajectory_ensemble_node.models.cosmos3 import build_state_frame, declared_state_input, read_state_input
 from trajectory_ensemble_lab.pusht import train as pusht_train
 from trajectory_ensemble_lab.pusht.demos import DartNoise, run_episode
+from trajectory_ensemble_lab.pusht.policy_state import AGENT_STATE_NAMES, POSE_STATE_NAMES, request_state
 from trajectory_ensemble_lab.pusht.sim import make_env
 from trajectory_ensemble_lab.pusht.state_demos import read_episode, write_episode
 from trajectory_ensemble_lab.training import TrainingError
@@ -42,7 +45,7 @@ def encoded(episodes, tmp_path_factory):
     work = tmp_path_factory.mktemp("work")
     files = pusht_train.state_episode_files([folder])
     images = pusht_train.state_normalization_images(files, count=4)
-    pipe = pusht_train.load_for_training(None, 0, images, with_state=True)
+    pipe = pusht_train.load_for_training(None, 0, images, state_names=AGENT_STATE_NAMES)
     dataset = pusht_train.build_state_dataset(pipe, files, stride=STRIDE, cache_dir=work, log=lambda m: None)
     return pipe, files, dataset, work
 
@@ -168,9 +171,9 @@ def test_the_evaluators_send_the_agents_position_to_a_model_that_takes_it(state_
     chunk, _ = Drawer(policy, 2)(obs["pixels"], seed=1, step=0, session="s", count=2, reducer="mode",
                                  agent_pos=np.array([300.0, 40.0]))
     assert np.array_equal(policy.sent[-1]["observation/state"], [300.0, 40.0]) and chunk.shape == (16, 2)
-    with pytest.raises(ev.PushTError, match=r"PushT has only \['agent_x', 'agent_y'\], not \['joint_3'\]"):
-        ev.agent_state({"state": {"names": ["agent_x", "joint_3"]}}, [1.0, 2.0])
-    assert ev.agent_state({}, [1.0, 2.0]) == {}
+    with pytest.raises(ev.PushTError, match=r"PushT has only \['agent_x', .*'block_sin'\], not \['joint_3'\]"):
+        request_state({"state": {"names": ["agent_x", "joint_3"]}}, [1.0, 2.0])
+    assert request_state({}, [1.0, 2.0]) == {}
 
 
 def test_the_node_takes_the_sims_joint_state_and_serves_the_in_process_chunks(state_checkpoint, tmp_path,
@@ -213,3 +216,74 @@ def test_openloop_measures_a_state_policy_on_state_only_episodes(episodes, state
     played = [read_episode(path) for path in pusht_train.state_episode_files([folder])[:2]]
     assert record["episodes"] == 2 and record["chunks"] == sum(-(-len(ep.labels) // 16) for ep in played)
     assert record["error_px_median"] > 0 and record["hold_still_px_median"] > 0
+
+
+# The perception diagnostic: a lab policy handed the T's true pose beside the agent's position (never shipped).
+
+
+def test_the_pose_state_input_carries_the_ts_pose_and_reuses_the_frames_encoded_for_another(encoded, tmp_path):
+    agent_pipe, files, agent_data, work = encoded
+    pipe = copy.deepcopy(agent_pipe)  # the same VAE and normalization: the frames' latents are the same
+    pusht_train.declare_state_input(pipe, pusht_train.state_input(POSE_STATE_NAMES))
+    declared = declared_state_input(pipe)
+    assert declared.names == POSE_STATE_NAMES
+    assert declared.entry()["min"] == [0, 0, 0, 0, -1, -1] and declared.entry()["max"] == [512] * 4 + [1, 1]
+    fresh = pusht_train.build_state_dataset(pipe, files, stride=STRIDE, cache_dir=tmp_path / "fresh",
+                                            log=lambda m: None)
+    kept = [read_episode(path) for path in files]
+    kept = [kept[0], kept[2]]  # as test_examples_are_the_kept_episodes...: the clean failure is left out
+    rows = [(ep, t) for ep in kept for t in range(0, len(ep.labels), STRIDE)]
+    assert fresh.num_states == len(rows)
+    for row, (ep, t) in enumerate(rows):
+        x, y, angle = ep.states[t, 2:5]
+        normalized, clipped = declared.normalize((*ep.states[t, :2], x, y, np.cos(angle), np.sin(angle)))
+        assert clipped == 0
+        assert torch.equal(fresh.condition[row, :, 1], build_state_frame(normalized.float(), 16, 6, 6))
+    assert torch.equal(fresh.condition[:, :, 0], agent_data.condition[:, :, 0])
+    # A cache that holds the part under the agent's state input lends its frames: no VAE call, the same data.
+    shared = tmp_path / "shared"
+    shutil.copytree(work / "pusht_data", shared / "pusht_data")
+    calls = []
+    encode = pipe.vae.encode
+    pipe.vae.encode = lambda *a, **k: calls.append(1) or encode(*a, **k)
+    restated = pusht_train.build_state_dataset(pipe, files, stride=STRIDE, cache_dir=shared, log=lambda m: None)
+    assert calls == []
+    assert torch.equal(restated.condition, fresh.condition) and torch.equal(restated.actions, fresh.actions)
+    assert len(list((shared / "pusht_data").glob("*.pt"))) == 2  # the pose part is cached beside the agent's
+
+
+def test_a_checkpoint_is_given_another_state_input_only_when_asked(state_checkpoint):
+    images: list = []  # a saved checkpoint keeps its own latent normalization
+    with pytest.raises(TrainingError, match=r"declares the state input .*agent_x.*--redeclare-state"):
+        pusht_train.load_for_training(state_checkpoint, 0, images, state_names=POSE_STATE_NAMES)
+    pipe = pusht_train.load_for_training(state_checkpoint, 0, images, state_names=POSE_STATE_NAMES, redeclare=True)
+    assert declared_state_input(pipe).names == POSE_STATE_NAMES
+    same = pusht_train.load_for_training(state_checkpoint, 0, images, state_names=AGENT_STATE_NAMES)
+    assert declared_state_input(same).names == AGENT_STATE_NAMES
+
+
+def test_the_evaluators_send_the_ts_true_pose_to_a_pose_model(encoded, tmp_path, recorded_policy):
+    from trajectory_ensemble_lab.pusht import evaluate as ev
+    from trajectory_ensemble_lab.pusht.bench import Drawer
+    from trajectory_ensemble_lab.pusht.sim import read_state
+
+    from trajectory_ensemble_lab.training.pipeline import save_pipeline
+
+    pose = copy.deepcopy(encoded[0])
+    pusht_train.declare_state_input(pose, pusht_train.state_input(POSE_STATE_NAMES))
+    out = tmp_path / "pose_policy"
+    save_pipeline(pose, out, torch.float32)
+    pusht_train.write_stats(out, declared_state_input(pose))
+    policy = recorded_policy(out)
+    assert policy.metadata["state"]["names"] == list(POSE_STATE_NAMES)
+    ev.run_episode(policy, 100_000, count=2, reducer="mode", max_steps=8)
+    env = make_env(pixels=True)
+    obs, _ = env.reset(seed=100_000)
+    x, y, angle = read_state(env).block
+    first = next(sent for sent in policy.sent if "observation/image" in sent)
+    assert np.allclose(first["observation/state"], [*obs["agent_pos"], x, y, np.cos(angle), np.sin(angle)])
+    Drawer(policy, 2)(obs["pixels"], seed=1, step=0, session="s", count=2, reducer="mode",
+                      agent_pos=np.array([300.0, 40.0]), block=np.array([200.0, 100.0, 0.0]))
+    assert np.array_equal(policy.sent[-1]["observation/state"], [300.0, 40.0, 200.0, 100.0, 1.0, 0.0])
+    with pytest.raises(ev.PushTError, match=r"takes the T's pose \['block_x', 'block_y', 'block_cos', 'block_sin'\]"):
+        request_state(policy.metadata, [1.0, 2.0])

@@ -54,7 +54,6 @@ from .evaluate import (
     IMAGE_KEY,
     SPLITS,
     ChunkPolicy,
-    agent_state,
     InProcessPolicy,
     WirePolicy,
     check_served,
@@ -62,7 +61,8 @@ from .evaluate import (
     request_seed,
     serve_params,
 )
-from .sim import CONTROL_HZ, MAX_STEPS, PushTError, make_env
+from .policy_state import request_state
+from .sim import CONTROL_HZ, MAX_STEPS, PushTError, make_env, read_state
 
 REDUCER_METHODS = ("single", "mean", "median", "medoid", "mode")
 """``--methods`` by default: every reducer at N, and ``single``, candidate 0 of the same group."""
@@ -96,9 +96,10 @@ class Drawer:
 
     def __call__(self, frame: np.ndarray, *, seed: int, step: int, session: str, count: int, reducer: str,
                  first_candidate: bool = False, delay: int | None = None, guidance: str = "",
-                 agent_pos: np.ndarray | None = None) -> tuple[np.ndarray, float]:
+                 agent_pos: np.ndarray | None = None, block: np.ndarray | None = None) -> tuple[np.ndarray, float]:
         """The chunk ``[H, 2]`` (env pixels, float64) for the frame at ``step``, and the request's wall time in ms.
-        ``agent_pos`` (env pixels) is sent as the state when the served model takes one (:func:`agent_state`).
+        ``agent_pos`` (env pixels) and ``block`` (the T's pose, for a lab ``pose`` model) are sent as the state when
+        the served model takes one (:func:`.policy_state.request_state`).
 
         Raises:
             MethodRefused: the server refused the request with a named error.
@@ -106,7 +107,7 @@ class Drawer:
         request: dict[str, Any] = {IMAGE_KEY: frame, "prompt": INSTRUCTION, "seed": seed, "num_candidates": count,
                                    "reducer": reducer, "session_id": session, "stamp": step / CONTROL_HZ,
                                    "return_candidates": first_candidate,
-                                   **(agent_state(self.metadata, agent_pos) if agent_pos is not None else {})}
+                                   **(request_state(self.metadata, agent_pos, block) if agent_pos is not None else {})}
         if delay is not None:
             request.update(continue_previous=True, inference_delay=delay, guidance=guidance)
         started = time.perf_counter()
@@ -148,7 +149,7 @@ def run_episode(draw: Drawer, env: Any, env_seed: int, method: Method, delay: in
         chunk, ms = draw(obs["pixels"], seed=request_seed(env_seed, index), step=t, session=session,
                          count=method.count, reducer=method.reducer, first_candidate=first_candidate,
                          delay=delay if continued else None, guidance=method.guidance or "",
-                         agent_pos=obs["agent_pos"])
+                         agent_pos=obs["agent_pos"], block=read_state(env).block)
         index += 1
         episode.group_ms.append(ms)
         return chunk

@@ -43,6 +43,7 @@ from trajectory_ensemble_node.provenance import git_commit, utc_now
 from trajectory_ensemble_node.stats import bootstrap_mean, wilson
 
 from . import DEMO_SEED_BASE, HELDOUT_SEED_BASE, INSTRUCTION, VALIDATION_SEED_BASE
+from .policy_state import request_state
 from .sim import CONTROL_HZ, MAX_STEPS, PushTError, make_env, read_state
 
 EXECUTE = 8
@@ -54,30 +55,6 @@ API_KEY_ENV = "TRAJECTORY_ENSEMBLE_API_KEY"
 IMAGE_KEY = "observation/image"
 STEPS_LIMIT_PER_REQUEST = MAX_STEPS
 """Requests per episode are at most the env's 300 steps (one row executed per request), so seeds never collide."""
-
-
-AGENT_STATE_NAMES = ("agent_x", "agent_y")
-"""The state a PushT policy may take: the agent's position, env pixels (``train-pusht --state-input``)."""
-
-
-def agent_state(metadata: dict[str, Any], agent_pos: Any) -> dict[str, Any]:
-    """The request's state entry for a server whose handshake declares a state input (``metadata["state"]``): the
-    agent's position under ``observation/state`` in the declared order; nothing for a model without one.
-
-    Raises:
-        PushTError: the model declares a state channel PushT has not (only ``agent_x``, ``agent_y``).
-    """
-    declared = metadata.get("state") or {}
-    names = list(declared.get("names") or ())
-    if not names:
-        return {}
-    unknown = [name for name in names if name not in AGENT_STATE_NAMES]
-    if unknown:
-        raise PushTError(f"the served model takes the state {names}; PushT has only {list(AGENT_STATE_NAMES)}, not "
-                         f"{unknown}")
-    position = np.asarray(agent_pos, dtype=np.float64)
-    return {declared.get("key", "observation/state"):
-            np.array([position[AGENT_STATE_NAMES.index(name)] for name in names])}
 
 
 class ChunkPolicy(Protocol):
@@ -276,7 +253,7 @@ def run_episode(policy: ChunkPolicy, env_seed: int, *, execute: int = EXECUTE, d
                                    "seed": request_seed(env_seed, record.requests), "num_candidates": count,
                                    "reducer": reducer, "session_id": session,
                                    "stamp": record.steps / CONTROL_HZ,
-                                   **agent_state(policy.metadata, obs["agent_pos"])}
+                                   **request_state(policy.metadata, obs["agent_pos"], read_state(env).block)}
         if delay:
             request.update(continue_previous=True, inference_delay=delay)
         reply = policy.infer(request)

@@ -7,7 +7,7 @@
 
 ``--states`` takes state-only episodes (``pusht-demos --states-only``) instead of bags: the frame is drawn from the
 state, and the expert's labels (a DART episode's clean plan) are the reference. A policy that takes the agent's
-position is sent it with each frame (:func:`.evaluate.agent_state`), from bags and states alike.
+position is sent it with each frame (:func:`.policy_state.request_state`), from bags and states alike.
 
 For every ``--every``-th control step of each demonstration the policy (``OpenPIPolicy`` in process, one candidate,
 or with ``--candidates N`` the mean of N; seed ``1000 + k`` for the k-th request) answers the recorded frame; the
@@ -30,7 +30,8 @@ import numpy as np
 from trajectory_ensemble_node.provenance import git_commit, utc_now
 
 from ..training import TrainingError
-from .evaluate import EXECUTE, IMAGE_KEY, InProcessPolicy, agent_state, serve_params
+from .evaluate import EXECUTE, IMAGE_KEY, InProcessPolicy, serve_params
+from .policy_state import request_state
 from .recording import read_demo_bag
 from .sim import PushTError, make_env, render_states
 from .state_demos import read_episode
@@ -67,20 +68,26 @@ def state_chunk_errors(policy: Any, files: Sequence[Path], *, every: int = 4, se
             episode = read_episode(path)
             steps = list(range(0, len(episode.labels), every))
             for frame, t in zip(render_states(episode.states[steps], env), steps):
-                yield frame, episode.states[t, :2], chunk_at(episode.labels, t)[:EXECUTE]
+                yield frame, episode.states[t], chunk_at(episode.labels, t)[:EXECUTE]
 
     return {"episodes": len(files), **_errors(policy, frames(), seed, candidates)}
 
 
+def _agent_and_block(state: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+    """A bag's agent position ``[2]``, or a state-only episode's state ``[5]`` split into the agent and the T."""
+    state = np.asarray(state, dtype=np.float64)
+    return (state[:2], state[2:5]) if len(state) >= 5 else (state, None)
+
+
 def _errors(policy: Any, frames, seed: int, candidates: int) -> dict[str, Any]:
     errors, hold, k = [], [], 0
-    for frame, agent, want in frames:
+    for frame, state, want in frames:
         reply = policy.infer({IMAGE_KEY: frame, "num_candidates": candidates, "seed": seed + k,
-                              **agent_state(policy.metadata, agent)})
+                              **request_state(policy.metadata, *_agent_and_block(state))})
         k += 1
         got = np.asarray(reply["actions"], dtype=np.float64)[:EXECUTE]
         errors.append(float(np.linalg.norm(got - want, axis=1).mean()))
-        hold.append(float(np.linalg.norm(np.asarray(agent, dtype=np.float64)[None] - want, axis=1).mean()))
+        hold.append(float(np.linalg.norm(_agent_and_block(state)[0][None] - want, axis=1).mean()))
     return {"chunks": k, "error_px_median": float(np.median(errors)), "error_px_mean": float(np.mean(errors)),
             "hold_still_px_median": float(np.median(hold)), "hold_still_px_mean": float(np.mean(hold))}
 

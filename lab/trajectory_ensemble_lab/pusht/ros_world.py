@@ -32,7 +32,8 @@ import numpy as np
 from trajectory_ensemble_node.provenance import git_commit, utc_now
 from trajectory_ensemble_node.stats import wilson
 
-from .evaluate import AGENT_STATE_NAMES, SPLITS, request_seed, serve_params
+from .evaluate import SPLITS, request_seed, serve_params
+from .policy_state import AGENT_STATE_NAMES
 from .sim import CONTROL_HZ, MAX_STEPS, PushTError, make_env, read_state
 
 SPLIT = "validation"

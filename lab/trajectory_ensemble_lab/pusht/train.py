@@ -37,6 +37,7 @@ from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import Cosmos3OmniPipeline
 from trajectory_ensemble_node.errors import TrajectoryEnsembleError, describe_error
 from trajectory_ensemble_node.models.cosmos3 import (
     StateInput,
+    build_state_frame,
     declare_state_input,
     declared_state_input,
     write_state_input,
@@ -52,6 +53,7 @@ from ..training.pipeline import fresh_pipeline, normalize_latents
 from . import INSTRUCTION
 from .demos import Episode
 from .recording import EPISODES_KEY, RecordedEpisode, read_demo_bag
+from .policy_state import AGENT_STATE_NAMES, STATE_RANGES, STATE_SETS, state_values
 from .sim import CONTROL_HZ, make_env, render_states
 from .state_demos import episode_seeds, read_episode
 
@@ -75,8 +77,6 @@ PUSHT_CONFIG = dataclasses.replace(
 """Shape of the PushT policy: the toy's layout, wider (hidden 256 against 192), under 10 MB in fp16 with its VAE and
 tokenizer (4 layers of this width would be 10.3 MB)."""
 
-STATE_NAMES = ("agent_x", "agent_y")
-"""The PushT policy's state input: the agent's position, env pixels (the JointState names a node is sent)."""
 EPISODES_PER_PART = 40
 """State-only episodes encoded (and cached) together: the unit a stopped or sharded encoding resumes by."""
 FRAME_BATCH = 32
@@ -100,11 +100,11 @@ def action_normalizer() -> ActionNormalizer:
     return ActionNormalizer.from_dict(action_stats(), "minmax", ACTION_WIDTH, DOMAIN_NAME, source="pusht.action_stats")
 
 
-def state_input() -> StateInput:
-    """The agent's position as the policy's state input: :data:`STATE_NAMES`, ``minmax`` over ``[0, 512]``, declared
-    under the ``pusht`` domain of ``action_stats.json``."""
-    low, high = ACTION_RANGE
-    return StateInput.from_stats(STATE_NAMES, "minmax", {"min": [low, low], "max": [high, high]},
+def state_input(names: Sequence[str] = AGENT_STATE_NAMES) -> StateInput:
+    """The policy's state input ``names`` (default: the agent's position), ``minmax`` over each channel's
+    :data:`~.policy_state.STATE_RANGES`, declared under the ``pusht`` domain of ``action_stats.json``."""
+    low, high = zip(*(STATE_RANGES[name] for name in names))
+    return StateInput.from_stats(tuple(names), "minmax", {"min": list(low), "max": list(high)},
                                  domain=DOMAIN_NAME, source="pusht.state_input")
 
 
@@ -158,18 +158,19 @@ def demo_states(bag_paths: Sequence[Path], *, clips: bool = False, stride: int =
             yield from episode_states(episode, normalizer, clips=clips, stride=stride)
 
 
-def state_episode_states(episode: Episode, normalizer: ActionNormalizer, *, stride: int = 1, with_state: bool,
-                         env=None) -> Iterator[LabelledState]:
+def state_episode_states(episode: Episode, normalizer: ActionNormalizer, *, stride: int = 1,
+                         state_names: Sequence[str] | None, env=None) -> Iterator[LabelledState]:
     """One example per control step ``t`` (every ``stride``-th) of a state-only episode (``pusht-demos
     --states-only``): the frame gym-pusht draws of state ``t`` (bit for bit the env's observation), the expert's
-    labels ``t .. t + 15`` (for a DART episode its clean targets, not the noisy ones sent), and with ``with_state``
-    the agent's position at ``t`` as ``proprio``.
+    labels ``t .. t + 15`` (for a DART episode its clean targets, not the noisy ones sent), and with ``state_names``
+    those channels of state ``t`` as ``proprio``.
 
     Args:
         episode (`Episode`): States ``[K + 1, 5]`` and labels ``[K, 2]`` (env pixels).
         normalizer (`ActionNormalizer`): Maps actions into the model's units (:func:`action_normalizer`).
         stride (`int`): Control steps between examples.
-        with_state (`bool`): Give each example the agent's position (:func:`state_input`).
+        state_names (`Sequence[str]`, *optional*): The state input's channels (:mod:`.policy_state`); ``None``:
+            no state.
         env (*optional*): A ``make_env(pixels=True)`` env to draw with.
     """
     labels = normalizer.normalize(torch.as_tensor(episode.labels, dtype=torch.float64)).numpy()
@@ -177,7 +178,8 @@ def state_episode_states(episode: Episode, normalizer: ActionNormalizer, *, stri
     frames = render_states(episode.states[steps], env)
     for frame, t in zip(frames, steps):
         yield LabelledState(image=frame, chunks=[chunk_at(labels, t).astype(np.float32)],
-                            proprio=episode.states[t, :2].copy() if with_state else None)
+                            proprio=(state_values(state_names, episode.states[t, :2], episode.states[t, 2:5])
+                                     if state_names else None))
 
 
 def state_episode_files(folders: Sequence[Path]) -> list[Path]:
@@ -215,7 +217,8 @@ def build_state_dataset(pipe: Cosmos3OmniPipeline, files: Sequence[Path], *, str
         raise TrainingError(f"shard must be K/N with 0 <= K < N, got {shard[0]}/{shard[1]}")
     if not files:
         raise TrainingError("build_state_dataset needs at least one episode file, got none")
-    with_state = declared_state_input(pipe) is not None
+    declared = declared_state_input(pipe)
+    state_names = declared.names if declared is not None else None
     normalizer, env = action_normalizer(), make_env(pixels=True)
     parts_files = [list(files[i:i + EPISODES_PER_PART]) for i in range(0, len(files), EPISODES_PER_PART)]
     parts, done, started = [], 0, time.perf_counter()
@@ -228,10 +231,12 @@ def build_state_dataset(pipe: Cosmos3OmniPipeline, files: Sequence[Path], *, str
             cache = Path(cache_dir) / "pusht_data" / f"{key}.pt"
         if cache is not None and cache.exists():
             part = EncodedDataset(**torch.load(cache, weights_only=False))
+        elif cache is not None and (part := _restated(pipe, part_files, stride, cache.parent)) is not None:
+            torch.save(part.__dict__, cache)
         else:
             episodes = training_episodes([read_episode(path) for path in part_files])
             states = (s for ep in episodes
-                      for s in state_episode_states(ep, normalizer, stride=stride, with_state=with_state, env=env))
+                      for s in state_episode_states(ep, normalizer, stride=stride, state_names=state_names, env=env))
             part = encode_states(pipe, states, PUSHT_FORMAT, frame_batch=FRAME_BATCH, log=lambda message: None)
             if cache is not None:
                 cache.parent.mkdir(parents=True, exist_ok=True)
@@ -261,7 +266,34 @@ def normalization_images(bag_paths: Sequence[Path], count: int = NORMALIZATION_F
     return images
 
 
-def _cache_key(pipe: Cosmos3OmniPipeline, source: Path | Sequence[Path], clips: bool, stride: int) -> str:
+def _restated(pipe: Cosmos3OmniPipeline, part_files: Sequence[Path], stride: int,
+              cache: Path) -> EncodedDataset | None:
+    """The part ``part_files`` from its cache under another state input of :data:`STATE_SETS`, its state frames
+    rebuilt for ``pipe``'s: the frames' latents do not depend on the state input, so a run that changes only the state
+    input encodes no frame again. ``None`` when ``pipe`` declares no state input or no such part is cached."""
+    from .oracle import training_episodes
+
+    declared = declared_state_input(pipe)
+    if declared is None:
+        return None
+    others = [cache / f"{_cache_key(pipe, part_files, False, stride, state_input(names))}.pt"
+              for names in STATE_SETS.values() if names != declared.names]
+    found = next((path for path in others if path.exists()), None)
+    if found is None:
+        return None
+    part = EncodedDataset(**torch.load(found, weights_only=False))
+    episodes = training_episodes([read_episode(path) for path in part_files])
+    normalized = [declared.normalize(declared.check(state_values(declared.names, ep.states[t, :2], ep.states[t, 2:5])))[0]
+                  for ep in episodes for t in range(0, len(ep.labels), stride)]
+    if len(normalized) != part.num_states:
+        raise TrainingError(f"{str(found)!r} holds {part.num_states} states, its episodes give {len(normalized)}")
+    condition = part.condition
+    frames = torch.stack([build_state_frame(n.float(), *condition.shape[1:2], *condition.shape[3:]) for n in normalized])
+    return dataclasses.replace(part, condition=torch.cat([condition[:, :, :1], frames[:, :, None]], dim=2))
+
+
+def _cache_key(pipe: Cosmos3OmniPipeline, source: Path | Sequence[Path], clips: bool, stride: int,
+               declared: StateInput | None | bool = True) -> str:
     # Latents depend on the data's bytes (a bag folder's files, or episode files), the VAE and its normalization,
     # the state input (its frame is part of the condition), and how examples are cut.
     digest = hashlib.sha256()
@@ -271,7 +303,7 @@ def _cache_key(pipe: Cosmos3OmniPipeline, source: Path | Sequence[Path], clips: 
         digest.update(hashlib.sha256(file.read_bytes()).digest())
     for tensor in pipe.vae.state_dict().values():
         digest.update(tensor.detach().cpu().float().numpy().tobytes())
-    declared = declared_state_input(pipe)
+    declared = declared_state_input(pipe) if declared is True else declared  # True: the pipeline's own
     settings = {"format": PUSHT_FORMAT.__dict__, "clips": clips, "stride": stride, "stats": action_stats(),
                 "latents_mean": list(pipe.vae.config.latents_mean), "latents_std": list(pipe.vae.config.latents_std)}
     if declared is not None:  # absent without one, so the keys of caches written before state inputs still hold
@@ -358,29 +390,35 @@ def state_normalization_images(files: Sequence[Path], count: int = NORMALIZATION
 
 
 def load_for_training(init: Path | None, seed: int, images: Sequence[np.ndarray], encoder: Path | None = None,
-                      with_state: bool = False) -> Cosmos3OmniPipeline:
+                      state_names: Sequence[str] | None = None, redeclare: bool = False) -> Cosmos3OmniPipeline:
     """The saved pipeline ``init``, or (``None``) a fresh :data:`PUSHT_CONFIG` one from ``seed``, its latents
     normalized on ``images`` (training frames); with ``encoder`` (a ``pusht-encoder train`` bundle), that bundle's VAE
     in place of its own, normalized on ``images`` (the latent cache is keyed by the VAE, so nothing stale is reused);
-    with ``with_state``, declaring :func:`state_input` (a saved ``init`` must declare the same one).
+    with ``state_names``, declaring :func:`state_input` of those channels. A saved ``init`` must declare the same
+    one, unless ``redeclare``: then this run's declaration replaces its own (the state frame means something else
+    now, and the run retrains what reads it).
 
     Raises:
-        TrainingError: ``init`` declares another state input than the one asked for.
+        TrainingError: ``init`` declares another state input than the one asked for, without ``redeclare``.
     """
+    wanted = state_input(state_names) if state_names else None
     if init is not None:
         from trajectory_ensemble_node.catalog import load_pipeline
 
         pipe, _ = load_pipeline(str(init), "cpu", "float32")
         print(f"initialized from {init}", flush=True)
         declared = declared_state_input(pipe)
-        wanted = state_input().entry() if with_state else None
-        if (declared.entry() if declared is not None else None) != wanted:
-            raise TrainingError(f"{str(init)!r} declares the state input {declared.entry() if declared else None}, "
-                                f"this run asks for {wanted}")
+        entries = (declared.entry() if declared is not None else None, wanted.entry() if wanted else None)
+        if entries[0] != entries[1]:
+            if not redeclare:
+                raise TrainingError(f"{str(init)!r} declares the state input {entries[0]}, this run asks for "
+                                    f"{entries[1]} (--redeclare-state retrains it with this run's)")
+            declare_state_input(pipe, wanted)
+            print(f"state input redeclared: {entries[0]} -> {entries[1]}", flush=True)
     else:
         pipe = fresh_pipeline(PUSHT_CONFIG, seed, images, PUSHT_FORMAT,
                               log=lambda message: print(message, flush=True))
-        declare_state_input(pipe, state_input() if with_state else None)
+        declare_state_input(pipe, wanted)
     if encoder is not None:
         install_encoder(pipe, encoder, images)
         print(f"VAE from {encoder}", flush=True)
@@ -406,9 +444,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="a folder of state-only episodes (pusht-demos --states-only: DIR/states), repeatable; "
                              "frames are drawn from the states, DART episodes train on the expert's clean labels; "
                              "instead of --bags")
-    parser.add_argument("--state-input", action="store_true",
-                        help="declare the agent's position (agent_x, agent_y, env pixels) as the policy's state "
-                             "input, fed as a clean latent frame (needs --states)")
+    parser.add_argument("--state-input", nargs="?", const="agent", default=None, choices=sorted(STATE_SETS),
+                        help="declare a state input, fed as a clean latent frame (needs --states): 'agent' (the "
+                             "default) the agent's position (agent_x, agent_y, env pixels); 'pose' also the T's true "
+                             "pose, a lab diagnostic that no robot can serve")
+    parser.add_argument("--redeclare-state", action="store_true",
+                        help="with --init: replace the checkpoint's state input with this run's and retrain it")
     parser.add_argument("--encode-shard", default=None, metavar="K/N",
                         help="with --states: encode only every N-th part from part K into the cache (--cache-dir, "
                              "else the work dir's), then exit (N processes fill one cache; a run without it then "
@@ -458,7 +499,7 @@ def _train(args: argparse.Namespace) -> int:
         episodes = [dict(zip(("env_seed", "expert_seed"), episode_seeds(path))) for path in files]
         print(f"{len(files)} state-only episode files under {[str(d) for d in args.states]}", flush=True)
         pipe = load_for_training(args.init, args.seed, state_normalization_images(files), args.encoder,
-                                 args.state_input)
+                                 STATE_SETS[args.state_input] if args.state_input else None, args.redeclare_state)
         dataset = build_state_dataset(pipe, files, stride=args.stride, cache_dir=cache_dir,
                                       shard=_shard(args.encode_shard), log=log)
         if dataset is None:

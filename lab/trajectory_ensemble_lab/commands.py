@@ -13,7 +13,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "bench-steps": ("trajectory_ensemble_lab.toy.steps",
                     "collision rate against denoising steps on the toy task, and half-time deadlines"),
     "train-toy": ("trajectory_ensemble_lab.toy.train", "train the toy bimodal obstacle policy on CPU"),
-    "train-pusht": ("trajectory_ensemble_lab.pusht.train",
+    "train-pusht": ("trajectory_ensemble_lab.pusht.train_cli",
                     "train the PushT policy on the expert's demonstration bags (the shared trainer), on CPU"),
     "train-grpo": ("trajectory_ensemble_lab.grpo.train",
                    "Flow-GRPO fine-tuning of the toy policy from its own rollout groups (in process or --ros)"),

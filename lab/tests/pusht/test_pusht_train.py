@@ -18,11 +18,12 @@ from trajectory_ensemble_node.normalization import ActionNormalizer
 from trajectory_ensemble_node.replay import bags
 from trajectory_ensemble_node.replay.reference import read_reference
 from trajectory_ensemble_lab.pusht import train as pusht_train
+from trajectory_ensemble_lab.pusht import train_cli
 from trajectory_ensemble_lab.pusht import INSTRUCTION
 from trajectory_ensemble_lab.pusht.recording import EPISODES_KEY, PERIOD_NS, TEST_BAG, read_demo_bag
 from trajectory_ensemble_lab.pusht.sim import CONTROL_HZ
 from trajectory_ensemble_lab.training import TrainingError
-from trajectory_ensemble_lab.training.fit import training_loss
+from trajectory_ensemble_lab.training.fit import fit, training_loss
 from trajectory_ensemble_lab.training.pipeline import fresh_pipeline
 
 STRIDE = 8
@@ -95,16 +96,16 @@ def test_no_bag_is_refused_by_name(tmp_path, capsys):
     with pytest.raises(TrainingError, match="no demonstration bag"):
         pusht_train.demo_bags(tmp_path)
     parser = argparse.ArgumentParser()
-    pusht_train.add_arguments(parser)
+    train_cli.add_arguments(parser)
     args = parser.parse_args(["--bags", str(tmp_path), "--work-dir", str(tmp_path / "work")])
-    assert pusht_train.run(args) == 2
+    assert train_cli.run(args) == 2
     assert f"error: INVALID_PARAMETERS (52): no demonstration bag (a folder with metadata.yaml) at {str(tmp_path)!r}" \
         in capsys.readouterr().err
 
 
 def test_the_prefix_options_are_the_toys_and_bounded_by_the_16_row_chunk(capsys):
     parser = argparse.ArgumentParser()
-    pusht_train.add_arguments(parser)
+    train_cli.add_arguments(parser)
     args = parser.parse_args(["--prefix-conditioning", "0.5", "--prefix-max", "4", "--prefix-offset", "0.02"])
     assert (args.prefix_conditioning, args.prefix_max, args.prefix_offset) == (0.5, 4, 0.02)
     assert parser.parse_args([]).prefix_max == 8 and parser.parse_args([]).prefix_conditioning == 0.0
@@ -136,11 +137,11 @@ def trained(tmp_path_factory):
     cached = pusht_train.build_pusht_dataset(pipe, [TEST_BAG], stride=STRIDE, cache_dir=work, log=lambda m: None)
     before = fixed_batch_loss()
     parser = argparse.ArgumentParser()
-    pusht_train.add_arguments(parser)
+    train_cli.add_arguments(parser)
     args = parser.parse_args(["--steps", "30", "--batch", "8", "--lr", "1e-3", "--log-every", "10",
                               "--checkpoint-every", "0", "--threads", "1"])
     out = work / "policy"
-    result = pusht_train.fit(pipe, dataset, args, out, work)
+    result = fit(pipe, dataset, args, out, work)
     pusht_train.write_stats(out)
     return dataset, before, fixed_batch_loss(), out, result, cached, work
 

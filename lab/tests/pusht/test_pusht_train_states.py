@@ -18,6 +18,8 @@ import torch
 
 from trajectory_ensemble_node.models.cosmos3 import build_state_frame, declared_state_input, read_state_input
 from trajectory_ensemble_lab.pusht import train as pusht_train
+from trajectory_ensemble_lab.pusht import train_cli
+from trajectory_ensemble_lab.training.fit import fit
 from trajectory_ensemble_lab.pusht.demos import DartNoise, run_episode
 from trajectory_ensemble_lab.pusht.policy_state import AGENT_STATE_NAMES, POSE_STATE_NAMES, request_state
 from trajectory_ensemble_lab.pusht.sim import make_env
@@ -93,11 +95,11 @@ def test_parts_are_cached_and_shards_fill_the_same_cache(episodes, encoded, tmp_
 def test_runs_with_their_own_work_dirs_share_one_cache_dir(episodes, tmp_path, capsys):
     folder, _ = episodes
     parser = argparse.ArgumentParser()
-    pusht_train.add_arguments(parser)
+    train_cli.add_arguments(parser)
     cache = tmp_path / "cache"
 
     def encode(work: str, shard: str = "0/2") -> int:
-        return pusht_train.run(parser.parse_args([
+        return train_cli.run(parser.parse_args([
             "--states", str(folder), "--state-input", "--stride", str(STRIDE), "--encode-shard", shard,
             "--work-dir", str(tmp_path / work), "--cache-dir", str(cache)]))
 
@@ -138,8 +140,8 @@ def test_the_written_statistics_keep_the_state_declaration(tmp_path):
 
 def test_the_state_input_needs_state_only_episodes(capsys):
     parser = argparse.ArgumentParser()
-    pusht_train.add_arguments(parser)
-    assert pusht_train.run(parser.parse_args(["--state-input", "--steps", "1"])) == 2
+    train_cli.add_arguments(parser)
+    assert train_cli.run(parser.parse_args(["--state-input", "--steps", "1"])) == 2
     assert "--state-input trains from state-only episodes: give --states" in capsys.readouterr().err
 
 
@@ -148,10 +150,10 @@ def state_checkpoint(encoded, tmp_path_factory):
     """A PushT checkpoint with the agent's position as its state input, after two training steps."""
     pipe, _, dataset, work = encoded
     parser = argparse.ArgumentParser()
-    pusht_train.add_arguments(parser)
+    train_cli.add_arguments(parser)
     args = parser.parse_args(["--steps", "2", "--batch", "4", "--checkpoint-every", "0", "--log-every", "1"])
     out = tmp_path_factory.mktemp("state_policy") / "policy"
-    pusht_train.fit(pipe, dataset, args, out, work)
+    fit(pipe, dataset, args, out, work)
     pusht_train.write_stats(out, declared_state_input(pipe))
     return out
 

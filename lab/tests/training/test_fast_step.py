@@ -21,9 +21,10 @@ from safetensors.torch import load_file
 
 from trajectory_ensemble_node.models.cosmos3 import PackItem, PrefixKVCache, forward_items, install_fanout
 from trajectory_ensemble_lab.pusht import train as pusht_train
+from trajectory_ensemble_lab.pusht import train_cli
 from trajectory_ensemble_lab.pusht.recording import TEST_BAG
 from trajectory_ensemble_lab.training import TrainingError
-from trajectory_ensemble_lab.training.fit import training_loss
+from trajectory_ensemble_lab.training.fit import fit, training_loss
 from trajectory_ensemble_lab.training.pipeline import fresh_pipeline
 from trajectory_ensemble_lab.training.text_prefix import freeze_text_pathway, instruction_cache, is_text_pathway
 
@@ -123,11 +124,11 @@ def test_train_pusht_freezes_the_text_pathway_by_default_and_saves_it_unchanged(
     pipe = copy.deepcopy(pipe)
     before = {name: p.detach().clone() for name, p in pipe.transformer.named_parameters()}
     parser = argparse.ArgumentParser()
-    pusht_train.add_arguments(parser)
+    train_cli.add_arguments(parser)
     args = parser.parse_args(["--steps", "3", "--batch", "4", "--log-every", "3", "--checkpoint-every", "0",
                               "--save-dtype", "float32", "--ema", "0"])
     assert args.freeze_text and not parser.parse_args(["--no-freeze-text"]).freeze_text
-    result = pusht_train.fit(pipe, dataset, args, tmp_path / "policy", tmp_path)
+    result = fit(pipe, dataset, args, tmp_path / "policy", tmp_path)
     text = [name for name in before if is_text_pathway(name)]
     assert result["trained_parameters"] == result["transformer_parameters"] - sum(before[n].numel() for n in text)
     saved = load_file(tmp_path / "policy" / "transformer" / "diffusion_pytorch_model.safetensors")

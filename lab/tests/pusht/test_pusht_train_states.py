@@ -289,3 +289,19 @@ def test_the_evaluators_send_the_ts_true_pose_to_a_pose_model(encoded, tmp_path,
     assert np.array_equal(policy.sent[-1]["observation/state"], [300.0, 40.0, 200.0, 100.0, 1.0, 0.0])
     with pytest.raises(ev.PushTError, match=r"takes the T's pose \['block_x', 'block_y', 'block_cos', 'block_sin'\]"):
         request_state(policy.metadata, [1.0, 2.0])
+
+
+def test_the_sensitivity_probe_moves_only_the_input_it_changes(state_checkpoint, episodes, recorded_policy):
+    from trajectory_ensemble_lab.pusht.sensitivity import sensitivity
+
+    policy = recorded_policy(state_checkpoint)
+    _, played = episodes
+    states = played[0].states
+    # One state is paired with itself: every changed input is the same input, so only the seed moves the chunk.
+    alone = sensitivity(policy, states[:1])
+    assert alone["states"] == 1 and "state_T" not in alone  # the agent's model takes no T in its state
+    assert alone["frame_T"]["mean_px"] == alone["state_agent"]["mean_px"] == 0.0 and alone["seed"]["mean_px"] > 0
+    probed = sensitivity(policy, states[::10])
+    assert probed["states"] == len(states[::10]) and probed["state_agent"]["mean_px"] > 0
+    sent = [obs for obs in policy.sent if "observation/image" in obs]
+    assert len(sent) == 4 * (1 + len(states[::10]))  # per state: as it is, frame_T, state_agent, seed

@@ -289,6 +289,12 @@ def test_the_evaluators_send_the_ts_true_pose_to_a_pose_model(encoded, tmp_path,
     assert np.array_equal(policy.sent[-1]["observation/state"], [300.0, 40.0, 200.0, 100.0, 1.0, 0.0])
     with pytest.raises(ev.PushTError, match=r"takes the T's pose \['block_x', 'block_y', 'block_cos', 'block_sin'\]"):
         request_state(policy.metadata, [1.0, 2.0])
+    from trajectory_ensemble_lab.pusht.sensitivity import sensitivity
+
+    before = len(policy.sent)
+    probed = sensitivity(policy, np.array([[300.0, 40.0, 200.0, 100.0, 0.0], [100.0, 400.0, 300.0, 250.0, 1.0]]))
+    # A pose model is probed on its pose too: five requests per state, and a state_T figure.
+    assert probed["states"] == 2 and "state_T" in probed and len(policy.sent) - before == 5 * 2
 
 
 def test_the_sensitivity_probe_moves_only_the_input_it_changes(state_checkpoint, episodes, recorded_policy):

@@ -34,7 +34,6 @@ from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import Cosmos3OmniPipeline
 
 from trajectory_ensemble_node.models.cosmos3 import (
     StateInput,
-    build_state_frame,
     declare_state_input,
     declared_state_input,
     write_state_input,
@@ -43,7 +42,14 @@ from trajectory_ensemble_node.normalization import ActionNormalizer
 from trajectory_ensemble_node.replay import bags
 from ..toy.pipeline import TOY_CONFIG
 from ..training import TrainingError
-from ..training.dataset import EncodedDataset, ExampleFormat, LabelledState, concat_datasets, encode_states
+from ..training.dataset import (
+    EncodedDataset,
+    ExampleFormat,
+    LabelledState,
+    concat_datasets,
+    encode_states,
+    with_state_frames,
+)
 from ..training.pipeline import fresh_pipeline, normalize_latents
 from . import INSTRUCTION
 from .demos import Episode
@@ -278,13 +284,11 @@ def _restated(pipe: Cosmos3OmniPipeline, part_files: Sequence[Path], stride: int
         return None
     part = EncodedDataset(**torch.load(found, weights_only=False))
     episodes = training_episodes([read_episode(path) for path in part_files])
-    normalized = [declared.normalize(declared.check(state_values(declared.names, ep.states[t, :2], ep.states[t, 2:5])))[0]
-                  for ep in episodes for t in range(0, len(ep.labels), stride)]
-    if len(normalized) != part.num_states:
-        raise TrainingError(f"{str(found)!r} holds {part.num_states} states, its episodes give {len(normalized)}")
-    condition = part.condition
-    frames = torch.stack([build_state_frame(n.float(), *condition.shape[1:2], *condition.shape[3:]) for n in normalized])
-    return dataclasses.replace(part, condition=torch.cat([condition[:, :, :1], frames[:, :, None]], dim=2))
+    proprios = [state_values(declared.names, ep.states[t, :2], ep.states[t, 2:5])
+                for ep in episodes for t in range(0, len(ep.labels), stride)]
+    if len(proprios) != part.num_states:
+        raise TrainingError(f"{str(found)!r} holds {part.num_states} states, its episodes give {len(proprios)}")
+    return dataclasses.replace(part, condition=with_state_frames(part.condition[:, :, :1], declared, proprios))
 
 
 def _cache_key(pipe: Cosmos3OmniPipeline, source: Path | Sequence[Path], clips: bool, stride: int,

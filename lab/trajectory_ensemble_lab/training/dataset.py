@@ -134,8 +134,18 @@ def condition_latents(pipe: Cosmos3OmniPipeline, example_format: ExampleFormat,
     latents = encode_clips(pipe, [[image] for image, _ in frames], example_format.resolution_tier, 1)[:, :, :1]
     if state_input is None:
         return latents
+    return with_state_frames(latents, state_input, [proprio for _, proprio in frames])
+
+
+def with_state_frames(latents: torch.Tensor, state_input, proprios) -> torch.Tensor:
+    """Frame latents ``[E, C, 1, h, w]`` with each example's state frame appended as latent frame 1
+    (``StateInput.normalize`` and ``build_state_frame``, as ``encode_conditioning`` builds it).
+
+    Returns:
+        `torch.Tensor` of shape `[E, C, 2, h, w]`.
+    """
     states = []
-    for _, proprio in frames:
+    for proprio in proprios:
         normalized, _ = state_input.normalize(state_input.check(proprio))
         states.append(build_state_frame(normalized.float(), latents.shape[1], latents.shape[3], latents.shape[4]))
     return torch.cat([latents, torch.stack(states)[:, :, None]], dim=2)

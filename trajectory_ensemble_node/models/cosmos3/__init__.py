@@ -17,6 +17,7 @@ from .conditioning import (
     min_image_side,
     policy_condition,
     token_counter,
+    tokenize_action_prompt,
 )
 from .embedding import DEFAULT_EMBEDDING_GRID, EMBEDDING_NAME, embedding_dim, observation_embedding
 from .embodiments import RESOLUTION_TIERS, VIEW_POINTS, embodiment_widths

@@ -207,21 +207,8 @@ def encode_conditioning(
     started = time.perf_counter()
     num_frames = action.chunk_size + 1
     clip = [action.image] if action.image is not None else action.video
-    probe = pipe.video_processor.preprocess_video(clip)
-    height, width = VideoProcessor.classify_height_width_bin(
-        int(probe.shape[-2]), int(probe.shape[-1]), ratios=_ACTION_RESOLUTION_BINS[str(action.resolution_tier)]
-    )
-    cond_ids, uncond_ids = pipe.tokenize_prompt(
-        prompt,
-        negative_prompt,
-        num_frames=num_frames,
-        height=height,
-        width=width,
-        fps=fps,
-        use_system_prompt=use_system_prompt,
-        action_mode=action.mode,
-        action_view_point=action.view_point,
-    )
+    cond_ids, uncond_ids, height, width = tokenize_action_prompt(pipe, prompt, negative_prompt, action, fps,
+                                                                 use_system_prompt)
 
     sampling_dtype = torch.float32
     temporal = int(pipe.vae.config.scale_factor_temporal)
@@ -276,6 +263,45 @@ def encode_conditioning(
         encode_ms=(time.perf_counter() - started) * 1e3,
         state_clipped=state_clipped,
     )
+
+
+def tokenize_action_prompt(
+    pipe: Cosmos3OmniPipeline,
+    prompt: str,
+    negative_prompt: str | None,
+    action: CosmosActionCondition,
+    fps: float,
+    use_system_prompt: bool | None = None,
+) -> tuple[list[int], list[int], int, int]:
+    """The token ids of both CFG branches' captions for ``action``, as upstream builds them, and the conditioning
+    canvas they name; no frame is encoded.
+
+    Args:
+        pipe (`Cosmos3OmniPipeline`): Its tokenizer and video processor are used.
+        prompt (`str`), negative_prompt (`str`, *optional*), fps (`float`), use_system_prompt (`bool`, *optional*):
+            As :func:`encode_conditioning`.
+        action (`CosmosActionCondition`): The upstream action condition (its frames' size picks the canvas).
+
+    Returns:
+        `tuple`: ``(cond_input_ids, uncond_input_ids, height, width)``.
+    """
+    clip = [action.image] if action.image is not None else action.video
+    probe = pipe.video_processor.preprocess_video(clip)
+    height, width = VideoProcessor.classify_height_width_bin(
+        int(probe.shape[-2]), int(probe.shape[-1]), ratios=_ACTION_RESOLUTION_BINS[str(action.resolution_tier)]
+    )
+    cond_ids, uncond_ids = pipe.tokenize_prompt(
+        prompt,
+        negative_prompt,
+        num_frames=action.chunk_size + 1,
+        height=height,
+        width=width,
+        fps=fps,
+        use_system_prompt=use_system_prompt,
+        action_mode=action.mode,
+        action_view_point=action.view_point,
+    )
+    return cond_ids, uncond_ids, height, width
 
 
 @torch.no_grad()

@@ -12,13 +12,14 @@ Configs:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
 from diffusers import AutoencoderKLWan, UniPCMultistepScheduler
 from diffusers.models.transformers.transformer_cosmos3 import Cosmos3OmniTransformer
 from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import Cosmos3OmniPipeline
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
 UNTRAINED_NOTICE = "untrained demo weights"
@@ -101,13 +102,37 @@ CONFIGS: dict[str, TinyCosmos3Config] = {
 }
 
 
-def build_tokenizer() -> PreTrainedTokenizerFast:
-    """A byte-level tokenizer with no merges: every string tokenizes, deterministically, with a 260-token vocab."""
+def build_tokenizer(captions: Sequence[str] = (), merges: int = 0) -> PreTrainedTokenizerFast:
+    """A byte-level BPE tokenizer: every string tokenizes, deterministically.
+
+    With no ``merges`` it has none (a 260-token vocab): a string is one token per byte, so upstream's caption template
+    alone is about 400 tokens. With ``merges``, up to that many are learned from ``captions`` (the captions a policy
+    is called with), as any BPE vocabulary is learned from its corpus: a fixed caption then tokenizes to a handful
+    of tokens, and every other string still tokenizes, from its bytes.
+
+    Args:
+        captions (`Sequence[str]`): Texts the merges are learned from (special tokens in them stay whole).
+        merges (`int`): Most merges to learn; 0 for none.
+
+    Raises:
+        ValueError: ``merges`` is negative, or positive with no caption.
+    """
+    if merges < 0 or (merges and not captions):
+        raise ValueError(f"merges must be >= 0 and need captions to learn from, got merges={merges!r} with "
+                         f"{len(captions)} captions")
     alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
-    tokenizer = Tokenizer(models.BPE(vocab={ch: i for i, ch in enumerate(alphabet)}, merges=[]))
+    if merges:
+        tokenizer = Tokenizer(models.BPE())
+    else:
+        tokenizer = Tokenizer(models.BPE(vocab={ch: i for i, ch in enumerate(alphabet)}, merges=[]))
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     tokenizer.decoder = decoders.ByteLevel()
     tokenizer.add_special_tokens(list(_SPECIAL_TOKENS))
+    if merges:
+        trainer = trainers.BpeTrainer(vocab_size=len(_SPECIAL_TOKENS) + len(alphabet) + merges, min_frequency=0,
+                                      initial_alphabet=alphabet, special_tokens=list(_SPECIAL_TOKENS),
+                                      show_progress=False)
+        tokenizer.train_from_iterator(list(captions), trainer)
     return PreTrainedTokenizerFast(
         tokenizer_object=tokenizer,
         eos_token="<|im_end|>",
@@ -122,6 +147,7 @@ def build_pipeline(
     seed: int = 0,
     dtype: torch.dtype = torch.float32,
     device: str | torch.device = "cpu",
+    tokenizer: PreTrainedTokenizerFast | None = None,
 ) -> Cosmos3OmniPipeline:
     """Build a random-weight ``Cosmos3OmniPipeline`` whose weights depend only on ``config`` and ``seed``.
 
@@ -130,6 +156,8 @@ def build_pipeline(
         seed (`int`): Seed of the CPU generator used for every weight; the global RNG is left untouched.
         dtype (`torch.dtype`): Transformer dtype. The VAE stays in float32, as upstream recommends.
         device (`str` or `torch.device`): Where to place the modules.
+        tokenizer (`PreTrainedTokenizerFast`, *optional*): The text tokenizer (its size sets the vocabulary);
+            default :func:`build_tokenizer` with no merges.
 
     Returns:
         `Cosmos3OmniPipeline`: with ``enable_safety_checker=False`` (the guardrail model cannot be downloaded here).
@@ -142,7 +170,7 @@ def build_pipeline(
         raise ValueError(
             f"rope_axes_dim {config.rope_axes_dim} must sum to head_dim // 2 = {config.head_dim // 2}."
         )
-    tokenizer = build_tokenizer()
+    tokenizer = tokenizer if tokenizer is not None else build_tokenizer()
     # fork_rng keeps the caller's global RNG stream intact, so building a model never shifts anyone's noise.
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)

@@ -143,6 +143,8 @@ def test_the_state_input_needs_state_only_episodes(capsys):
     train_cli.add_arguments(parser)
     assert train_cli.run(parser.parse_args(["--state-input", "--steps", "1"])) == 2
     assert "--state-input trains from state-only episodes: give --states" in capsys.readouterr().err
+    assert train_cli.run(parser.parse_args(["--prompt-merges", "64", "--steps", "1"])) == 2
+    assert "--prompt-merges trains from state-only episodes: give --states" in capsys.readouterr().err
 
 
 @pytest.fixture(scope="module")
@@ -262,6 +264,41 @@ def test_a_checkpoint_is_given_another_state_input_only_when_asked(state_checkpo
     assert declared_state_input(pipe).names == POSE_STATE_NAMES
     same = pusht_train.load_for_training(state_checkpoint, 0, images, state_names=AGENT_STATE_NAMES)
     assert declared_state_input(same).names == AGENT_STATE_NAMES
+
+
+def test_a_fresh_policy_whose_tokenizer_learned_the_caption_trains_on_parts_cached_under_the_byte_level_one(
+        encoded, tmp_path, capsys):
+    agent_pipe, files, agent_data, work = encoded
+    images = pusht_train.state_normalization_images(files, count=4)
+    pipe = pusht_train.load_for_training(None, 0, images, state_names=AGENT_STATE_NAMES, prompt_merges=512)
+    assert "the caption, which is now" in capsys.readouterr().out
+    assert len(pipe.text_tokenizer) > len(agent_pipe.text_tokenizer) == 260
+    tables = pipe.transformer
+    assert tables.embed_tokens.num_embeddings == tables.config.vocab_size == len(pipe.text_tokenizer)
+    # Only the token tables are new: the VAE, and so the cache key of every part, is the byte-level pipeline's.
+    vae = agent_pipe.vae.state_dict()
+    assert all(torch.equal(value, vae[key]) for key, value in pipe.vae.state_dict().items())
+    shared = tmp_path / "shared"
+    shutil.copytree(work / "pusht_data", shared / "pusht_data")
+    encoded_frames = []
+    encode = pipe.vae.encode
+    pipe.vae.encode = lambda x, *a, **k: encoded_frames.append(x.shape[0]) or encode(x, *a, **k)
+    data = pusht_train.build_state_dataset(pipe, files, stride=STRIDE, cache_dir=shared, log=lambda m: None)
+    pipe.vae.encode = encode
+    # The cached part is read, not encoded again: one frame went through the VAE, for the new prefix's branch.
+    assert encoded_frames == [1] and len(list((shared / "pusht_data").glob("*.pt"))) == 1
+    assert torch.equal(data.condition, agent_data.condition) and torch.equal(data.actions, agent_data.actions)
+    assert agent_data.branch.prefix.input_ids.numel() > 250 and data.branch.prefix.input_ids.numel() <= 16
+    parser = argparse.ArgumentParser()
+    train_cli.add_arguments(parser)
+    args = parser.parse_args(["--steps", "1", "--batch", "4", "--checkpoint-every", "0", "--log-every", "1"])
+    result = fit(pipe, data, args, tmp_path / "policy", tmp_path / "work")
+    assert np.isfinite(result["loss_history"][-1]["loss"])
+    # A saved policy keeps the init's tokenizer: merges are learned for a fresh one only.
+    with pytest.raises(TrainingError, match="--prompt-merges 512 builds a fresh tokenizer"):
+        pusht_train.load_for_training(tmp_path / "policy", 0, images, prompt_merges=512)
+    with pytest.raises(TrainingError, match="--prompt-merges must be >= 0, got -1"):
+        pusht_train.load_for_training(None, 0, images, prompt_merges=-1)
 
 
 def test_the_evaluators_send_the_ts_true_pose_to_a_pose_model(encoded, tmp_path, recorded_policy):

@@ -33,9 +33,11 @@ import torch
 from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import Cosmos3OmniPipeline
 
 from trajectory_ensemble_node.models.cosmos3 import (
+    Branch,
     StateInput,
     declare_state_input,
     declared_state_input,
+    tokenize_action_prompt,
     write_state_input,
 )
 from trajectory_ensemble_node.normalization import ActionNormalizer
@@ -223,6 +225,7 @@ def build_state_dataset(pipe: Cosmos3OmniPipeline, files: Sequence[Path], *, str
     normalizer, env = action_normalizer(), make_env(pixels=True)
     parts_files = [list(files[i:i + EPISODES_PER_PART]) for i in range(0, len(files), EPISODES_PER_PART)]
     parts, done, started = [], 0, time.perf_counter()
+    branch = None  # the pipeline's own prefix and template, put on every part read from the cache
     for index, part_files in enumerate(parts_files):
         if shard is not None and index % shard[1] != shard[0]:
             continue
@@ -242,12 +245,32 @@ def build_state_dataset(pipe: Cosmos3OmniPipeline, files: Sequence[Path], *, str
             if cache is not None:
                 cache.parent.mkdir(parents=True, exist_ok=True)
                 torch.save(part.__dict__, cache)
+        if cache is not None:
+            # A part's latents and labels do not depend on the tokenizer, its prefix does: a part cached for a
+            # pipeline with another tokenizer (--prompt-merges) trains under this pipeline's prefix.
+            if branch is None:
+                branch = _pipeline_branch(pipe, part, part_files[0], normalizer, env, state_names)
+            part = dataclasses.replace(part, branch=branch)
         parts.append(part)
         done += part.num_states
         log(f"encoded part {index + 1}/{len(parts_files)}, {done} states ({time.perf_counter() - started:.0f} s)")
     if shard is not None:
         return None
     return parts[0] if len(parts) == 1 else concat_datasets(parts)
+
+
+def _pipeline_branch(pipe: Cosmos3OmniPipeline, part: EncodedDataset, path: Path, normalizer: ActionNormalizer,
+                     env, state_names: Sequence[str] | None) -> Branch:
+    """``pipe``'s prefix and block template for PushT examples: ``part``'s own when it was cached under ``pipe``'s
+    tokenizer (no frame encoded), else the one ``encode_states`` gives the first state of the episode ``path``."""
+    episode = read_episode(path)
+    first = next(state_episode_states(episode, normalizer, stride=len(episode.labels), state_names=state_names,
+                                      env=env))
+    fmt = PUSHT_FORMAT
+    ids, _, _, _ = tokenize_action_prompt(pipe, fmt.instruction, None, fmt.action_condition(first.image), fmt.fps)
+    if part.branch.prefix.input_ids.reshape(-1).tolist() == list(ids):
+        return part.branch
+    return encode_states(pipe, [first], fmt, log=lambda message: None).branch
 
 
 def listed_episodes(bag_paths: Sequence[Path]) -> list[dict[str, object]]:
@@ -389,7 +412,8 @@ def state_normalization_images(files: Sequence[Path], count: int = NORMALIZATION
 
 
 def load_for_training(init: Path | None, seed: int, images: Sequence[np.ndarray], encoder: Path | None = None,
-                      state_names: Sequence[str] | None = None, redeclare: bool = False) -> Cosmos3OmniPipeline:
+                      state_names: Sequence[str] | None = None, redeclare: bool = False,
+                      prompt_merges: int = 0) -> Cosmos3OmniPipeline:
     """The saved pipeline ``init``, or (``None``) a fresh :data:`PUSHT_CONFIG` one from ``seed``, its latents
     normalized on ``images`` (training frames); with ``encoder`` (a ``pusht-encoder train`` bundle), that bundle's VAE
     in place of its own, normalized on ``images`` (the latent cache is keyed by the VAE, so nothing stale is reused);
@@ -397,10 +421,19 @@ def load_for_training(init: Path | None, seed: int, images: Sequence[np.ndarray]
     one, unless ``redeclare``: then this run's declaration replaces its own (the state frame means something else
     now, and the run retrains what reads it).
 
+    A fresh pipeline's tokenizer learns ``prompt_merges`` merges on the caption (``fresh_pipeline``); a saved
+    ``init`` keeps its own.
+
     Raises:
-        TrainingError: ``init`` declares another state input than the one asked for, without ``redeclare``.
+        TrainingError: ``init`` declares another state input than the one asked for, without ``redeclare``; or
+            ``prompt_merges`` with ``init``.
     """
     wanted = state_input(state_names) if state_names else None
+    if prompt_merges < 0:
+        raise TrainingError(f"--prompt-merges must be >= 0, got {prompt_merges!r}")
+    if init is not None and prompt_merges:
+        raise TrainingError(f"--prompt-merges {prompt_merges} builds a fresh tokenizer; {str(init)!r} keeps its own "
+                            "(drop --init or --prompt-merges)")
     if init is not None:
         from trajectory_ensemble_node.catalog import load_pipeline
 
@@ -416,7 +449,7 @@ def load_for_training(init: Path | None, seed: int, images: Sequence[np.ndarray]
             print(f"state input redeclared: {entries[0]} -> {entries[1]}", flush=True)
     else:
         pipe = fresh_pipeline(PUSHT_CONFIG, seed, images, PUSHT_FORMAT,
-                              log=lambda message: print(message, flush=True))
+                              log=lambda message: print(message, flush=True), prompt_merges=prompt_merges)
         declare_state_input(pipe, wanted)
     if encoder is not None:
         install_encoder(pipe, encoder, images)

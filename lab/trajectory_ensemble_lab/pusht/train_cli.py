@@ -70,6 +70,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="with --states: encode only every N-th part from part K into the cache (--cache-dir, "
                              "else the work dir's), then exit (N processes fill one cache; a run without it then "
                              "reads it)")
+    parser.add_argument("--prompt-merges", type=int, default=0, metavar="N",
+                        help="a fresh policy's tokenizer learns up to N BPE merges on its caption (405 tokens, one "
+                             "per byte; 12 from about 300 merges on), which every step and every served request "
+                             "attends to; 0 (the default): byte-level; needs --states, not --init")
     parser.add_argument("--stride", type=int, default=1, help="control steps between training examples")
     parser.add_argument("--encoder", type=Path, default=None,
                         help="a pusht-encoder train bundle whose trained VAE replaces the pipeline's (the latents "
@@ -105,13 +109,16 @@ def _train(args: argparse.Namespace) -> int:
         episodes = [dict(zip(("env_seed", "expert_seed"), episode_seeds(path))) for path in files]
         print(f"{len(files)} state-only episode files under {[str(d) for d in args.states]}", flush=True)
         pipe = load_for_training(args.init, args.seed, state_normalization_images(files), args.encoder,
-                                 STATE_SETS[args.state_input] if args.state_input else None, args.redeclare_state)
+                                 STATE_SETS[args.state_input] if args.state_input else None, args.redeclare_state,
+                                 args.prompt_merges)
         dataset = build_state_dataset(pipe, files, stride=args.stride, cache_dir=cache_dir,
                                       shard=_shard(args.encode_shard), log=log)
         if dataset is None:
             print(f"encoded shard {args.encode_shard} in {time.perf_counter() - started:.0f} s", flush=True)
             return 0
     else:
+        if args.prompt_merges:
+            raise TrainingError("--prompt-merges trains from state-only episodes: give --states")
         bag_paths = demo_bags(args.bags)
         episodes = listed_episodes(bag_paths)
         print(f"{len(bag_paths)} bags, {len(episodes)} episodes, {sum(int(e['steps']) for e in episodes)} steps",

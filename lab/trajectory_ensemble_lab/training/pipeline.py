@@ -16,10 +16,12 @@ from pathlib import Path
 import numpy as np
 import torch
 from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import Cosmos3OmniPipeline
+from transformers import PreTrainedTokenizerFast
 
 from trajectory_ensemble_node.models.cosmos3 import (
     TinyCosmos3Config,
     build_pipeline,
+    build_tokenizer,
     declared_state_input,
     encode_conditioning,
     write_state_input,
@@ -90,7 +92,7 @@ def _set_latent_normalization(pipe: Cosmos3OmniPipeline, mean: list[float], std:
 
 
 def fresh_pipeline(config: TinyCosmos3Config, seed: int, images: Iterable[np.ndarray], example_format: ExampleFormat,
-                   log: Callable[[str], None] = print) -> Cosmos3OmniPipeline:
+                   log: Callable[[str], None] = print, prompt_merges: int = 0) -> Cosmos3OmniPipeline:
     """A new trainable pipeline of shape ``config``: weights from ``seed``, VAE rounded through fp16, action heads at
     a trainable scale (from ``seed + 1``), latents normalized on ``images``.
 
@@ -100,14 +102,64 @@ def fresh_pipeline(config: TinyCosmos3Config, seed: int, images: Iterable[np.nda
         images (`Iterable[np.ndarray]`): Training observations for :func:`normalize_latents`.
         example_format (`ExampleFormat`): How the policy is called.
         log (`Callable[[str], None]`): Where the latent statistics are reported.
+        prompt_merges (`int`): With more than 0, its tokenizer has up to that many BPE merges learned from the
+            caption ``example_format`` calls it with (:func:`format_caption`), so that caption is a few tokens
+            instead of one per byte; the text prefix every step and every served request attends to shrinks with it.
     """
+    images = list(images)
     pipe = build_pipeline(config, seed=seed)
+    if prompt_merges:
+        caption = format_caption(pipe, example_format, images[0])
+        install_tokenizer(pipe, build_tokenizer([caption], prompt_merges), torch.Generator().manual_seed(seed + 2))
+        log(f"tokenizer: {prompt_merges} merges learned on the caption, which is now "
+            f"{len(pipe.text_tokenizer(caption, add_special_tokens=False)['input_ids'])} tokens")
     round_vae_to_half(pipe)
     init_action_heads(pipe, torch.Generator().manual_seed(seed + 1))
     latents_mean, latents_std = normalize_latents(pipe, images, example_format)
     log(f"latent normalization: mean {[round(m, 3) for m in latents_mean]}, "
         f"std {[round(s, 3) for s in latents_std]}")
     return pipe
+
+
+def install_tokenizer(pipe: Cosmos3OmniPipeline, tokenizer: PreTrainedTokenizerFast,
+                      generator: torch.Generator) -> None:
+    """Give ``pipe`` the text tokenizer ``tokenizer``; the transformer's token tables (``embed_tokens``,
+    ``lm_head``) are drawn anew for its vocabulary, at their modules' default scales, and nothing else changes: the
+    VAE keeps its weights, so latents cached for ``pipe`` stay valid.
+
+    Args:
+        pipe (`Cosmos3OmniPipeline`): A fresh pipeline (its text tables are not trained here).
+        tokenizer (`PreTrainedTokenizerFast`): The new tokenizer.
+        generator (`torch.Generator`): Draws the new tables.
+    """
+    transformer = pipe.transformer
+    vocab, hidden = len(tokenizer), transformer.embed_tokens.embedding_dim
+    embed, head = torch.nn.Embedding(vocab, hidden), torch.nn.Linear(hidden, vocab, bias=False)
+    with torch.no_grad():  # nn.Embedding's N(0, 1) and nn.Linear's U(-1/sqrt(fan_in), 1/sqrt(fan_in))
+        embed.weight.copy_(torch.randn(embed.weight.shape, generator=generator))
+        head.weight.copy_((torch.rand(head.weight.shape, generator=generator) * 2 - 1) / math.sqrt(hidden))
+    dtype = transformer.embed_tokens.weight.dtype
+    transformer.embed_tokens, transformer.lm_head = embed.to(dtype), head.to(dtype)
+    transformer.register_to_config(vocab_size=vocab)
+    transformer.vocab_size = vocab
+    pipe.register_modules(text_tokenizer=tokenizer)
+
+
+def format_caption(pipe: Cosmos3OmniPipeline, example_format: ExampleFormat, image: np.ndarray) -> str:
+    """The caption (upstream's chat template, special tokens included) that ``example_format`` calls ``pipe`` with,
+    as the serving path tokenizes it for a frame of ``image``'s size.
+
+    Args:
+        pipe (`Cosmos3OmniPipeline`): A pipeline whose tokenizer decodes losslessly (byte-level BPE).
+        example_format (`ExampleFormat`): How the policy is called.
+        image (`np.ndarray` of shape `[H, W, 3]`, uint8): A frame of the size it is called with.
+    """
+    fmt = example_format
+    conditioning = encode_conditioning(
+        pipe, prompt=fmt.instruction, negative_prompt=None, action=fmt.action_condition(image), fps=fmt.fps,
+        guidance_scale=fmt.guidance_scale, device=torch.device("cpu"),
+    )
+    return pipe.text_tokenizer.decode(conditioning.cond_input_ids)
 
 
 def round_vae_to_half(pipe: Cosmos3OmniPipeline) -> None:

@@ -32,12 +32,12 @@ import numpy as np
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
-from trajectory_ensemble_node.models.cosmos3 import install_fanout
+from trajectory_ensemble_node.models.cosmos3 import build_tokenizer, install_fanout
 from trajectory_ensemble_node.provenance import git_commit, utc_now
 from ..pusht import train as pusht_train
 from ..pusht.recording import TEST_BAG
 from .fit import apply_update, sample_sigmas, training_loss
-from .pipeline import fresh_pipeline
+from .pipeline import format_caption, fresh_pipeline, install_tokenizer
 from .text_prefix import freeze_text_pathway, instruction_cache
 
 PHASES = ("transformer", "backward", "optimizer", "ema")
@@ -117,11 +117,12 @@ class Trainer:
         return tuple(float(v) for v in total / self.dataset.num_states)
 
 
-def fit_comparison(pipe, dataset, batch: int, steps: int, every: int) -> list[dict[str, object]]:
-    """What freezing the text pathway costs the fit: both trainers from the same weights, on the same examples and
-    noise, ``steps`` steps of a one-cycle schedule; their :meth:`Trainer.evaluate` every ``every`` steps."""
-    trainers = {name: Trainer(copy.deepcopy(pipe), dataset, name == "fast", batch, 0, steps)
-                for name in ("plain", "fast")}
+def fit_comparison(sides: dict[str, tuple], batch: int, steps: int, every: int) -> list[dict[str, object]]:
+    """What a change costs the fit: both trainers (``sides``: name -> ``(pipe, dataset, fast)``) from the same
+    weights, on the same examples and noise, ``steps`` steps of a one-cycle schedule; their
+    :meth:`Trainer.evaluate` every ``every`` steps."""
+    trainers = {name: Trainer(copy.deepcopy(pipe), dataset, fast, batch, 0, steps)
+                for name, (pipe, dataset, fast) in sides.items()}
     rows = []
     for step in range(1, steps + 1):
         for trainer in trainers.values():
@@ -179,6 +180,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fit-steps", type=int, default=0,
                         help="also train both from the same weights for this many steps and compare their fit")
     parser.add_argument("--fit-every", type=int, default=50, help="steps between fit comparisons")
+    parser.add_argument("--prompt-merges", type=int, default=0, metavar="N",
+                        help="compare the fast step with the fast step of the same weights whose tokenizer learned N "
+                             "merges on the caption (train-pusht --prompt-merges), instead of plain with fast")
     parser.add_argument("--out", type=Path, default=Path("out/step_profile/profile.json"))
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
@@ -188,15 +192,21 @@ def main(argv: list[str] | None = None) -> int:
                           pusht_train.PUSHT_FORMAT, log=lambda message: None)
     dataset = pusht_train.build_pusht_dataset(pipe, bag_paths, log=lambda message: None)
     template = dataset.branch.template
-    prefix_len = dataset.branch.prefix.length
+    sides = {"plain": (pipe, dataset, False), "fast": (pipe, dataset, True)}
+    if args.prompt_merges:
+        merged = copy.deepcopy(pipe)
+        caption = format_caption(pipe, pusht_train.PUSHT_FORMAT, pusht_train.normalization_images(bag_paths, 1)[0])
+        install_tokenizer(merged, build_tokenizer([caption], args.prompt_merges), torch.Generator().manual_seed(2))
+        short = pusht_train.build_pusht_dataset(merged, bag_paths, log=lambda message: None)
+        sides = {"fast": (pipe, dataset, True), "short prefix": (merged, short, True)}
+    first, second = sides
     if args.fit_steps:
-        rows = fit_comparison(pipe, dataset, args.batch, args.fit_steps, args.fit_every)
+        rows = fit_comparison(sides, args.batch, args.fit_steps, args.fit_every)
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps({"date": started, "commit": commit, "batch": args.batch, "fit": rows},
                                        indent=1) + "\n")
         return 0
-    trainers = {"plain": Trainer(copy.deepcopy(pipe), dataset, False, args.batch, 0),
-                "fast": Trainer(copy.deepcopy(pipe), dataset, True, args.batch, 0)}
+    trainers = {name: Trainer(copy.deepcopy(p), d, fast, args.batch, 0) for name, (p, d, fast) in sides.items()}
     for trainer in trainers.values():
         trainer.step()
     # Wall time, and this thread's CPU time: on a shared machine the process waits for a core, and the CPU time is
@@ -210,18 +220,19 @@ def main(argv: list[str] | None = None) -> int:
             trainers[name].step()
             seconds[name].append(time.perf_counter() - begin)
             cpu_seconds[name].append(time.thread_time() - begin_cpu)
-    ratios = [plain / fast for plain, fast in zip(seconds["plain"], seconds["fast"])]
-    cpu_ratios = [plain / fast for plain, fast in zip(cpu_seconds["plain"], cpu_seconds["fast"])]
+    ratios = [a / b for a, b in zip(seconds[first], seconds[second])]
+    cpu_ratios = [a / b for a, b in zip(cpu_seconds[first], cpu_seconds[second])]
     # Profiled one step at a time, alternating too, so a change in the machine's load falls on both.
     profiles: dict[str, dict[str, float]] = {name: defaultdict(float) for name in trainers}
     for round_index in range(args.profiled_steps):
         for name in list(trainers) if round_index % 2 == 0 else list(reversed(trainers)):
-            for key, value in profile_steps(trainers[name].step, 1, prefix_len).items():
+            for key, value in profile_steps(trainers[name].step, 1, sides[name][1].branch.prefix.length).items():
                 profiles[name][key] += value / args.profiled_steps
     result = {
         "date": started, "commit": commit, "threads": torch.get_num_threads(), "batch": args.batch,
         "load_average": [round(load_before, 2), round(os.getloadavg()[0], 2)], "cpus": os.cpu_count(),
-        "tokens": {"prefix": prefix_len, "vision_per_example": template.num_vision_tokens,
+        "tokens": {"prefix": {name: d.branch.prefix.length for name, (_, d, _) in sides.items()},
+                   "vision_per_example": template.num_vision_tokens,
                    "action_per_example": template.action_len},
         "trained_parameters": {name: sum(p.numel() for p in t.params) for name, t in trainers.items()},
         "step_seconds_median": {name: statistics.median(values) for name, values in seconds.items()},
@@ -234,18 +245,18 @@ def main(argv: list[str] | None = None) -> int:
     args.out.write_text(json.dumps(result, indent=1) + "\n")
     print(f"{result['date']} commit {commit}, batch {args.batch}, one thread, load average "
           f"{result['load_average'][0]} -> {result['load_average'][1]} on {os.cpu_count()} CPUs; tokens: prefix "
-          f"{prefix_len}, {template.num_vision_tokens} vision + {template.action_len} action per example; trained "
-          f"parameters: plain {result['trained_parameters']['plain']}, fast {result['trained_parameters']['fast']}")
-    print(f"step (median of {args.rounds}): plain {result['step_seconds_median']['plain']:.3f} s, fast "
-          f"{result['step_seconds_median']['fast']:.3f} s; per-round ratio plain/fast: median "
+          f"{result['tokens']['prefix']}, {template.num_vision_tokens} vision + {template.action_len} action per "
+          f"example; trained parameters: {result['trained_parameters']}")
+    print(f"step (median of {args.rounds}): {first} {result['step_seconds_median'][first]:.3f} s, {second} "
+          f"{result['step_seconds_median'][second]:.3f} s; per-round ratio {first}/{second}: median "
           f"{result['ratio_median']:.2f} (range {min(ratios):.2f}..{max(ratios):.2f})")
-    print(f"thread CPU time per step (median): plain {result['step_cpu_seconds_median']['plain']:.3f} s, fast "
-          f"{result['step_cpu_seconds_median']['fast']:.3f} s; per-round ratio: median "
+    print(f"thread CPU time per step (median): {first} {result['step_cpu_seconds_median'][first]:.3f} s, {second} "
+          f"{result['step_cpu_seconds_median'][second]:.3f} s; per-round ratio: median "
           f"{result['cpu_ratio_median']:.2f} (range {min(cpu_ratios):.2f}..{max(cpu_ratios):.2f})")
-    print("\n| ms per step (torch.profiler, self time of ops) | plain | fast |\n|---|---:|---:|")
+    print(f"\n| ms per step (torch.profiler, self time of ops) | {first} | {second} |\n|---|---:|---:|")
     for key, label in ROWS:
-        print(f"| {label} | {profiles['plain'].get(key, 0.0):.0f} | {profiles['fast'].get(key, 0.0):.0f} |")
-    print(f"| total | {sum(profiles['plain'].values()):.0f} | {sum(profiles['fast'].values()):.0f} |")
+        print(f"| {label} | {profiles[first].get(key, 0.0):.0f} | {profiles[second].get(key, 0.0):.0f} |")
+    print(f"| total | {sum(profiles[first].values()):.0f} | {sum(profiles[second].values()):.0f} |")
     return 0
 
 

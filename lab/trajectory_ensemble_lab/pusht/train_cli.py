@@ -7,8 +7,6 @@ are the shared trainer's (:mod:`trajectory_ensemble_lab.training`).
 from __future__ import annotations
 
 import argparse
-import json
-import math
 import sys
 import time
 from pathlib import Path
@@ -19,7 +17,7 @@ from trajectory_ensemble_node.errors import TrajectoryEnsembleError, describe_er
 from trajectory_ensemble_node.models.cosmos3 import declared_state_input
 from ..training import TrainingError
 from ..training.augment import add_prefix_arguments
-from ..training.fit import add_fit_arguments, fit
+from ..training.fit import add_fit_arguments, fit, write_summary
 from .policy_state import STATE_SETS
 from .state_demos import episode_seeds
 from .train import (
@@ -132,25 +130,10 @@ def _train(args: argparse.Namespace) -> int:
     write_stats(work_dir / "checkpoint", declared)
     result = fit(pipe, dataset, args, args.out, work_dir)
     write_stats(args.out, declared)
-    wall = time.perf_counter() - started
-    history = result["loss_history"]
-    summary = {
-        "config": {k: v for k, v in PUSHT_CONFIG.__dict__.items() if k != "extra"},
-        "format": PUSHT_FORMAT.__dict__,
-        "action_stats": action_stats(),
-        "state_input": declared.entry() if declared is not None else None,
-        "args": {k: str(v) for k, v in vars(args).items() if not k.startswith("_")},
-        "demonstrations": [[e["env_seed"], e["expert_seed"]] for e in episodes],
-        **{k: v for k, v in result.items() if k != "train_seconds"},
-        "train_seconds": result["train_seconds"],
-        "encode_seconds": round(encode_s, 1),
-        "wall_seconds": round(wall, 1),
-        "torch": torch.__version__,
-    }
-    (work_dir / "summary.json").write_text(json.dumps(summary, indent=1))
-    print(f"saved {args.out} ({result['saved_bytes'] / 1e6:.2f} MB) after {wall / 60:.1f} min; final loss "
-          f"{history[-1]['loss']:.4f}", flush=True)
-    return 0 if history and math.isfinite(history[-1]["loss"]) else 1
+    return write_summary(work_dir, args.out, PUSHT_CONFIG, args, result, encode_s, time.perf_counter() - started,
+                         format=PUSHT_FORMAT.__dict__, action_stats=action_stats(),
+                         state_input=declared.entry() if declared is not None else None,
+                         demonstrations=[[e["env_seed"], e["expert_seed"]] for e in episodes])
 
 
 def _shard(text: str | None) -> tuple[int, int] | None:

@@ -38,7 +38,6 @@ The objective, the loop and the encoding are the shared trainer's (:mod:`traject
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import time
 from pathlib import Path
@@ -47,7 +46,7 @@ import torch
 
 from trajectory_ensemble_node.toy import task
 from ..training.augment import add_prefix_arguments, nonnegative, share
-from ..training.fit import add_fit_arguments
+from ..training.fit import add_fit_arguments, write_summary
 from . import dagger
 from .data import build_dataset
 from .objective import fit, sample_sigmas, training_loss
@@ -114,19 +113,4 @@ def run(args: argparse.Namespace) -> int:
     encode_s = time.perf_counter() - started
     print(f"encode {encode_s:.0f} s", flush=True)
     result = fit(pipe, dataset, args, args.out, work_dir)
-    wall = time.perf_counter() - started
-    history = result["loss_history"]
-    summary = {
-        "config": {k: v for k, v in TOY_CONFIG.__dict__.items() if k != "extra"},
-        "args": {k: str(v) for k, v in vars(args).items() if not k.startswith("_")},
-        **{k: v for k, v in result.items() if k != "train_seconds"},
-        "encode_seconds": round(encode_s, 1),
-        "wall_seconds": round(wall, 1),
-        "torch": torch.__version__,
-    }
-    (work_dir / "summary.json").write_text(json.dumps(summary, indent=1))
-    print(f"saved {args.out} ({result['saved_bytes'] / 1e6:.2f} MB) after {wall / 60:.1f} min; final loss "
-          f"{history[-1]['loss']:.4f}", flush=True)
-    if not math.isfinite(history[-1]["loss"]):
-        return 1
-    return 0
+    return write_summary(work_dir, args.out, TOY_CONFIG, args, result, encode_s, time.perf_counter() - started)

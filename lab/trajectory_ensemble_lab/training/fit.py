@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
+import math
 import time
 from pathlib import Path
 
@@ -361,6 +363,38 @@ def fit(pipe: Cosmos3OmniPipeline, dataset: EncodedDataset, args: argparse.Names
 
 RESUME_FILE = "resume.pt"
 """The resumable checkpoint in a run's work dir: fp32 weights, EMA, optimizer, schedule, generators, step."""
+
+
+def write_summary(work_dir: Path, out: Path, config: object, args: argparse.Namespace, result: dict,
+                  encode_seconds: float, wall_seconds: float, **fields: object) -> int:
+    """Write a run's ``work_dir/summary.json`` and print where its pipeline went; return the command's exit code.
+
+    Args:
+        work_dir (`Path`): The run's work dir.
+        out (`Path`): Where the pipeline was saved.
+        config (`object`): The model's shape (a dataclass; its ``extra`` is left out).
+        args (`argparse.Namespace`): The command's arguments, written as strings.
+        result (`dict`): :func:`fit`'s result (``loss_history``, ``saved_bytes``, ``train_seconds``, ...).
+        encode_seconds (`float`), wall_seconds (`float`): Time spent encoding data, and in all.
+        **fields: What else the command records (data, formats, statistics).
+
+    Returns:
+        `int`: 0, or 1 when the final loss is not finite.
+    """
+    history = result["loss_history"]
+    summary = {
+        "config": {k: v for k, v in vars(config).items() if k != "extra"},
+        **fields,
+        "args": {k: str(v) for k, v in vars(args).items() if not k.startswith("_")},
+        **result,
+        "encode_seconds": round(encode_seconds, 1),
+        "wall_seconds": round(wall_seconds, 1),
+        "torch": torch.__version__,
+    }
+    (work_dir / "summary.json").write_text(json.dumps(summary, indent=1))
+    print(f"saved {out} ({result['saved_bytes'] / 1e6:.2f} MB) after {wall_seconds / 60:.1f} min; final loss "
+          f"{history[-1]['loss']:.4f}", flush=True)
+    return 0 if history and math.isfinite(history[-1]["loss"]) else 1
 
 
 def save_resume(path: Path, step: int, steps: int, transformer: torch.nn.Module, ema: list[torch.Tensor] | None,

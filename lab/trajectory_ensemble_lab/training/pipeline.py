@@ -24,6 +24,7 @@ from trajectory_ensemble_node.models.cosmos3 import (
     build_tokenizer,
     declared_state_input,
     encode_conditioning,
+    tokenize_action_prompt,
     write_state_input,
 )
 
@@ -109,10 +110,8 @@ def fresh_pipeline(config: TinyCosmos3Config, seed: int, images: Iterable[np.nda
     images = list(images)
     pipe = build_pipeline(config, seed=seed)
     if prompt_merges:
-        caption = format_caption(pipe, example_format, images[0])
-        install_tokenizer(pipe, build_tokenizer([caption], prompt_merges), torch.Generator().manual_seed(seed + 2))
-        log(f"tokenizer: {prompt_merges} merges learned on the caption, which is now "
-            f"{len(pipe.text_tokenizer(caption, add_special_tokens=False)['input_ids'])} tokens")
+        length = install_caption_tokenizer(pipe, example_format, images[0], prompt_merges, seed + 2)
+        log(f"tokenizer: {prompt_merges} merges learned on the caption, which is now {length} tokens")
     round_vae_to_half(pipe)
     init_action_heads(pipe, torch.Generator().manual_seed(seed + 1))
     latents_mean, latents_std = normalize_latents(pipe, images, example_format)
@@ -155,11 +154,18 @@ def format_caption(pipe: Cosmos3OmniPipeline, example_format: ExampleFormat, ima
         image (`np.ndarray` of shape `[H, W, 3]`, uint8): A frame of the size it is called with.
     """
     fmt = example_format
-    conditioning = encode_conditioning(
-        pipe, prompt=fmt.instruction, negative_prompt=None, action=fmt.action_condition(image), fps=fmt.fps,
-        guidance_scale=fmt.guidance_scale, device=torch.device("cpu"),
-    )
-    return pipe.text_tokenizer.decode(conditioning.cond_input_ids)
+    ids, _, _, _ = tokenize_action_prompt(pipe, fmt.instruction, None, fmt.action_condition(image), fmt.fps)
+    return pipe.text_tokenizer.decode(ids)
+
+
+def install_caption_tokenizer(pipe: Cosmos3OmniPipeline, example_format: ExampleFormat, image: np.ndarray,
+                              merges: int, seed: int) -> int:
+    """Give the byte-level ``pipe`` a tokenizer with up to ``merges`` merges learned on the caption
+    ``example_format`` calls it with (:func:`format_caption`, :func:`install_tokenizer`, tables drawn from ``seed``);
+    returns the caption's length in tokens now."""
+    caption = format_caption(pipe, example_format, image)
+    install_tokenizer(pipe, build_tokenizer([caption], merges), torch.Generator().manual_seed(seed))
+    return len(pipe.text_tokenizer(caption, add_special_tokens=False)["input_ids"])
 
 
 def round_vae_to_half(pipe: Cosmos3OmniPipeline) -> None:

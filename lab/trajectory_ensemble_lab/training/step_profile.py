@@ -32,12 +32,12 @@ import numpy as np
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
-from trajectory_ensemble_node.models.cosmos3 import build_tokenizer, install_fanout
+from trajectory_ensemble_node.models.cosmos3 import install_fanout
 from trajectory_ensemble_node.provenance import git_commit, utc_now
 from ..pusht import train as pusht_train
 from ..pusht.recording import TEST_BAG
 from .fit import apply_update, sample_sigmas, training_loss
-from .pipeline import format_caption, fresh_pipeline, install_tokenizer
+from .pipeline import fresh_pipeline, install_caption_tokenizer
 from .text_prefix import freeze_text_pathway, instruction_cache
 
 PHASES = ("transformer", "backward", "optimizer", "ema")
@@ -195,8 +195,8 @@ def main(argv: list[str] | None = None) -> int:
     sides = {"plain": (pipe, dataset, False), "fast": (pipe, dataset, True)}
     if args.prompt_merges:
         merged = copy.deepcopy(pipe)
-        caption = format_caption(pipe, pusht_train.PUSHT_FORMAT, pusht_train.normalization_images(bag_paths, 1)[0])
-        install_tokenizer(merged, build_tokenizer([caption], args.prompt_merges), torch.Generator().manual_seed(2))
+        install_caption_tokenizer(merged, pusht_train.PUSHT_FORMAT, pusht_train.normalization_images(bag_paths, 1)[0],
+                                  args.prompt_merges, 2)
         short = pusht_train.build_pusht_dataset(merged, bag_paths, log=lambda message: None)
         sides = {"fast": (pipe, dataset, True), "short prefix": (merged, short, True)}
     first, second = sides

@@ -92,6 +92,23 @@ def test_parts_are_cached_and_shards_fill_the_same_cache(episodes, encoded, tmp_
         pusht_train.build_state_dataset(pipe, files, shard=(2, 2))
 
 
+def test_a_parts_keys_under_several_settings_hash_its_files_once_and_match_keys_hashed_alone(encoded, tmp_path):
+    pipe, files, _, work = encoded
+    content = pusht_train._content_digest(pipe, files)
+    before = content.hexdigest()
+    shared = [pusht_train._cache_key(pipe, files, False, STRIDE, pusht_train.state_input(names), content=content)
+              for names in pusht_train.STATE_SETS.values()]
+    alone = [pusht_train._cache_key(pipe, files, False, STRIDE, pusht_train.state_input(names))
+             for names in pusht_train.STATE_SETS.values()]
+    assert shared == alone and len(set(shared)) == len(shared)  # one key per state input
+    assert content.hexdigest() == before  # each key finished a copy
+    # The cached part is under the pipeline's own key; other bytes make another key.
+    assert (work / "pusht_data" / f"{pusht_train._cache_key(pipe, files, False, STRIDE)}.pt").exists()
+    changed = tmp_path / files[0].name
+    changed.write_bytes(files[0].read_bytes() + b"\0")
+    assert pusht_train._cache_key(pipe, [changed, *files[1:]], False, STRIDE) not in shared + alone
+
+
 def test_runs_with_their_own_work_dirs_share_one_cache_dir(episodes, tmp_path, capsys):
     folder, _ = episodes
     parser = argparse.ArgumentParser()

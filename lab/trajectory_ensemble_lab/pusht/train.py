@@ -59,6 +59,7 @@ from .recording import EPISODES_KEY, RecordedEpisode, read_demo_bag
 from .policy_state import AGENT_STATE_NAMES, STATE_RANGES, STATE_SETS, state_values
 from .sim import CONTROL_HZ, make_env, render_states
 from .state_demos import read_episode
+from ..records import write_json
 
 CHUNK = 16
 """Actions per chunk (Diffusion Policy's prediction horizon); it executes 8 of them."""
@@ -229,13 +230,14 @@ def build_state_dataset(pipe: Cosmos3OmniPipeline, files: Sequence[Path], *, str
     for index, part_files in enumerate(parts_files):
         if shard is not None and index % shard[1] != shard[0]:
             continue
-        cache = None
+        cache = content = None
         if cache_dir is not None:
-            key = _cache_key(pipe, part_files, False, stride)
+            content = _content_digest(pipe, part_files)
+            key = _cache_key(pipe, part_files, False, stride, content=content)
             cache = Path(cache_dir) / "pusht_data" / f"{key}.pt"
         if cache is not None and cache.exists():
             part = EncodedDataset(**torch.load(cache, weights_only=False))
-        elif cache is not None and (part := _restated(pipe, part_files, stride, cache.parent)) is not None:
+        elif cache is not None and (part := _restated(pipe, part_files, stride, cache.parent, content)) is not None:
             torch.save(part.__dict__, cache)
         else:
             episodes = training_episodes([read_episode(path) for path in part_files])
@@ -290,17 +292,19 @@ def normalization_images(bag_paths: Sequence[Path], count: int = NORMALIZATION_F
     return images
 
 
-def _restated(pipe: Cosmos3OmniPipeline, part_files: Sequence[Path], stride: int,
-              cache: Path) -> EncodedDataset | None:
+def _restated(pipe: Cosmos3OmniPipeline, part_files: Sequence[Path], stride: int, cache: Path,
+              content: hashlib._Hash | None = None) -> EncodedDataset | None:
     """The part ``part_files`` from its cache under another state input of :data:`STATE_SETS`, its state frames
     rebuilt for ``pipe``'s: the frames' latents do not depend on the state input, so a run that changes only the state
-    input encodes no frame again. ``None`` when ``pipe`` declares no state input or no such part is cached."""
+    input encodes no frame again. ``None`` when ``pipe`` declares no state input or no such part is cached.
+    ``content``, :func:`_content_digest` of ``part_files`` when the caller has it, spares hashing them again."""
     from .oracle import training_episodes
 
     declared = declared_state_input(pipe)
     if declared is None:
         return None
-    others = [cache / f"{_cache_key(pipe, part_files, False, stride, state_input(names))}.pt"
+    content = _content_digest(pipe, part_files) if content is None else content
+    others = [cache / f"{_cache_key(pipe, part_files, False, stride, state_input(names), content=content)}.pt"
               for names in STATE_SETS.values() if names != declared.names]
     found = next((path for path in others if path.exists()), None)
     if found is None:
@@ -314,10 +318,10 @@ def _restated(pipe: Cosmos3OmniPipeline, part_files: Sequence[Path], stride: int
     return dataclasses.replace(part, condition=with_state_frames(part.condition[:, :, :1], declared, proprios))
 
 
-def _cache_key(pipe: Cosmos3OmniPipeline, source: Path | Sequence[Path], clips: bool, stride: int,
-               declared: StateInput | None | bool = True) -> str:
-    # Latents depend on the data's bytes (a bag folder's files, or episode files), the VAE and its normalization,
-    # the state input (its frame is part of the condition), and how examples are cut.
+def _content_digest(pipe: Cosmos3OmniPipeline, source: Path | Sequence[Path]) -> hashlib._Hash:
+    """The running hash of what a part's latents are made from: the data's bytes (a bag folder's files, or episode
+    files) and the VAE's weights. :func:`_cache_key` finishes a copy of it, so one part's keys under several settings
+    read the files and the VAE once."""
     digest = hashlib.sha256()
     files = sorted(p for p in source.iterdir() if p.is_file()) if isinstance(source, Path) else list(source)
     for file in files:
@@ -325,6 +329,14 @@ def _cache_key(pipe: Cosmos3OmniPipeline, source: Path | Sequence[Path], clips: 
         digest.update(hashlib.sha256(file.read_bytes()).digest())
     for tensor in pipe.vae.state_dict().values():
         digest.update(tensor.detach().cpu().float().numpy().tobytes())
+    return digest
+
+
+def _cache_key(pipe: Cosmos3OmniPipeline, source: Path | Sequence[Path], clips: bool, stride: int,
+               declared: StateInput | None | bool = True, *, content: hashlib._Hash | None = None) -> str:
+    # Latents depend on the data's bytes and the VAE (``content``, the same hash whoever computed it), the VAE's
+    # normalization, the state input (its frame is part of the condition), and how examples are cut.
+    digest = (_content_digest(pipe, source) if content is None else content).copy()
     declared = declared_state_input(pipe) if declared is True else declared  # True: the pipeline's own
     settings = {"format": PUSHT_FORMAT.__dict__, "clips": clips, "stride": stride, "stats": action_stats(),
                 "latents_mean": list(pipe.vae.config.latents_mean), "latents_std": list(pipe.vae.config.latents_std)}
@@ -462,6 +474,6 @@ def write_stats(directory: Path, declared: StateInput | None = None) -> Path:
     state input ``declared`` merged into it (the checkpoint's declaration lives in the same file)."""
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / STATS_FILE
-    path.write_text(json.dumps(action_stats(), indent=1) + "\n")
+    write_json(path, action_stats())
     write_state_input(directory, declared)
     return path

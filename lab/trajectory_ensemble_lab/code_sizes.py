@@ -8,13 +8,13 @@ counts it. Writes ``bench/results/code-sizes.json`` and ``.md``.
 from __future__ import annotations
 
 import argparse
-import json
 import subprocess
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from trajectory_ensemble_node.provenance import utc_now
+from .records import write_json
 
 PRODUCT = "trajectory_ensemble_node"
 TOP_LEVEL = "(top level)"
@@ -136,7 +136,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: {exc}")
         return 2
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.with_suffix(".json").write_text(json.dumps(rec, indent=1) + "\n")
+    write_json(args.out.with_suffix(".json"), rec)
     args.out.with_suffix(".md").write_text(markdown(rec))
     print(f"{rec['before']['lines']:,} lines in {rec['before']['files']} files -> "
           f"{rec['after']['lines']:,} lines in {rec['after']['files']} files ({args.out}.md)")

@@ -2,7 +2,8 @@
 
 ``trajectory_ensemble_node.cli`` finds this table through the ``trajectory_ensemble.commands`` entry point
 (``lab/pyproject.toml``) and imports a module only when its command runs. Each module exposes
-``add_arguments(parser)`` and ``run(args) -> int``. This file imports nothing, so listing commands stays cheap.
+``add_arguments(parser)`` and ``run(args) -> int``. This file imports nothing when imported, so listing commands stays
+cheap.
 """
 
 from __future__ import annotations
@@ -30,3 +31,19 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "pusht-encoder": ("trajectory_ensemble_lab.pusht.encoder",
                       "train the PushT pipeline's VAE encoder to read the agent and the T (lab readout), gate it"),
 }
+
+
+def run_command(command: str, argv: list[str] | None = None) -> int:
+    """``python -m <module> ARGS``, the same as ``trajectory-ensemble COMMAND ARGS``: one parser, built by the CLI.
+
+    Args:
+        command (`str`): A key of :data:`COMMANDS`.
+        argv (`list[str]`, *optional*): The arguments after the command (default: ``sys.argv[1:]``).
+    """
+    import sys
+
+    from trajectory_ensemble_node.cli.dispatch import main
+
+    if command not in COMMANDS:
+        raise ValueError(f"no lab command {command!r}; the commands are {sorted(COMMANDS)}")
+    return main([command, *(sys.argv[1:] if argv is None else argv)])

@@ -18,7 +18,6 @@ commit of the run. rclpy is imported only in :func:`run`.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
@@ -29,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from trajectory_ensemble_node.provenance import git_commit, utc_now
+from ..records import write_json
 
 CANDIDATES = 4
 CAMERA_HZ = 10.0
@@ -261,7 +261,7 @@ def run(args: argparse.Namespace) -> int:
         "engine_ms": engine, "ratio": ratio, "ratio_met": ratio <= TARGET_RATIO, "target_ratio": TARGET_RATIO,
         "idle_cpu_percent": idle,
     }
-    json_path.write_text(json.dumps(doc, indent=1), encoding="utf-8")
+    write_json(json_path, doc)
     table = _table(doc)
     json_path.with_suffix(".md").write_text(table, encoding="utf-8")
     print(table)

@@ -8,7 +8,6 @@ carries the in-process bench's metric keys per setting.
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -18,6 +17,7 @@ from trajectory_ensemble_node.provenance import git_commit, utc_now
 from trajectory_ensemble_node.demo.sim_model import EpisodeRecord, SimSettings
 from trajectory_ensemble_node.demo.sim_report import BENCH_RTF, finite, serving_node, simulate, summary
 from trajectory_ensemble_node.toy import task
+from ..records import write_json
 
 DEFAULT_JSON = Path("bench/results/closed_loop-ros-toy.json")
 
@@ -57,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
                              "wall_s": round(time.monotonic() - wall0, 1)},
                 "episodes": {n: [e.to_json() for e in r] for n, r in results.items()},
             }
-            out.write_text(json.dumps(finite(document), indent=1))
+            write_json(out, finite(document))
     log(f"wrote {out}")
     for name, records in results.items():
         s = summary(records)

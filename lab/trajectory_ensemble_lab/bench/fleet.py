@@ -42,6 +42,7 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+from ..records import write_json
 
 DEFAULT_JSON = Path("bench/results/fleet-toy.json")
 SCENES_PER_CLIENT = 16
@@ -336,8 +337,7 @@ def run(args: argparse.Namespace) -> int:
                     load_average_end=load_average(),
                     fleet=by_n[str(args.candidates[0])], fleet_by_candidates=by_n)
     document["speedup"] = {n: {k: modes["speedup"] for k, modes in by_k.items()} for n, by_k in by_n.items()}
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(document, indent=2) + "\n")
+    write_json(out, document)
     out.with_suffix(".md").write_text(render_markdown(document))
     render_plot(document, out.with_suffix(".png"))
     print(f"wrote {out}, {out.with_suffix('.md')}, {out.with_suffix('.png')} ({document['wall_s']:.0f} s)")

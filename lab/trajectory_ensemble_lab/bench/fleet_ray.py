@@ -24,7 +24,6 @@ Outputs: ``<json>`` with ``{"fleet_ray": {"serve-openpi": {"<K>": {...}}, "ray-R
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import sys
@@ -34,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from .fleet import SCENES_PER_CLIENT, _run_clients, summarize
+from ..records import write_json
 
 DEFAULT_JSON = Path("bench/results/fleet_ray.json")
 READY = re.compile(r"ready: ws://[^:]+:(\d+)")
@@ -186,8 +186,7 @@ def run(args: argparse.Namespace) -> int:
                                     log=(lambda *_: None) if quiet else (lambda line: print(line, file=sys.stderr,
                                                                                             flush=True)))
     document.update(wall_s=time.monotonic() - started, load_average_end=load_average())
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(document, indent=2) + "\n")
+    write_json(out, document)
     out.with_suffix(".md").write_text(render_markdown(document))
     render_plot(document, out.with_suffix(".png"))
     print(f"wrote {out}, {out.with_suffix('.md')}, {out.with_suffix('.png')} ({document['wall_s']:.0f} s)")

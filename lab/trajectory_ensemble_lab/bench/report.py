@@ -20,6 +20,7 @@ from .plot import plot
 from .runner import CaseResult, Settings, VariantResult, to_jsonable, variant_from_json
 from .table import markdown
 from .workload import PipelineSource, Workload
+from ..records import write_json
 
 SCHEMA = "trajectory_ensemble.bench/1"
 
@@ -225,7 +226,7 @@ def write_outputs(
     settings.out.mkdir(parents=True, exist_ok=True)
     stem = stem or settings.out / file_stem(settings)
     paths = {"json": stem.with_suffix(".json"), "markdown": stem.with_suffix(".md"), "plot": stem.with_suffix(".png")}
-    paths["json"].write_text(json.dumps(document, indent=1) + "\n", encoding="utf-8")
+    write_json(paths["json"], document)
     paths["markdown"].write_text(markdown(document, variants, settings), encoding="utf-8")
     plot(document, variants, settings, paths["plot"])
     return paths

@@ -26,7 +26,6 @@ Writes ``--json`` (default ``out/bench/ros_overhead.json``) and prints a table. 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import signal
@@ -40,6 +39,7 @@ from typing import Any
 import numpy as np
 
 from .ros_floor import FLOOR_NAMESPACE
+from ..records import write_json
 
 GOALS = 50
 WARMUP_GOALS = 3
@@ -441,7 +441,7 @@ def run(args: argparse.Namespace) -> int:
                     "cancel_budget_ms": budget,
                     "cancel_met": cancel["all_canceled"] and cancel["cancel_to_terminal_ms"]["max"] <= budget},
     }
-    json_path.write_text(json.dumps(doc, indent=1), encoding="utf-8")
+    write_json(json_path, doc)
     print(_table(doc))
     print(f"written: {json_path}")
     return 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 from typing import Any
+from ..records import write_json
 
 MIB = 1024 * 1024
 
@@ -106,7 +107,7 @@ def plot(document: dict[str, Any], path: Path) -> None:
 def write_outputs(document: dict[str, Any], stem: Path) -> dict[str, Path]:
     """``<stem>.json``, ``.md`` and ``.png``; the png is skipped (and said so) where matplotlib is missing."""
     paths = {"json": stem.with_suffix(".json"), "md": stem.with_suffix(".md")}
-    paths["json"].write_text(json.dumps(document, indent=1) + "\n", encoding="utf-8")
+    write_json(paths["json"], document)
     paths["md"].write_text(markdown(document), encoding="utf-8")
     try:
         plot(document, stem.with_suffix(".png"))

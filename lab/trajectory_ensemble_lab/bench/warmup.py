@@ -13,7 +13,6 @@ Writes ``--json`` (default ``bench/results/warmup-toy.json``) and a markdown tab
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -24,6 +23,7 @@ from typing import Any
 from trajectory_ensemble_node.provenance import git_commit, utc_now
 
 from .ros_overhead import _Client, _metrics
+from ..records import write_json
 
 DEFAULT_JSON = Path("bench/results/warmup-toy.json")
 STEADY_GOALS = 10
@@ -117,7 +117,7 @@ def run(args: argparse.Namespace) -> int:
            "settings": {"date": date, "commit": commit, "reps": REPS, "steady_goals": STEADY_GOALS, "device": device,
                         "model": "toy", "wall_s": round(time.monotonic() - wall0, 1),
                         "load_avg_1m_end": os.getloadavg()[0]}}
-    json_path.write_text(json.dumps(doc, indent=1))
+    write_json(json_path, doc)
     json_path.with_suffix(".md").write_text(_table(doc))
     print(_table(doc))
     return 0

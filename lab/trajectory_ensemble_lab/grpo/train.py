@@ -20,7 +20,6 @@ held-out scenes that training never sees: per-candidate collision and success ra
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -43,6 +42,7 @@ from ..toy.grpo import (
     score,
 )
 from trajectory_ensemble_node.stats import wilson
+from ..records import write_json
 
 TRAIN_SCENE_RANGE = 100_000
 """Training scenes are drawn from seeds ``TRAIN_SEED_BASE + [0, TRAIN_SCENE_RANGE)``, far below the held-out base."""
@@ -329,8 +329,7 @@ def run(args: argparse.Namespace) -> int:
         policy.close()
     result = {"grpo": grpo, "date": utc_now(),
               "commit": commit, "torch": torch.__version__}
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(result, indent=1))
+    write_json(args.json, result)
     write_plot(result, args.plot or args.json.with_suffix(".png"))
     print(f"wrote {args.json}", flush=True)
     return 0 if grpo["initial_ratio_max_abs_dev"] is not None and grpo["initial_ratio_max_abs_dev"] <= 1e-5 else 1

@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import concurrent.futures as concurrent_futures
 import dataclasses
-import json
 import sys
 import threading
 import time
@@ -63,6 +62,7 @@ from .evaluate import (
 )
 from .policy_state import request_state
 from .sim import CONTROL_HZ, MAX_STEPS, PushTError, make_env, read_state
+from ..records import write_json
 
 REDUCER_METHODS = ("single", "mean", "median", "medoid", "mode")
 """``--methods`` by default: every reducer at N, and ``single``, candidate 0 of the same group."""
@@ -461,6 +461,5 @@ def _run(args: argparse.Namespace) -> int:
         print(f"{name}@{count}: mean max coverage {figures['coverage_mean']:.3f}, success {figures['successes']}/"
               f"{figures['episodes']} (95 % {low:.0%}..{high:.0%})", flush=True)
     if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+        write_json(args.json, result)
     return 0

@@ -27,6 +27,7 @@ from typing import Any
 
 from .bench import summarize
 from .bench_records import BenchEpisode, paired_outcomes
+from ..records import write_json
 
 PUBLISHED = (
     ("Diffusion Policy, CNN (image), Chi et al. 2023, Table II", "0.91 / 0.84", "not reported"),
@@ -229,7 +230,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                            "commit": record.get("commit")}
                     for side, path, record in (("a", args.shards[0], a), ("b", args.shards[1], b))}
         document.update(agreement(a, b))
-        args.json.write_text(json.dumps(document, indent=1) + "\n", encoding="utf-8")
+        write_json(args.json, document)
         for name, row in document["methods"].items():
             print(f"{name}: {row['same_episodes']}/{row['starts']} same episodes; coverage "
                   f"{row['a']['coverage_mean']:.3f} vs {row['b']['coverage_mean']:.3f}, paired difference "
@@ -242,7 +243,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     continuity = continuity_versus(document)
     if continuity:
         document["continuity_vs_naive_async"] = continuity
-    args.json.write_text(json.dumps(document, indent=1) + "\n", encoding="utf-8")
+    write_json(args.json, document)
     table = provenance(document) + "\n" + markdown(document)
     if document.get("continuity"):
         table += "\n" + continuity_markdown(document)

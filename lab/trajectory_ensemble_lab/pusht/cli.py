@@ -26,6 +26,7 @@ from pathlib import Path
 from trajectory_ensemble_node.errors import TrajectoryEnsembleError, describe_error
 from trajectory_ensemble_node.provenance import git_commit, utc_now
 
+from ..commands import run_command
 from . import DEMO_SEED_BASE
 from .demos import DartNoise, Episode, generate, kept, results
 from .recording import write_demo_bag
@@ -143,10 +144,8 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m trajectory_ensemble_lab.pusht.cli ...``, the same as ``trajectory-ensemble pusht-demos ...``."""
-    parser = argparse.ArgumentParser(prog="trajectory-ensemble pusht-demos", description=__doc__.splitlines()[0])
-    add_arguments(parser)
-    return run(parser.parse_args(argv))
+    """``python -m`` on this module, the same as ``trajectory-ensemble pusht-demos ...``."""
+    return run_command("pusht-demos", argv)
 
 
 if __name__ == "__main__":

@@ -32,6 +32,7 @@ from .demos import run_episode as run_demo
 from .evaluate import ChunkPolicy, EpisodeRecord, run_episode
 from .sim import MAX_STEPS, PushTError, PushTState, make_env, read_state
 from .state_demos import write_episode
+from ..records import write_json
 
 TAKEOVER_SEED_BASE = 10_000
 """A takeover's expert seed is ``TAKEOVER_SEED_BASE + step`` (its file name, and the seed of the expert's plan), so
@@ -159,7 +160,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     result.update(policy=str(args.policy), every=args.every, horizon=args.horizon, count=args.count,
                   reducer=args.reducer, started=started, date=utc_now(), commit=commit)
-    (args.out / "round.json").write_text(json.dumps(result, indent=1) + "\n")
+    write_json(args.out / "round.json", result)
     print(f"{result['starts']} starts: policy {result['policy_successes']} successes, mean max coverage "
           f"{result['policy_mean_max_coverage']}; {result['takeovers']} takeovers, {result['takeover_steps']} steps",
           flush=True)

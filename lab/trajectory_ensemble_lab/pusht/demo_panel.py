@@ -26,6 +26,7 @@ import numpy as np
 from trajectory_ensemble_node.provenance import git_commit, utc_now
 
 from .sim import CONTROL_HZ, ENV_ID, MAX_STEPS, SUCCESS_COVERAGE, PushTError
+from ..records import write_json
 
 if TYPE_CHECKING:
     from trajectory_ensemble_node.demo.sim_model import EpisodeRecord, GoalRecord, SimSettings
@@ -257,8 +258,6 @@ def run(out: Path, *, model: str = "pusht", device: str = "cpu", seed: int = PAN
     Returns:
         `int`: 0; 2 a refused setting or model; 3 the node did not answer; 4 it did not start.
     """
-    import json
-
     from trajectory_ensemble_node.catalog import model_notice
     from trajectory_ensemble_node.cli.launcher import NodeStartError
     from trajectory_ensemble_node.cli.ros_client import NodeUnreachableError
@@ -297,7 +296,7 @@ def run(out: Path, *, model: str = "pusht", device: str = "cpu", seed: int = PAN
     document = {"date": utc_now(), "commit": git_commit(), "env": "gym_pusht/PushT-v0 (gym-pusht 0.1.8)",
                 "seed": seed, "settings": settings, "episodes": {d["method"]: d for d in documents}}
     out.mkdir(parents=True, exist_ok=True)
-    (out / "pusht.json").write_text(json.dumps(finite(document), indent=1) + "\n", encoding="utf-8")
+    write_json(out / "pusht.json", finite(document))
     cap = f", capped at {max_steps} of the env's {MAX_STEPS} steps" if capped else ""
     title = (f"PushT start {seed} through the node over DDS ({model_notice(model)}): {COUNT} candidates (grey), the "
              f"served chunk (bold; dots: the {EXECUTE} rows executed), fixed delay {FIXED_DELAY}{cap}")

@@ -27,7 +27,6 @@ import json
 import math
 import sys
 import time
-from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -37,6 +36,8 @@ from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import Cosmos3OmniPipeline
 from trajectory_ensemble_node.errors import TrajectoryEnsembleError, describe_error
 from trajectory_ensemble_node.provenance import git_commit, utc_now
 from .sim import KEYPOINTS, PushTError, make_env, render_states, to_world
+from ..commands import run_command
+from ..records import write_json
 
 TARGETS = 20
 """Readout outputs: agent ``(x, y)``, T position ``(x, y)`` (its body origin), the T's 8 vertices ``(x, y)``."""
@@ -364,7 +365,7 @@ def _train(args: argparse.Namespace) -> int:
     summary = {"init": args.init, "frames": len(frames), "starts": len(set(starts.tolist())),
                "first_start": int(starts.min()), "last_start": int(starts.max()), "steps": step,
                "batch": args.batch, "lr": args.lr, "frozen_encoder": args.frozen, "bundle_bytes": size}
-    summary_path(args.out).write_text(json.dumps(summary, indent=1) + "\n")
+    write_json(summary_path(args.out), summary)
     print(f"saved {args.out} ({size / 1e6:.2f} MB) after {step} steps", flush=True)
     return 0
 
@@ -387,15 +388,13 @@ def _gate(args: argparse.Namespace) -> int:
               if summary_path(args.bundle).is_file() else None, "note": args.note}
     print(json.dumps({k: v for k, v in record.items() if k != "validation_starts"}), flush=True)
     if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(record, indent=1) + "\n")
+        write_json(args.json, record)
     return 0 if passed else 1
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add_arguments(parser)
-    return run(parser.parse_args(argv))
+def main(argv: list[str] | None = None) -> int:
+    """``python -m`` on this module, the same as ``trajectory-ensemble pusht-encoder ...``."""
+    return run_command("pusht-encoder", argv)
 
 
 if __name__ == "__main__":

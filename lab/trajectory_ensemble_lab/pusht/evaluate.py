@@ -45,6 +45,8 @@ from trajectory_ensemble_node.stats import bootstrap_mean, wilson
 from . import DEMO_SEED_BASE, HELDOUT_SEED_BASE, INSTRUCTION, VALIDATION_SEED_BASE
 from .policy_state import request_state
 from .sim import CONTROL_HZ, MAX_STEPS, PushTError, make_env, read_state
+from ..commands import run_command
+from ..records import write_json
 
 EXECUTE = 8
 """Rows of each chunk executed before the next request (Diffusion Policy's 8 of 16)."""
@@ -421,16 +423,13 @@ def _run(args: argparse.Namespace) -> int:
     print(f"success {result['successes']}/{result['episodes']} ({result['success_rate']:.1%}, 95 % {low:.1%}.."
           f"{high:.1%}); mean max coverage {result['coverage_mean']:.3f}; {result['requests']} requests", flush=True)
     if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+        write_json(args.json, result)
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m trajectory_ensemble_lab.pusht.evaluate ...``, the same as ``trajectory-ensemble pusht-eval ...``."""
-    parser = argparse.ArgumentParser(prog="trajectory-ensemble pusht-eval", description=__doc__.splitlines()[0])
-    add_arguments(parser)
-    return run(parser.parse_args(argv))
+    """``python -m`` on this module, the same as ``trajectory-ensemble pusht-eval ...``."""
+    return run_command("pusht-eval", argv)
 
 
 if __name__ == "__main__":

@@ -15,7 +15,6 @@ Validation starts only (100000+): the held-out starts 200000+ measure the chosen
 from __future__ import annotations
 
 import argparse
-import json
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -27,6 +26,7 @@ from trajectory_ensemble_node.reducers import MODE_CORE_FRACTION, mode_reduce, r
 from . import VALIDATION_SEED_BASE
 from .oracle import load_oracle
 from .oracle_eval import Execution, Rule, evaluate, markdown
+from ..records import write_json
 
 WHOLE_MODE = "whole mode"
 """The label of the majority mode's mean, no core (``mode`` before issue 60's core)."""
@@ -66,8 +66,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     doc = {"date": date, "commit": commit, "checkpoint": str(args.checkpoint), "step": record.get("step"),
            "starts": [starts[0], starts[-1]], "noise_seeds": list(noise_seeds), "fractions": fractions,
            "shipped_fraction": MODE_CORE_FRACTION, **figures}
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(doc, indent=1))
+    write_json(args.json, doc)
     heading = (f"# `mode`'s core fraction on the PushT state oracle, starts {starts[0]}..{starts[-1]}\n\n"
                f"Date {date}, commit {commit}; checkpoint `{args.checkpoint}`; N = 8, noise seeds "
                f"{list(noise_seeds)}. `{WHOLE_MODE}`: the majority mode's mean (the rule before the core); "

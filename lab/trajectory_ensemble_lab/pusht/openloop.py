@@ -19,7 +19,6 @@ validation bags does not generalize.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -36,6 +35,7 @@ from .recording import read_demo_bag
 from .sim import PushTError, make_env, render_states
 from .state_demos import read_episode
 from .train import chunk_at, demo_bags, state_episode_files
+from ..records import write_json
 
 
 def chunk_errors(policy: Any, bag_paths: Sequence[Path], *, every: int = 4, seed: int = 1000,
@@ -141,8 +141,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         policy.close()
     if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+        write_json(args.json, record)
     return 0
 
 

@@ -38,6 +38,7 @@ from ..training import TrainingError
 from ..training.fit import sample_sigmas
 from . import VALIDATION_SEED_BASE
 from .demos import Episode
+from ..records import write_json
 
 CHUNK = int(PUSHT_SETTINGS["chunk_size"])
 """Actions per chunk, the shipped policy's 16."""
@@ -341,7 +342,7 @@ def train(examples: Examples, config: OracleConfig, settings: TrainSettings, wor
                   "dart_examples": examples.dart_examples, "passes": round(step * settings.batch / count, 2),
                   "loss": loss_window[-1] if loss_window else None, "data": meta or {}, "data_history": history,
                   "seeds": examples.seeds}
-        (work_dir / CONFIG).write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+        write_json(work_dir / CONFIG, record)
         torch.save({"config": asdict(config), "settings": asdict(settings), "model": net.state_dict(),
                     "optimizer": optimizer.state_dict(), "ema": ema, "generator": generator.get_state(),
                     "step": step, "seconds": seconds}, work_dir / (RESUME + ".tmp"))

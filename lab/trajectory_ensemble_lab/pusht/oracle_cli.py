@@ -32,6 +32,8 @@ from .oracle import DEFAULT_STEPS, OracleConfig, TrainSettings, build_examples, 
 from .oracle_eval import REDUCERS, Evaluation, Execution, OracleEpisode, evaluate, markdown, paired_versus
 from .sim import MAX_STEPS, PushTError
 from .state_demos import read_episodes
+from ..commands import run_command
+from ..records import write_json
 
 
 def _ints(text: str) -> tuple[int, ...]:
@@ -148,8 +150,7 @@ def _report(head: dict[str, Any], result: Evaluation, path: Path | None) -> None
     print(table, flush=True)
     if path is None:
         return
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({**head, **figures}, indent=1) + "\n", encoding="utf-8")
+    write_json(path, {**head, **figures})
     first, last = settings["starts"]
     near = settings["execute_near_goal"]
     text = (f"# PushT state oracle: reducers on validation starts {first}..{last}\n\n"
@@ -209,16 +210,13 @@ def _compare(args: argparse.Namespace) -> int:
               f"{result['methods'][m]['base_successes']} -> {result['methods'][m]['other_successes']} of "
               f"{versus['episodes']}", flush=True)
     if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+        write_json(args.json, result)
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m trajectory_ensemble_lab.pusht.oracle_cli ...``, the same as ``trajectory-ensemble pusht-oracle``."""
-    parser = argparse.ArgumentParser(prog="trajectory-ensemble pusht-oracle", description=__doc__.splitlines()[0])
-    add_arguments(parser)
-    return run(parser.parse_args(argv))
+    """``python -m`` on this module, the same as ``trajectory-ensemble pusht-oracle ...``."""
+    return run_command("pusht-oracle", argv)
 
 
 if __name__ == "__main__":

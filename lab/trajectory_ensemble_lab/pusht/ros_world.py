@@ -17,7 +17,6 @@ Episodes start from validation reset seeds ``100 000 + --scene-seed + i``; goal 
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import sys
@@ -35,6 +34,7 @@ from trajectory_ensemble_node.stats import wilson
 from .evaluate import SPLITS, request_seed, serve_params
 from .policy_state import AGENT_STATE_NAMES
 from .sim import CONTROL_HZ, MAX_STEPS, PushTError, make_env, read_state
+from ..records import write_json
 
 SPLIT = "validation"
 """The split whose reset seeds ``sim --env pusht`` plays (the held-out starts are ``pusht-eval``'s, by name)."""
@@ -271,8 +271,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 3
     document = report(records, world.traces[-len(records):], settings)
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(document, indent=1) + "\n", encoding="utf-8")
+    write_json(args.json, document)
     s = document["summary"]
     low, high = s["success_rate_ci95"]
     continued = s["continued_fraction"]

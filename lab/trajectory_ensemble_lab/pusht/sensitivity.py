@@ -35,6 +35,7 @@ from .policy_state import POSE_STATE_NAMES, request_state
 from .sim import make_env, render_states
 from .state_demos import read_episode
 from .train import state_episode_files
+from ..records import write_json
 
 CHANGES = ("frame_T", "state_T", "state_agent", "seed")
 SEED_OFFSET = 10_000
@@ -103,8 +104,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         policy.close()
     print(json.dumps(result))
     if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=1) + "\n")
+        write_json(args.json, result)
     return 0
 
 

@@ -48,6 +48,7 @@ from .data import ToyDataset, build_dataset, concat_datasets, encode_labelled
 from .objective import fit
 from .pipeline import load_for_training, save_pipeline
 from .validation import open_loop, validation_scenes
+from ..records import write_json
 
 RETURN_SPEED = 0.1
 """How fast (normalized units per control step) a relabelled chunk takes the robot back onto its expert detour.
@@ -337,7 +338,7 @@ def run_dagger(args: argparse.Namespace) -> int:
         record = {"round": 0, "settings": settings, **result,
                   "wall_seconds": round(time.perf_counter() - round_started, 1),
                   "validation": _validate(round0 / "policy", args.dagger_validate, log)}
-        (round0 / "summary.json").write_text(json.dumps(record, indent=1))
+        write_json(round0 / "summary.json", record)
     else:
         log(f"round 0 already done ({round0})")
     report["rounds"].append(record)
@@ -383,7 +384,7 @@ def run_dagger(args: argparse.Namespace) -> int:
                   "rollout_seconds": round(rollout_s, 1), "encode_seconds": round(encode_s, 1), **result,
                   "wall_seconds": round(time.perf_counter() - round_started, 1),
                   "validation": _validate(round_dir / "policy", args.dagger_validate, log)}
-        (round_dir / "summary.json").write_text(json.dumps(record, indent=1))
+        write_json(round_dir / "summary.json", record)
         report["rounds"].append(record)
         policy = round_dir / "policy"
         log(f"round {r} done in {record['wall_seconds'] / 60:.1f} min: {len(visits)} visits, {new.num_states} "
@@ -394,7 +395,7 @@ def run_dagger(args: argparse.Namespace) -> int:
     size = sum(f.stat().st_size for f in Path(args.out).rglob("*") if f.is_file())
     report["wall_seconds"] = round(time.perf_counter() - started, 1)
     report["saved_bytes"] = size
-    (work_dir / "dagger.json").write_text(json.dumps(report, indent=1))
+    write_json(work_dir / "dagger.json", report)
     log(f"saved {args.out} ({size / 1e6:.2f} MB) from {policy} after {report['wall_seconds'] / 60:.1f} min")
     last = report["rounds"][-1].get("final_loss")
     return 0 if last is None or math.isfinite(last["loss"]) else 1

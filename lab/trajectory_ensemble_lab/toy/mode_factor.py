@@ -16,7 +16,6 @@ and mean final error per (cut, N).
 from __future__ import annotations
 
 import argparse
-import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -28,6 +27,7 @@ from trajectory_ensemble_node.provenance import git_commit, utc_now
 from trajectory_ensemble_node.reducers import MODE_DISTANCE_THRESHOLD, mode_reduce, relative_mode_threshold
 from trajectory_ensemble_node.stats import wilson
 from trajectory_ensemble_node.toy import task
+from ..records import write_json
 
 DEFAULT_FACTORS = (1.0, 1.25, 1.5, 1.75, 2.0, 2.5)
 
@@ -107,8 +107,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                            "drawn": max(ns), "factors": factors, "core_fractions": core_fractions, "num_inference_steps": task.NUM_INFERENCE_STEPS,
                            "candidates": str(args.candidates) if args.candidates else None,
                            "pipeline": "shipped toy_policy"}}
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(result, indent=1))
+    write_json(args.json, result)
     for label, per_n in result["quality"].items():
         print(f"{label:>10} " + "  ".join(f"N={n} {v['collision_rate']:.3f}" for n, v in per_n.items()))
     print(f"wrote {args.json}")

@@ -18,7 +18,6 @@ false alarms on held-out in-distribution scenes, detection and AUROC on each shi
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from pathlib import Path
 from typing import Any
@@ -35,6 +34,7 @@ from trajectory_ensemble_node.seeding import make_generators
 from trajectory_ensemble_node.stats import auroc, conformal_threshold
 from trajectory_ensemble_node.toy import load_toy_pipeline, request_kwargs, task
 from trajectory_ensemble_lab.toy.shifted import FAMILIES, render_shifted, shifted_scenes
+from ..records import write_json
 
 DEFAULT_JSON = Path("bench/results/novelty_embeddings-toy.json")
 SEED_OFFSET = 777_000
@@ -139,8 +139,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{key}: {entry}", flush=True)
     document = {"settings": {"date": utc_now(), "commit": commit, **vars(args), "json": str(args.json),
                              "seconds": round(time.perf_counter() - started, 1)}, "embeddings": results}
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(document, indent=1))
+    write_json(args.json, document)
     args.json.with_suffix(".md").write_text(markdown(document))
     print(f"wrote {args.json} and {args.json.with_suffix('.md')}")
     return 0

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -41,6 +40,7 @@ from trajectory_ensemble_node.reducers import get_reducer
 from trajectory_ensemble_node.stats import bootstrap_mean, wilson
 from trajectory_ensemble_node.toy import load_toy_pipeline, request_kwargs, task
 from .report import write_markdown, write_plot
+from ..records import write_json
 
 DEFAULT_NS = (1, 2, 4, 8, 10)
 SECOND_CHUNK_SEED_OFFSET = 500_000
@@ -285,8 +285,7 @@ def run(args: argparse.Namespace) -> int:
     }
     result["definitions"] = DEFINITIONS
     out: Path = args.json or DEFAULT_JSON
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1))
+    write_json(out, result)
     write_markdown(result, out.with_suffix(".md"))
     # Draw the example panel on the first scene whose candidates split across both sides, if any, with the same
     # seed as in the evaluation.

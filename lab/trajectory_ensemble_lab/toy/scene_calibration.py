@@ -57,6 +57,7 @@ from trajectory_ensemble_node.toy import load_toy_pipeline, request_kwargs, task
 from trajectory_ensemble_node.uncertainty import NoveltyCheck, UncertaintyReport
 
 from .shifted import SHIFTED_SEED_BASE, collides_shifted, render_shifted, shifted_scenes
+from ..records import write_json
 
 CALIBRATION_SEED_BASE = task.HELDOUT_SEED_BASE + 100_000
 """Calibration and held-out evaluation scenes: away from training and from the quality bench's held-out range."""
@@ -298,8 +299,7 @@ def run(args: argparse.Namespace) -> int:
                    "novelty": novelty_scores, "collided": {"heldout": in_failed, "shifted": sh_failed}},
     }
     out: Path = args.json
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1))
+    write_json(out, result)
     out.with_suffix(".md").write_text(markdown(result))
     print(json.dumps({"uncertainty": {k: uncertainty[k] for k in
                                       ("threshold", "alpha", "false_alarm_rate", "detection_rate", "auroc")},

@@ -22,7 +22,6 @@ their spread around it (what selection can use), guided and not.
 from __future__ import annotations
 
 import argparse
-import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -38,6 +37,7 @@ from trajectory_ensemble_node.toy import request_kwargs, task
 from .augment import retime_chunk
 from .closed_loop import DT, EXECUTE, scene_seed
 from .data import ToyDataset, build_dataset
+from ..records import write_json
 
 DEFAULT_SIGMAS = (0.9, 0.7, 0.5, 0.3, 0.15, 0.05)
 DEFAULT_JSON = Path("bench/results/latent_sensitivity-toy.json")
@@ -251,8 +251,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             result.setdefault("first_switch_spread", {})[name] = first_switch_spread(
                 Cosmos3ActionModel(pipe, max_batch_candidates=64), task.heldout_scenes(args.switch_scenes))
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(result, indent=1))
+    write_json(args.json, result)
     for name, table in result["pipelines"].items():
         print(name)
         for source, row in table.items():

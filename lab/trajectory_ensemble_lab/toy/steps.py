@@ -13,7 +13,6 @@ time and reports how many finished in time, their p50/p95 engine time, and the s
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -29,6 +28,7 @@ from trajectory_ensemble_node.provenance import git_commit, utc_now
 from trajectory_ensemble_node.reducers import get_reducer
 from trajectory_ensemble_node.toy import load_toy_pipeline, request_kwargs, task
 from trajectory_ensemble_node.stats import wilson
+from ..records import write_json
 
 DEFAULT_JSON = Path("bench/results/steps-toy.json")
 
@@ -127,8 +127,7 @@ def run(args: argparse.Namespace) -> int:
         },
     }
     out: Path = args.json
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1))
+    write_json(out, result)
     out.with_suffix(".md").write_text(markdown(result))
     print(out.with_suffix(".md").read_text())
     return 0

@@ -30,6 +30,7 @@ from trajectory_ensemble_node.toy import load_toy_pipeline, task
 from trajectory_ensemble_node.toy.episodes import summarize
 from .closed_loop import Drawer, method_table, run_episode
 from .quality import _draw
+from ..records import write_json
 
 VALIDATION_SEED_BASE = 500_000
 """First validation scene seed: in the training range, never reached by ``train-toy --scenes``."""
@@ -129,8 +130,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.json is not None:
         previous = json.loads(args.json.read_text()) if args.json.exists() else []
         stamp = {"date": utc_now(), "commit": git_commit()}
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(previous + [{**stamp, **r} for r in results], indent=1))
+        write_json(args.json, previous + [{**stamp, **r} for r in results])
     return 0
 
 

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import math
 import time
 from pathlib import Path
@@ -40,6 +39,7 @@ from . import TrainingError
 from .dataset import EncodedDataset
 from .pipeline import save_pipeline
 from .text_prefix import freeze_text_pathway, instruction_cache
+from ..records import write_json
 
 AUGMENTATION_DEFAULTS: dict[str, object] = {
     "bimodal_share": None,
@@ -391,7 +391,7 @@ def write_summary(work_dir: Path, out: Path, config: object, args: argparse.Name
         "wall_seconds": round(wall_seconds, 1),
         "torch": torch.__version__,
     }
-    (work_dir / "summary.json").write_text(json.dumps(summary, indent=1))
+    write_json(work_dir / "summary.json", summary)
     print(f"saved {out} ({result['saved_bytes'] / 1e6:.2f} MB) after {wall_seconds / 60:.1f} min; final loss "
           f"{history[-1]['loss']:.4f}", flush=True)
     return 0 if history and math.isfinite(history[-1]["loss"]) else 1

@@ -39,6 +39,7 @@ from ..pusht.recording import TEST_BAG
 from .fit import apply_update, sample_sigmas, training_loss
 from .pipeline import fresh_pipeline, install_caption_tokenizer
 from .text_prefix import freeze_text_pathway, instruction_cache
+from ..records import write_json
 
 PHASES = ("transformer", "backward", "optimizer", "ema")
 """Named ranges a step's ops fall in (``fit.apply_update``'s, and the transformer's forward here); the rest of
@@ -241,8 +242,7 @@ def main(argv: list[str] | None = None) -> int:
         "step_cpu_seconds": cpu_seconds, "cpu_ratio_median": statistics.median(cpu_ratios), "cpu_ratios": cpu_ratios,
         "profile_ms_per_step": {name: dict(values) for name, values in profiles.items()},
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    write_json(args.out, result)
     print(f"{result['date']} commit {commit}, batch {args.batch}, one thread, load average "
           f"{result['load_average'][0]} -> {result['load_average'][1]} on {os.cpu_count()} CPUs; tokens: prefix "
           f"{result['tokens']['prefix']}, {template.num_vision_tokens} vision + {template.action_len} action per "

@@ -42,6 +42,7 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
 from ..records import write_json
 
 DEFAULT_JSON = Path("bench/results/fleet-toy.json")

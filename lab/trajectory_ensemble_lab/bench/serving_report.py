@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 from typing import Any
+
 from ..records import write_json
 
 MIB = 1024 * 1024

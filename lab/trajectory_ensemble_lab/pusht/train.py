@@ -293,17 +293,16 @@ def normalization_images(bag_paths: Sequence[Path], count: int = NORMALIZATION_F
 
 
 def _restated(pipe: Cosmos3OmniPipeline, part_files: Sequence[Path], stride: int, cache: Path,
-              content: hashlib._Hash | None = None) -> EncodedDataset | None:
+              content: hashlib._Hash) -> EncodedDataset | None:
     """The part ``part_files`` from its cache under another state input of :data:`STATE_SETS`, its state frames
     rebuilt for ``pipe``'s: the frames' latents do not depend on the state input, so a run that changes only the state
     input encodes no frame again. ``None`` when ``pipe`` declares no state input or no such part is cached.
-    ``content``, :func:`_content_digest` of ``part_files`` when the caller has it, spares hashing them again."""
+    ``content`` is :func:`_content_digest` of ``part_files``, hashed once by the caller for all the keys."""
     from .oracle import training_episodes
 
     declared = declared_state_input(pipe)
     if declared is None:
         return None
-    content = _content_digest(pipe, part_files) if content is None else content
     others = [cache / f"{_cache_key(pipe, part_files, False, stride, state_input(names), content=content)}.pt"
               for names in STATE_SETS.values() if names != declared.names]
     found = next((path for path in others if path.exists()), None)
@@ -472,8 +471,6 @@ def load_for_training(init: Path | None, seed: int, images: Sequence[np.ndarray]
 def write_stats(directory: Path, declared: StateInput | None = None) -> Path:
     """Write :func:`action_stats` as ``directory/action_stats.json`` (the node's ``action_stats_file``), with the
     state input ``declared`` merged into it (the checkpoint's declaration lives in the same file)."""
-    directory.mkdir(parents=True, exist_ok=True)
-    path = directory / STATS_FILE
-    write_json(path, action_stats())
+    path = write_json(directory / STATS_FILE, action_stats())
     write_state_input(directory, declared)
     return path
